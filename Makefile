@@ -1,0 +1,42 @@
+# The two commands of the README: `make demo` runs the main job, `make test` runs the tests.
+# Each creates .venv when missing and installs the project with its pinned dependencies.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.cutline-installed
+
+.PHONY: install test test-fast lint format demo bench clean
+
+$(STAMP): pyproject.toml requirements.lock
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+check-java:
+	@$(BIN)/python -m spark_jobs.java_check
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: $(STAMP) lint check-java
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+demo: $(STAMP) check-java
+	$(BIN)/cutline demo
+
+bench: $(STAMP)
+	$(BIN)/python bench/snapshot_bench.py --state-mib 100 --churn 0.01 --checkpoints 20
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
