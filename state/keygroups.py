@@ -3,7 +3,8 @@
 A key maps to one of ``max_parallelism`` key groups by ``pmod(hash(key), max_parallelism)`` where
 ``hash`` is Spark SQL's ``hash()`` (Murmur3 x86_32, seed 42). The Python implementation here is
 bit-for-bit the same function, so the driver can compute key groups vectorised in Spark SQL
-(:func:`spark_key_group_sql`) while ``state/`` computes them without Spark; a test proves they agree.
+(:func:`spark_key_group_sql`) while ``state/`` computes them without Spark; a test proves they
+agree.
 
 A subtask ``i`` of ``parallelism`` subtasks owns the contiguous range Flink assigns to operator
 index ``i`` (:func:`key_group_range`), and a key group belongs to subtask
@@ -12,6 +13,7 @@ index ``i`` (:func:`key_group_range`), and a key group belongs to subtask
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -41,7 +43,10 @@ class KeyGroupRange:
     end: int
 
     def __contains__(self, key_group: object) -> bool:
-        return isinstance(key_group, int) and self.start <= key_group <= self.end
+        # numbers.Integral also admits numpy integers (e.g. an element of a key_groups() array).
+        if isinstance(key_group, bool) or not isinstance(key_group, numbers.Integral):
+            return False
+        return self.start <= int(key_group) <= self.end
 
     def __len__(self) -> int:
         return max(0, self.end - self.start + 1)
@@ -61,7 +66,9 @@ class KeyGroupRange:
 def check_parallelism(parallelism: int, max_parallelism: int) -> None:
     """Raise ``ValueError`` naming the field unless ``1 <= parallelism <= max_parallelism``."""
     if not 1 <= max_parallelism <= MAX_MAX_PARALLELISM:
-        raise ValueError(f"max_parallelism must be in [1, {MAX_MAX_PARALLELISM}], got {max_parallelism}")
+        raise ValueError(
+            f"max_parallelism must be in [1, {MAX_MAX_PARALLELISM}], got {max_parallelism}"
+        )
     if not 1 <= parallelism <= max_parallelism:
         raise ValueError(
             f"parallelism must be in [1, max_parallelism={max_parallelism}], got {parallelism}"
@@ -79,8 +86,20 @@ def key_group_range(subtask: int, parallelism: int, max_parallelism: int) -> Key
 
 
 def subtask_for_key_group(key_group, parallelism: int, max_parallelism: int):
-    """Subtask owning ``key_group``; works on ints and numpy arrays alike."""
-    return key_group * parallelism // max_parallelism
+    """Subtask owning ``key_group``: an int for an int, an int32 array for an array."""
+    check_parallelism(parallelism, max_parallelism)
+    if isinstance(key_group, numbers.Integral) and not isinstance(key_group, bool):
+        kg = int(key_group)
+        if not 0 <= kg < max_parallelism:
+            raise ValueError(f"key_group must be in [0, {max_parallelism}), got {kg}")
+        return kg * parallelism // max_parallelism
+    # int64: a narrow input dtype (int16, int32) would overflow in key_group * parallelism.
+    kg = np.asarray(key_group, dtype=np.int64)
+    if kg.size and (kg.min() < 0 or kg.max() >= max_parallelism):
+        raise ValueError(
+            f"key_group must be in [0, {max_parallelism}), got values in [{kg.min()}, {kg.max()}]"
+        )
+    return (kg * parallelism // max_parallelism).astype(np.int32)
 
 
 # --- Murmur3 x86_32 as Spark implements it (org.apache.spark.unsafe.hash.Murmur3_x86_32) -------
@@ -125,24 +144,42 @@ def _hash_bytes(offsets: np.ndarray, data: np.ndarray, seed: np.ndarray) -> np.n
     """Spark's ``hashUnsafeBytes``: 4-byte little-endian words, then each tail byte signed."""
     starts = offsets[:-1].astype(np.int64)
     lengths = (offsets[1:] - offsets[:-1]).astype(np.int64)
-    padded = np.concatenate([data, np.zeros(4, np.uint8)]).astype(np.uint32)
-    h1 = seed.copy()
     words = lengths // 4
+    # Murmur3 is sequential within a key, so loop over word positions, vectorised across keys.
+    # Sorted longest-first, the keys that still have a word at position w are a prefix, so each
+    # step touches only those keys (one long key does not make every step cost O(n)).
+    order = np.argsort(-words, kind="stable")
+    starts, lengths, words = starts[order], lengths[order], words[order]
+    h1 = seed[order].copy()
+    neg_words = -words  # ascending
+    u32 = np.uint32
     for w in range(int(words.max(initial=0))):
-        live = words > w
-        pos = np.where(live, starts + 4 * w, 0)
-        word = padded[pos] | (padded[pos + 1] << 8) | (padded[pos + 2] << 16) | (padded[pos + 3] << 24)
-        h1 = np.where(live, _mix_h1(h1, _mix_k1(word)), h1)
+        live = int(np.searchsorted(neg_words, -w, side="left"))  # keys with words > w
+        pos = starts[:live] + 4 * w
+        word = (
+            data[pos].astype(u32)
+            | (data[pos + 1].astype(u32) << u32(8))
+            | (data[pos + 2].astype(u32) << u32(16))
+            | (data[pos + 3].astype(u32) << u32(24))
+        )
+        h1[:live] = _mix_h1(h1[:live], _mix_k1(word))
+    tail_start = starts + 4 * words
     for t in range(3):
-        live = words * 4 + t < lengths
-        pos = np.where(live, starts + words * 4 + t, 0)
-        signed = padded[pos].astype(np.uint8).view(np.int8).astype(np.int32).view(np.uint32)
-        h1 = np.where(live, _mix_h1(h1, _mix_k1(signed)), h1)
-    return _fmix(h1, lengths.astype(np.uint32))
+        live = np.flatnonzero(4 * words + t < lengths)
+        if live.size == 0:
+            break
+        byte = data[tail_start[live] + t]
+        signed = byte.view(np.int8).astype(np.int32).view(np.uint32)  # Java's (int) of a byte
+        h1[live] = _mix_h1(h1[live], _mix_k1(signed))
+    out = np.empty_like(h1)
+    out[order] = _fmix(h1, lengths.astype(np.uint32))
+    return out
 
 
 def spark_hash(keys: pa.Array | list, key_type: str) -> np.ndarray:
     """Spark SQL ``hash(key)`` for every key, as int32; a null key hashes to the seed (42)."""
+    if key_type not in KEY_TYPES:
+        raise ValueError(f"key_type must be one of {KEY_TYPES}, got {key_type!r}")
     arr = keys if isinstance(keys, (pa.Array, pa.ChunkedArray)) else pa.array(keys)
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
@@ -158,27 +195,33 @@ def spark_hash(keys: pa.Array | list, key_type: str) -> np.ndarray:
         data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
         out = _hash_bytes(offsets, data, seed)
     elif key_type == "int":
-        out = _hash_int32(arr.fill_null(0).to_numpy(zero_copy_only=False), seed)
-    elif key_type == "bigint":
+        # A checked cast: a value outside int32 raises instead of wrapping to another key's hash.
+        out = _hash_int32(arr.cast(pa.int32()).fill_null(0).to_numpy(zero_copy_only=False), seed)
+    else:  # bigint
         out = _hash_int64(arr.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False), seed)
-    else:
-        raise ValueError(f"key_type must be one of {KEY_TYPES}, got {key_type!r}")
     if arr.null_count:
         out = np.where(arr.is_null().to_numpy(zero_copy_only=False), seed, out)
     return out.view(np.int32)
 
 
-def key_groups(keys: pa.Array | list, key_type: str, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> np.ndarray:
+def key_groups(
+    keys: pa.Array | list, key_type: str, max_parallelism: int = DEFAULT_MAX_PARALLELISM
+) -> np.ndarray:
     """Key group of every key: ``pmod(hash(key), max_parallelism)`` as Spark SQL computes it."""
+    check_parallelism(1, max_parallelism)
     h = spark_hash(keys, key_type).astype(np.int64)
     return np.mod(h, max_parallelism).astype(np.int32)
 
 
-def key_group_of(key: str | bytes | int, key_type: str, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> int:
+def key_group_of(
+    key: str | bytes | int, key_type: str, max_parallelism: int = DEFAULT_MAX_PARALLELISM
+) -> int:
     """Key group of one key (the scalar form of :func:`key_groups`)."""
     return int(key_groups([key], key_type, max_parallelism)[0])
 
 
 def spark_key_group_sql(column: str, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> str:
     """The Spark SQL expression that computes :func:`key_groups` for ``column``."""
-    return f"pmod(hash(`{column}`), {int(max_parallelism)})"
+    check_parallelism(1, max_parallelism)
+    quoted = column.replace("`", "``")
+    return f"pmod(hash(`{quoted}`), {int(max_parallelism)})"

@@ -1,0 +1,1 @@
+"""Spark-side entry points of Cutline: the jobs, their CLI and environment checks."""

@@ -1,0 +1,80 @@
+"""Checkpoint configuration, with Flink's defaults where Flink has one.
+
+A bad value fails at construction with a :class:`ConfigError` that names the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+EXACTLY_ONCE = "exactly_once"
+AT_LEAST_ONCE = "at_least_once"
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field."""
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """When checkpoints are taken, how long they may take, and how many are kept.
+
+    interval_ms: time between checkpoint triggers (Flink has no default: checkpointing is off).
+    min_pause_ms: minimum time from one completion to the next trigger (Flink: 0).
+    max_concurrent: checkpoints pending at once (Flink: 1).
+    timeout_ms: a pending checkpoint older than this is aborted (Flink: 10 minutes).
+    tolerable_failed_checkpoints: consecutive failures tolerated before the job fails (Flink: 0).
+    num_retained: completed checkpoints kept (Flink: 1).
+    incremental: upload only new SST files (Flink: false).
+    local_recovery: keep a secondary copy on local disk, restore from it first (Flink: false).
+    mode: ``exactly_once`` (two-phase-commit sinks) or ``at_least_once`` (Flink: exactly once).
+    """
+
+    interval_ms: int
+    min_pause_ms: int = 0
+    max_concurrent: int = 1
+    timeout_ms: int = 600_000
+    tolerable_failed_checkpoints: int = 0
+    num_retained: int = 1
+    incremental: bool = False
+    local_recovery: bool = False
+    mode: str = EXACTLY_ONCE
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            expected = bool if f.type in ("bool", bool) else int if f.type in ("int", int) else str
+            if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+                raise ConfigError(f"checkpoint.{f.name} must be {expected.__name__}, got {value!r}")
+        _at_least(self, "interval_ms", 1)
+        _at_least(self, "min_pause_ms", 0)
+        _at_least(self, "max_concurrent", 1)
+        _at_least(self, "timeout_ms", 1)
+        _at_least(self, "tolerable_failed_checkpoints", 0)
+        _at_least(self, "num_retained", 1)
+        if self.mode not in (EXACTLY_ONCE, AT_LEAST_ONCE):
+            raise ConfigError(
+                f"checkpoint.mode must be {EXACTLY_ONCE!r} or {AT_LEAST_ONCE!r}, got {self.mode!r}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CheckpointConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown checkpoint option(s): {', '.join(unknown)}")
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise ConfigError(f"checkpoint configuration: {e}") from e
+
+
+def _at_least(cfg: CheckpointConfig, name: str, minimum: int) -> None:
+    value = getattr(cfg, name)
+    if value < minimum:
+        raise ConfigError(f"checkpoint.{name} must be >= {minimum}, got {value}")

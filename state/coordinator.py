@@ -1,0 +1,370 @@
+"""The checkpoint coordinator: trigger, collect acks, complete, notify (Flink's protocol).
+
+A protocol object with time injected: every method that depends on time takes ``now_ms``, so
+tests drive it without sleeping. Thread-safe: acks arrive from snapshot threads while the driver
+loop triggers. Listener callbacks run outside the state lock, in the order the events happened.
+
+Lifecycle of checkpoint n:
+
+1. :meth:`trigger` at a micro-batch cut, when the interval has elapsed since the last trigger,
+   ``min_pause`` since the last completion, and fewer than ``max_concurrent`` are pending.
+2. :meth:`acknowledge` per task with its state handle (duplicate, late and unknown acks are
+   answered, not applied); :meth:`decline` aborts; :meth:`expire` aborts those past ``timeout``.
+3. With all acks in: write ``_metadata``, commit the catalog row (only now is n complete), abort
+   older pending checkpoints, subsume completed ones beyond ``num_retained``, notify.
+4. Consecutive failures beyond ``tolerable_failed_checkpoints`` fail the job.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from state.catalog import CheckpointCatalog, CheckpointStatus, CompletedCheckpoint, FencedError
+from state.config import CheckpointConfig
+from state.handles import SubtaskStateHandle
+from state.manifest import CheckpointManifest
+from state.paths import JobLayout
+from state.registry import select_subsumed
+from state.storage import DurableStorage
+
+log = logging.getLogger(__name__)
+
+TaskId = tuple[str, int]
+
+
+class AckResult(enum.Enum):
+    ACCEPTED = "accepted"  # recorded; the checkpoint may still wait for others
+    COMPLETED = "completed"  # this ack completed the checkpoint
+    DUPLICATE = "duplicate"  # this task already acked this checkpoint
+    LATE = "late"  # the checkpoint was already completed or aborted
+    UNKNOWN = "unknown"  # no such checkpoint, or not a task of this job
+
+
+class CheckpointFailureError(RuntimeError):
+    """More consecutive checkpoint failures than ``tolerable_failed_checkpoints``."""
+
+
+class CheckpointListener(Protocol):
+    def on_checkpoint_complete(
+        self, checkpoint: CompletedCheckpoint, manifest: CheckpointManifest
+    ) -> None: ...
+
+    def on_checkpoint_aborted(self, checkpoint_id: int, reason: str) -> None: ...
+
+    def on_job_failed(self, error: BaseException) -> None: ...
+
+
+@dataclass
+class PendingCheckpoint:
+    checkpoint_id: int
+    batch_id: int
+    trigger_time_ms: int
+    source_positions: dict[str, dict[str, int]]
+    sink_epochs: dict[str, int]
+    waiting: set[TaskId]
+    acks: dict[TaskId, SubtaskStateHandle | None] = field(default_factory=dict)
+    savepoint: bool = False
+
+
+class CheckpointCoordinator:
+    """Coordinates the checkpoints of one attempt of one job."""
+
+    def __init__(
+        self,
+        job_id: str,
+        attempt: int,
+        config: CheckpointConfig,
+        tasks: Iterable[TaskId],
+        storage: DurableStorage,
+        catalog: CheckpointCatalog,
+        *,
+        listeners: Iterable[CheckpointListener] = (),
+        restored: CheckpointManifest | None = None,
+        now_ms: int = 0,
+    ) -> None:
+        self.layout = JobLayout(job_id)
+        self.job_id = job_id
+        self.attempt = attempt
+        self.config = config
+        self.tasks = frozenset(tasks)
+        if not self.tasks:
+            raise ValueError("a coordinator needs at least one task to acknowledge checkpoints")
+        self.storage = storage
+        self.catalog = catalog
+        self.listeners = list(listeners)
+        self._lock = threading.Lock()
+        self._delivery = threading.Lock()
+        self._events: list[Callable[[CheckpointListener], Any]] = []
+        self._pending: dict[int, PendingCheckpoint] = {}
+        self._finished: set[int] = set()
+        self._retained: list[CompletedCheckpoint] = [
+            c for c in catalog.checkpoints(job_id, (CheckpointStatus.COMPLETED,))
+        ]
+        known = [c.checkpoint_id for c in catalog.checkpoints(job_id)]
+        self._next_id = max([0, *known, restored.checkpoint_id if restored else 0]) + 1
+        self._latest: CheckpointManifest | None = restored
+        self._last_trigger_ms: int | None = None
+        self._last_completion_ms: int = now_ms
+        self._consecutive_failures = 0
+        self.failure: CheckpointFailureError | FencedError | None = None
+        self.stats = {"triggered": 0, "completed": 0, "aborted": 0, "late_acks": 0}
+
+    # -- queries -----------------------------------------------------------------------------
+
+    @property
+    def latest_completed(self) -> CheckpointManifest | None:
+        """The last confirmed checkpoint (or the one restored from): the base for increments."""
+        with self._lock:
+            return self._latest
+
+    def base_handle(self, task: TaskId) -> SubtaskStateHandle | None:
+        latest = self.latest_completed
+        return latest.handle(*task) if latest else None
+
+    def pending_ids(self) -> list[int]:
+        with self._lock:
+            return sorted(self._pending)
+
+    def pending_paths(self) -> set[str]:
+        """Paths uploaded for pending checkpoints so far (protected from GC)."""
+        with self._lock:
+            return {
+                f.path
+                for p in self._pending.values()
+                for h in p.acks.values()
+                if h is not None
+                for f in h.files
+            }
+
+    def retained(self) -> list[CompletedCheckpoint]:
+        with self._lock:
+            return list(self._retained)
+
+    # -- trigger -----------------------------------------------------------------------------
+
+    def should_trigger(self, now_ms: int) -> bool:
+        with self._lock:
+            return self._may_trigger(now_ms)
+
+    def _may_trigger(self, now_ms: int) -> bool:
+        cfg = self.config
+        if self.failure is not None or len(self._pending) >= cfg.max_concurrent:
+            return False
+        if self._last_trigger_ms is not None and now_ms - self._last_trigger_ms < cfg.interval_ms:
+            return False
+        return (
+            now_ms - self._last_completion_ms >= cfg.min_pause_ms or self._last_trigger_ms is None
+        )
+
+    def trigger(
+        self,
+        batch_id: int,
+        source_positions: dict[str, dict[str, int]],
+        now_ms: int,
+        *,
+        sink_epochs: dict[str, int] | None = None,
+        force: bool = False,
+        savepoint: bool = False,
+    ) -> PendingCheckpoint | None:
+        """Start checkpoint n after micro-batch ``batch_id`` if the policy allows (or ``force``).
+
+        ``source_positions`` are the positions at the cut: everything up to and including
+        ``batch_id`` is in the state this checkpoint captures.
+        """
+        with self._lock:
+            if self.failure is not None:
+                return None
+            if not force and not self._may_trigger(now_ms):
+                return None
+            if force and len(self._pending) >= self.config.max_concurrent:
+                return None
+            pending = PendingCheckpoint(
+                checkpoint_id=self._next_id,
+                batch_id=batch_id,
+                trigger_time_ms=now_ms,
+                source_positions={s: dict(p) for s, p in source_positions.items()},
+                sink_epochs=dict(sink_epochs or {}),
+                waiting=set(self.tasks),
+                savepoint=savepoint,
+            )
+            self._next_id += 1
+            self._pending[pending.checkpoint_id] = pending
+            self._last_trigger_ms = now_ms
+            self.stats["triggered"] += 1
+            return pending
+
+    # -- acks --------------------------------------------------------------------------------
+
+    def acknowledge(
+        self, checkpoint_id: int, task: TaskId, handle: SubtaskStateHandle | None, now_ms: int
+    ) -> AckResult:
+        """Record ``task``'s ack; completes the checkpoint when it is the last one missing."""
+        with self._lock:
+            pending = self._pending.get(checkpoint_id)
+            if pending is None:
+                if checkpoint_id in self._finished:
+                    self.stats["late_acks"] += 1
+                    return AckResult.LATE
+                return AckResult.UNKNOWN
+            if task not in self.tasks:
+                return AckResult.UNKNOWN
+            if task in pending.acks:
+                return AckResult.DUPLICATE
+            if handle is not None and (
+                handle.checkpoint_id != checkpoint_id or handle.task != task
+            ):
+                raise ValueError(
+                    f"handle {handle.task}@{handle.checkpoint_id} acked as {task}@{checkpoint_id}"
+                )
+            pending.acks[task] = handle
+            pending.waiting.discard(task)
+            if pending.waiting:
+                return AckResult.ACCEPTED
+            del self._pending[checkpoint_id]
+            self._finished.add(checkpoint_id)
+        try:
+            self._complete(pending, now_ms)
+        finally:
+            self._deliver()
+        return AckResult.COMPLETED
+
+    def decline(self, checkpoint_id: int, task: TaskId, reason: str) -> None:
+        """A task could not take its snapshot: abort the checkpoint."""
+        with self._lock:
+            self._abort_locked(checkpoint_id, f"declined by {task}: {reason}")
+        self._deliver()
+
+    def expire(self, now_ms: int) -> list[int]:
+        """Abort pending checkpoints older than ``timeout``; returns their ids."""
+        with self._lock:
+            expired = [
+                p.checkpoint_id
+                for p in self._pending.values()
+                if now_ms - p.trigger_time_ms >= self.config.timeout_ms
+            ]
+            for cid in expired:
+                self._abort_locked(cid, f"expired after {self.config.timeout_ms} ms")
+        self._deliver()
+        return expired
+
+    def abort_all(self, reason: str, *, count_failure: bool = False) -> None:
+        """Abort every pending checkpoint (a graceful stop or a failed attempt)."""
+        with self._lock:
+            for cid in list(self._pending):
+                self._abort_locked(cid, reason, count_failure=count_failure)
+        self._deliver()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _abort_locked(self, checkpoint_id: int, reason: str, *, count_failure: bool = True) -> None:
+        if self._pending.pop(checkpoint_id, None) is None:
+            return
+        self._finished.add(checkpoint_id)
+        self.stats["aborted"] += 1
+        log.warning("checkpoint %s of %s aborted: %s", checkpoint_id, self.job_id, reason)
+        self._events.append(lambda lst: lst.on_checkpoint_aborted(checkpoint_id, reason))
+        if count_failure:
+            self._count_failure_locked(f"checkpoint {checkpoint_id}: {reason}")
+
+    def _count_failure_locked(self, reason: str) -> None:
+        self._consecutive_failures += 1
+        if self._consecutive_failures > self.config.tolerable_failed_checkpoints:
+            self._fail_locked(
+                CheckpointFailureError(
+                    f"{self._consecutive_failures} consecutive checkpoint failures exceed "
+                    f"tolerable_failed_checkpoints={self.config.tolerable_failed_checkpoints} "
+                    f"(last: {reason})"
+                )
+            )
+
+    def _fail_locked(self, error: CheckpointFailureError | FencedError) -> None:
+        if self.failure is None:
+            self.failure = error
+            self._events.append(lambda lst: lst.on_job_failed(error))
+
+    def _complete(self, pending: PendingCheckpoint, now_ms: int) -> None:
+        manifest = CheckpointManifest(
+            job_id=self.job_id,
+            checkpoint_id=pending.checkpoint_id,
+            batch_id=pending.batch_id,
+            attempt=self.attempt,
+            trigger_time_ms=pending.trigger_time_ms,
+            source_positions=pending.source_positions,
+            sink_epochs=pending.sink_epochs,
+            subtasks=tuple(
+                sorted((h for h in pending.acks.values() if h is not None), key=lambda h: h.task)
+            ),
+            savepoint=pending.savepoint,
+        )
+        record = CompletedCheckpoint.from_manifest(manifest, now_ms)
+        try:
+            self.storage.put_bytes(
+                self.layout.job_path(self.layout.metadata(manifest.checkpoint_id)),
+                manifest.to_json(),
+            )
+            self.catalog.commit_checkpoint(record)
+        except FencedError as e:
+            self._abort_completion(pending, f"fenced: {e}", count_failure=False, error=e)
+            return
+        except Exception as e:  # storage or catalog failure: the checkpoint did not complete
+            self._abort_completion(pending, f"completion failed: {e!r}", count_failure=True)
+            return
+        with self._lock:
+            self._consecutive_failures = 0
+            self.stats["completed"] += 1
+            if self._latest is None or manifest.checkpoint_id > self._latest.checkpoint_id:
+                self._latest = manifest
+                self._last_completion_ms = now_ms
+            for older in [cid for cid in self._pending if cid < manifest.checkpoint_id]:
+                self._abort_locked(
+                    older,
+                    f"subsumed by completed checkpoint {manifest.checkpoint_id}",
+                    count_failure=False,
+                )
+            self._retained.append(record)
+            self._retained.sort(key=lambda c: c.checkpoint_id)
+            subsumed = set(
+                select_subsumed(
+                    [(c.checkpoint_id, c.savepoint) for c in self._retained],
+                    self.config.num_retained,
+                )
+            )
+            self._retained = [c for c in self._retained if c.checkpoint_id not in subsumed]
+            self._events.append(lambda lst: lst.on_checkpoint_complete(record, manifest))
+        if subsumed:
+            try:
+                self.catalog.mark_subsumed(self.job_id, sorted(subsumed))
+            except Exception:  # retention recomputes from the catalog; never loses a checkpoint
+                log.exception("could not mark checkpoints %s subsumed", sorted(subsumed))
+
+    def _abort_completion(
+        self,
+        pending: PendingCheckpoint,
+        reason: str,
+        *,
+        count_failure: bool,
+        error: FencedError | None = None,
+    ) -> None:
+        with self._lock:
+            self._pending[pending.checkpoint_id] = pending  # so the abort is recorded as usual
+            self._abort_locked(pending.checkpoint_id, reason, count_failure=count_failure)
+            if error is not None:
+                self._fail_locked(error)
+
+    def _deliver(self) -> None:
+        with self._delivery:
+            while True:
+                with self._lock:
+                    if not self._events:
+                        return
+                    event = self._events.pop(0)
+                for listener in self.listeners:
+                    try:
+                        event(listener)
+                    except Exception:
+                        log.exception("checkpoint listener %r failed", listener)

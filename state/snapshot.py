@@ -1,0 +1,162 @@
+"""Snapshots of one subtask: a short synchronous part and an asynchronous upload.
+
+Synchronous part (on the caller's thread, at the barrier): flush the memtable and create a RocksDB
+checkpoint of hard links in the subtask's local snapshot directory. Processing goes on right after.
+
+Asynchronous part (on an executor thread): upload what the *base* handle (the subtask's handle in
+the last confirmed checkpoint) does not already hold, re-reference the rest, and produce the new
+:class:`SubtaskStateHandle`. SST files are immutable, so they go once to ``shared/`` under a unique
+name; every other file (MANIFEST, OPTIONS, CURRENT, ...) is private to the checkpoint. A failed
+upload raises through the future (the checkpoint is declined); the previous checkpoint is untouched
+because nothing it references is ever overwritten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import time
+import uuid
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from pathlib import Path
+
+from state.backend import KeyedStateBackend
+from state.handles import StateFile, SubtaskStateHandle, file_checksum
+from state.keygroups import KeyGroupRange
+from state.local_copies import HANDLE_FILE, LocalCopies
+from state.paths import JobLayout
+from state.storage import DurableStorage
+
+_executor: ThreadPoolExecutor | None = None
+
+
+def default_executor() -> ThreadPoolExecutor:
+    """The process-wide pool that runs asynchronous snapshot parts."""
+    global _executor
+    if _executor is None:
+        _executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="cutline-snapshot")
+    return _executor
+
+
+def upload_snapshot(
+    storage: DurableStorage,
+    layout: JobLayout,
+    operator: str,
+    subtask: int,
+    checkpoint_id: int,
+    directory: Path,
+    key_group_range: KeyGroupRange,
+    base: SubtaskStateHandle | None = None,
+    incremental: bool = True,
+) -> SubtaskStateHandle:
+    """Upload snapshot ``directory`` and return its handle (timings left at zero).
+
+    With ``incremental``, an SST file whose name and size match a file of ``base`` is re-referenced
+    instead of uploaded. ``base`` must come from the last *confirmed* checkpoint.
+    """
+    reusable = {f.local_name: f for f in base.files if f.shared} if base and incremental else {}
+    files: list[StateFile] = []
+    uploaded = 0
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        if not entry.is_file() or entry.name.startswith(".") or entry.name == HANDLE_FILE:
+            continue
+        size = entry.stat().st_size
+        previous = reusable.get(entry.name)
+        if previous is not None and previous.size == size:
+            files.append(previous)
+            continue
+        if incremental and entry.name.endswith(".sst"):
+            stem = entry.name[: -len(".sst")]
+            path = layout.shared_file(operator, subtask, f"{stem}-{uuid.uuid4().hex[:16]}.sst")
+        else:
+            path = layout.private_file(checkpoint_id, operator, subtask, entry.name)
+        checksum = file_checksum(entry.path)
+        uploaded += storage.put_file(entry.path, layout.job_path(path))
+        files.append(StateFile(entry.name, path, size, checksum))
+    return SubtaskStateHandle(
+        operator=operator,
+        subtask=subtask,
+        key_group_range=key_group_range,
+        checkpoint_id=checkpoint_id,
+        files=tuple(files),
+        uploaded_bytes=uploaded,
+    )
+
+
+class SubtaskSnapshotter:
+    """Takes snapshots of one subtask's state store."""
+
+    def __init__(
+        self,
+        storage: DurableStorage,
+        copies: LocalCopies,
+        job_id: str,
+        operator: str,
+        subtask: int,
+        *,
+        incremental: bool = True,
+        local_recovery: bool = True,
+        executor: Executor | None = None,
+    ) -> None:
+        self.storage = storage
+        self.copies = copies
+        self.layout = JobLayout(job_id)
+        self.operator = operator
+        self.subtask = subtask
+        self.incremental = incremental
+        self.local_recovery = local_recovery
+        self.executor = executor or default_executor()
+
+    def snapshot(
+        self,
+        store: KeyedStateBackend,
+        checkpoint_id: int,
+        base: SubtaskStateHandle | None,
+    ) -> Future[SubtaskStateHandle]:
+        """Run the synchronous part now; return a future of the acknowledged handle.
+
+        The future fails if the upload fails; the store may be closed once this returns.
+        """
+        started = time.perf_counter()
+        directory = self.copies.snapshot_dir(checkpoint_id)
+        if directory.exists():  # left by an attempt that died before completing this id
+            shutil.rmtree(directory)
+        store.snapshot_to(directory)
+        sync_ms = (time.perf_counter() - started) * 1000
+        return self.executor.submit(
+            self._async_part, checkpoint_id, directory, store.key_group_range, base, sync_ms
+        )
+
+    def _async_part(
+        self,
+        checkpoint_id: int,
+        directory: Path,
+        key_group_range: KeyGroupRange,
+        base: SubtaskStateHandle | None,
+        sync_ms: float,
+    ) -> SubtaskStateHandle:
+        started = time.perf_counter()
+        try:
+            handle = upload_snapshot(
+                self.storage,
+                self.layout,
+                self.operator,
+                self.subtask,
+                checkpoint_id,
+                directory,
+                key_group_range,
+                base,
+                self.incremental,
+            )
+        except BaseException:
+            self.copies.discard(checkpoint_id)
+            raise
+        handle = dataclasses.replace(
+            handle,
+            sync_ms=round(sync_ms, 3),
+            async_ms=round((time.perf_counter() - started) * 1000, 3),
+        )
+        if not (self.local_recovery and self.copies.retain(handle)):
+            self.copies.discard(checkpoint_id)
+        return handle

@@ -1,0 +1,102 @@
+"""Shared fixtures: a moto S3 server on loopback, fresh buckets, and both storage backends."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from state.storage import DurableStorage, LocalFileStorage, S3Storage
+
+_SERVER_START_TIMEOUT = 30.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1):
+            return True
+    except urllib.error.HTTPError:
+        return True  # any HTTP answer means the server is up
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Endpoint url of a moto S3 server subprocess on 127.0.0.1, with dummy credentials set."""
+    with pytest.MonkeyPatch.context() as env:
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+            env.delenv(name, raising=False)
+        env.setenv("AWS_ACCESS_KEY_ID", "testing")
+        env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        env.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        env.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+        port = _free_port()
+        endpoint = f"http://127.0.0.1:{port}"
+        log_path = tmp_path_factory.mktemp("moto") / "server.stderr"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+        try:
+            deadline = time.monotonic() + _SERVER_START_TIMEOUT
+            while not _answers(endpoint + "/"):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    why = (
+                        f"exited with code {proc.returncode}"
+                        if proc.poll() is not None
+                        else f"did not answer within {_SERVER_START_TIMEOUT:.0f}s"
+                    )
+                    stderr = Path(log_path).read_text(errors="replace")[-4000:]
+                    pytest.fail(
+                        f"moto server on {endpoint} {why}; stderr:\n{stderr}", pytrace=False
+                    )
+                time.sleep(0.1)
+            yield endpoint
+        finally:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture
+def s3_bucket(s3_server: str) -> str:
+    """Name of a freshly created, uniquely named bucket on the moto server."""
+    import boto3
+
+    name = f"cutline-test-{uuid.uuid4().hex[:16]}"
+    boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> DurableStorage:
+    """A LocalFileStorage on tmp_path, or an S3Storage on a fresh bucket under a prefix.
+
+    The S3 storage uses a 5 MiB multipart threshold so tests can exercise multipart uploads.
+    """
+    if request.param == "local":
+        return LocalFileStorage(tmp_path / "store")
+    return S3Storage(
+        request.getfixturevalue("s3_bucket"),
+        "ckpt/root",
+        endpoint_url=request.getfixturevalue("s3_server"),
+        multipart_threshold=5 * 2**20,
+    )

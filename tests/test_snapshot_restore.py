@@ -1,0 +1,232 @@
+"""Snapshots (sync + async, incremental) and local-first restore of one subtask, on real RocksDB."""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from state.keygroups import KeyGroupRange
+from state.local_copies import LocalCopies
+from state.paths import JobLayout
+from state.restore import ChecksumMismatchError, restore_subtask
+from state.rocksdb_store import RocksDBStore, StoreOptions
+from state.snapshot import SubtaskSnapshotter
+from state.storage import LocalFileStorage, MissingFileError
+from tests.fakes import FaultyStorage
+
+JOB = "job1"
+RANGE = KeyGroupRange(0, 63)
+OPTS = StoreOptions(write_buffer_mib=1, target_file_size_mib=1)
+
+
+class Subtask:
+    """One subtask's store, local copies and snapshotter, over a given storage."""
+
+    def __init__(self, tmp_path, storage, **kw):
+        self.storage = storage
+        self.copies = LocalCopies(tmp_path / "local", JOB, "count", 0)
+        self.store = RocksDBStore(self.copies.db_dir, RANGE, OPTS)
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="test-async")
+        self.snapshotter = SubtaskSnapshotter(
+            storage, self.copies, JOB, "count", 0, executor=self.pool, **kw
+        )
+
+    def write(self, start: int, n: int, value: bytes) -> None:
+        """Set keys [start, start + n) to ``value`` plus 60 incompressible bytes."""
+        keys = [f"key-{i:08d}".encode() for i in range(start, start + n)]
+        noise = os.urandom(60 * n)
+        values = [value + noise[i * 60 : (i + 1) * 60] for i in range(n)]
+        txn = self.store.begin()
+        txn.put("v", np.arange(start, start + n) % 64, keys, values)
+        txn.commit()
+
+    def contents(self) -> dict[bytes, bytes]:
+        return {k: v for kg in RANGE for k, v in self.store.items("v", kg)}
+
+
+def contents_of(path) -> dict[bytes, bytes]:
+    with RocksDBStore(path, RANGE) as s:
+        return {k: v for kg in RANGE for k, v in s.items("v", kg)}
+
+
+@pytest.fixture
+def storage(tmp_path):
+    return LocalFileStorage(tmp_path / "remote")
+
+
+@pytest.fixture
+def sub(tmp_path, storage):
+    s = Subtask(tmp_path, storage, incremental=True, local_recovery=True)
+    yield s
+    s.store.close()
+    s.pool.shutdown()
+
+
+def test_incremental_snapshot_reuses_files_of_the_confirmed_checkpoint(sub):
+    sub.write(0, 40_000, b"x" * 100)
+    h1 = sub.snapshotter.snapshot(sub.store, 1, None).result()
+    assert h1.uploaded_bytes == h1.full_size > 1_000_000
+    assert all(f.shared == f.local_name.endswith(".sst") for f in h1.files)
+    sub.write(0, 400, b"y" * 100)  # 1% churn
+    h2 = sub.snapshotter.snapshot(sub.store, 2, h1).result()
+    reused = {f.path for f in h2.files} & {f.path for f in h1.files}
+    assert reused, "SST files of checkpoint 1 are re-referenced, not uploaded again"
+    assert h2.uploaded_bytes < 0.2 * h2.full_size
+    assert all(f.path.startswith("chk-2/") for f in h2.files if not f.shared)
+    assert h1.sync_ms > 0 and h1.async_ms > 0
+
+
+def test_full_snapshots_upload_everything_privately(tmp_path, storage):
+    sub = Subtask(tmp_path, storage, incremental=False)
+    sub.write(0, 5000, b"x" * 100)
+    h1 = sub.snapshotter.snapshot(sub.store, 1, None).result()
+    h2 = sub.snapshotter.snapshot(sub.store, 2, h1).result()
+    assert not any(f.shared for f in h1.files + h2.files)
+    assert h2.uploaded_bytes == h2.full_size
+    sub.store.close()
+
+
+def test_restore_prefers_the_local_copy(sub, tmp_path):
+    sub.write(0, 20_000, b"a" * 100)
+    h1 = sub.snapshotter.snapshot(sub.store, 1, None).result()
+    sub.write(0, 200, b"b" * 100)
+    h2 = sub.snapshotter.snapshot(sub.store, 2, h1).result()
+    expected = sub.contents()
+    sub.write(0, 20_000, b"after the checkpoint")
+    sub.store.close()
+    report = restore_subtask(h2, sub.storage, JobLayout(JOB), sub.copies.db_dir, sub.copies)
+    assert report.source == "local"
+    assert report.bytes_local == h2.full_size and report.bytes_remote == 0
+    assert contents_of(sub.copies.db_dir) == expected
+
+
+def test_restore_from_remote_when_the_local_copy_is_gone(sub, tmp_path):
+    sub.write(0, 20_000, b"a" * 100)
+    h1 = sub.snapshotter.snapshot(sub.store, 1, None).result()
+    expected = sub.contents()
+    sub.store.close()
+    sub.copies.discard(1)
+    target = tmp_path / "elsewhere" / "db"
+    report = restore_subtask(h1, sub.storage, JobLayout(JOB), target, sub.copies)
+    assert report.source == "remote" and report.bytes_remote == h1.full_size
+    assert "no local copy of checkpoint 1" in report.fallbacks
+    assert contents_of(target) == expected
+
+
+def test_corrupt_local_file_falls_back_to_the_remote_copy(sub):
+    sub.write(0, 20_000, b"a" * 100)
+    h1 = sub.snapshotter.snapshot(sub.store, 1, None).result()
+    expected = sub.contents()
+    sub.store.close()
+    directory, _ = sub.copies.find(1)
+    sst = max((f for f in h1.files if f.shared), key=lambda f: f.size)
+    data = bytearray((directory / sst.local_name).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    os.unlink(directory / sst.local_name)  # break the hard link, then write the damaged copy
+    (directory / sst.local_name).write_bytes(bytes(data))
+    report = restore_subtask(h1, sub.storage, JobLayout(JOB), sub.copies.db_dir, sub.copies)
+    assert report.source == "mixed"
+    assert report.bytes_remote == sst.size
+    assert any("checksum mismatch" in f for f in report.fallbacks)
+    assert contents_of(sub.copies.db_dir) == expected
+
+
+def test_missing_remote_file_is_an_error_naming_it(sub, tmp_path):
+    sub.write(0, 5000, b"a" * 100)
+    h1 = sub.snapshotter.snapshot(sub.store, 1, None).result()
+    sub.store.close()
+    sub.copies.discard(1)
+    victim = next(f for f in h1.files if f.shared)
+    sub.storage.delete(JobLayout(JOB).job_path(victim.path))
+    with pytest.raises(MissingFileError, match=victim.path.split("/")[-1]):
+        restore_subtask(h1, sub.storage, JobLayout(JOB), tmp_path / "r" / "db", sub.copies)
+    assert not (tmp_path / "r" / "db").exists(), "a failed restore leaves no half-built database"
+
+
+def test_remote_file_with_wrong_contents_is_detected(sub, tmp_path):
+    sub.write(0, 5000, b"a" * 100)
+    h1 = sub.snapshotter.snapshot(sub.store, 1, None).result()
+    sub.store.close()
+    sub.copies.discard(1)
+    victim = next(f for f in h1.files if f.shared)
+    path = JobLayout(JOB).job_path(victim.path)
+    data = bytearray(sub.storage.get_bytes(path))
+    data[0] ^= 0xFF
+    sub.storage.put_bytes(path, bytes(data))
+    with pytest.raises(ChecksumMismatchError, match=victim.path):
+        restore_subtask(h1, sub.storage, JobLayout(JOB), tmp_path / "r" / "db", sub.copies)
+
+
+def test_upload_failing_midway_fails_the_snapshot_and_keeps_the_previous_one(tmp_path, storage):
+    faulty = FaultyStorage(storage)
+    sub = Subtask(tmp_path, faulty, incremental=True, local_recovery=True)
+    sub.write(0, 20_000, b"a" * 100)
+    h1 = sub.snapshotter.snapshot(sub.store, 1, None).result()
+    expected = sub.contents()
+    sub.write(0, 20_000, b"b" * 100)  # rewrites every key: checkpoint 2 needs new files
+    calls = {"n": 0}
+
+    def second_put_fails(path: str) -> bool:
+        calls["n"] += 1
+        return calls["n"] == 2
+
+    faulty.fail_put = second_put_fails
+    with pytest.raises(OSError, match="injected storage fault"):
+        sub.snapshotter.snapshot(sub.store, 2, h1).result()
+    assert len(faulty.puts) >= 1, "the fault hit midway, after a first file was uploaded"
+    assert sub.copies.find(2) is None and not sub.copies.snapshot_dir(2).exists()
+    sub.store.close()
+    sub.copies.discard(1)  # force the restore to read the primary copy
+    target = tmp_path / "restored" / "db"
+    restore_subtask(h1, storage, JobLayout(JOB), target, sub.copies)
+    assert contents_of(target) == expected
+    sub.pool.shutdown()
+
+
+def test_failure_to_keep_the_local_copy_does_not_fail_the_checkpoint(sub, monkeypatch):
+    def disk_full(*_args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(LocalCopies, "_write_handle", staticmethod(disk_full))
+    sub.write(0, 1000, b"a" * 100)
+    h1 = sub.snapshotter.snapshot(sub.store, 1, None).result()
+    assert h1.files
+    assert sub.copies.find(1) is None
+    assert not sub.copies.snapshot_dir(1).exists()
+
+
+def test_confirm_keeps_only_the_latest_confirmed_and_pending_copies(sub):
+    handles = {}
+    base = None
+    for n in (1, 2, 3):
+        sub.write(n * 100, 100, b"v")
+        handles[n] = base = sub.snapshotter.snapshot(sub.store, n, base).result()
+    assert sub.copies.checkpoint_ids() == [1, 2, 3]
+    assert sub.copies.confirm(2) == [1]
+    assert sub.copies.checkpoint_ids() == [2, 3]  # 3 is still pending
+    assert sub.copies.find(2)[1] == handles[2]
+
+
+def test_asynchronous_part_does_not_stall_processing(tmp_path):
+    gate = threading.Event()
+    storage = FaultyStorage(LocalFileStorage(tmp_path / "remote"))
+    storage.fail_put = lambda path: not gate.wait(timeout=30)  # blocks uploads until released
+    sub = Subtask(tmp_path, storage, incremental=True)
+    sub.write(0, 5000, b"a" * 100)
+    future = sub.snapshotter.snapshot(sub.store, 1, None)
+    # The upload is blocked, yet the caller goes on processing the next micro-batches.
+    for batch in range(3):
+        sub.write(batch * 1000, 1000, b"next")
+    assert not future.done()
+    gate.set()
+    handle = future.result(timeout=30)
+    assert handle.checkpoint_id == 1
+    sub.store.close()
+    restore_subtask(handle, storage, JobLayout(JOB), tmp_path / "r" / "db")
+    restored = contents_of(tmp_path / "r" / "db")
+    assert {v[:100] for v in restored.values()} == {b"a" * 100}, "state as of the barrier"
+    sub.pool.shutdown()
