@@ -373,9 +373,9 @@ class S3Storage(DurableStorage):
     Credentials come only from boto3's standard chain. Retries are botocore's "standard" mode
     with at most ``max_attempts`` attempts per request, the first one included. Uploads use
     boto3's managed transfer (multipart above ``multipart_threshold``); S3 makes a PUT or a
-    completed multipart upload visible atomically. ``delete`` and ``delete_many`` are idempotent; because S3 does not say
-    whether a key existed, ``delete`` checks with a HEAD first and ``delete_many`` counts every
-    key S3 acknowledged, including keys that were already missing.
+    completed multipart upload visible atomically. ``delete`` and ``delete_many`` are
+    idempotent; because S3 does not say whether a key existed, ``delete`` checks with a HEAD
+    first and ``delete_many`` counts every key S3 acknowledged, including already missing ones.
     """
 
     def __init__(

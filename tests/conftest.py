@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import socket
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,6 +35,13 @@ def _answers(url: str) -> bool:
         return True  # any HTTP answer means the server is up
     except OSError:
         return False
+
+
+@functools.cache
+def _admin_client(endpoint: str) -> Any:
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint)
 
 
 @pytest.fixture(scope="session")
@@ -79,10 +88,8 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture
 def s3_bucket(s3_server: str) -> str:
     """Name of a freshly created, uniquely named bucket on the moto server."""
-    import boto3
-
     name = f"cutline-test-{uuid.uuid4().hex[:16]}"
-    boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=name)
+    _admin_client(s3_server).create_bucket(Bucket=name)
     return name
 
 
