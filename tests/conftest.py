@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import functools
+import http.client
+import os
 import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,14 +27,17 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _answers(url: str) -> bool:
+def _answers(port: int) -> bool:
+    """Whether anything answers HTTP on the loopback port (any status counts)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
     try:
-        with urllib.request.urlopen(url, timeout=1):
-            return True
-    except urllib.error.HTTPError:
-        return True  # any HTTP answer means the server is up
+        conn.request("GET", "/")
+        conn.getresponse().read()
+        return True
     except OSError:
         return False
+    finally:
+        conn.close()
 
 
 @functools.cache
@@ -54,6 +57,9 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
         env.setenv("AWS_DEFAULT_REGION", "us-east-1")
         env.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        no_proxy = os.environ.get("NO_PROXY") or os.environ.get("no_proxy") or ""
+        for name in ("NO_PROXY", "no_proxy"):  # never send loopback traffic through a proxy
+            env.setenv(name, ",".join(filter(None, [no_proxy, "127.0.0.1", "localhost"])))
 
         port = _free_port()
         endpoint = f"http://127.0.0.1:{port}"
@@ -67,7 +73,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             )
         try:
             deadline = time.monotonic() + _SERVER_START_TIMEOUT
-            while not _answers(endpoint + "/"):
+            while not _answers(port):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     why = (
                         f"exited with code {proc.returncode}"

@@ -239,13 +239,13 @@ def test_concurrent_acks_from_many_threads_complete_each_checkpoint_once(tmp_pat
 
 
 def test_bad_configuration_names_the_field():
-    with pytest.raises(ConfigError, match="checkpoint.interval_ms"):
+    with pytest.raises(ConfigError, match=r"checkpoint\.interval_ms"):
         CheckpointConfig(interval_ms=0)
-    with pytest.raises(ConfigError, match="checkpoint.max_concurrent"):
+    with pytest.raises(ConfigError, match=r"checkpoint\.max_concurrent"):
         CheckpointConfig(interval_ms=10, max_concurrent=0)
-    with pytest.raises(ConfigError, match="checkpoint.mode"):
+    with pytest.raises(ConfigError, match=r"checkpoint\.mode"):
         CheckpointConfig(interval_ms=10, mode="twice")
-    with pytest.raises(ConfigError, match="checkpoint.incremental must be bool"):
+    with pytest.raises(ConfigError, match=r"checkpoint\.incremental must be bool"):
         CheckpointConfig(interval_ms=10, incremental="yes")
     with pytest.raises(ConfigError, match="unknown checkpoint option"):
         CheckpointConfig.from_dict({"interval_ms": 10, "intervall": 3})

@@ -208,10 +208,10 @@ class CheckpointModel(RuleBasedStateMachine):
         coord, cid, task, handle = self.in_flight.pop(i)
         result = coord.acknowledge(cid, task, handle, self.now)
         self._record_uploads()  # _metadata
-        if result is AckResult.COMPLETED and coord is self.coord and coord.failure is None:
-            if cid in [r.checkpoint_id for r in self.catalog.checkpoints(JOB)]:
-                self.completed.append(cid)
-                self.restored_from = None  # a later checkpoint completed after the restore
+        committed = {r.checkpoint_id for r in self.catalog.checkpoints(JOB)}
+        if result is AckResult.COMPLETED and coord is self.coord and cid in committed:
+            self.completed.append(cid)
+            self.restored_from = None  # a later checkpoint completed after the restore
         if coord is not self.coord and result is AckResult.COMPLETED:
             assert coord.failure is not None, "a fenced attempt's completion must fail"
 

@@ -1,0 +1,195 @@
+"""Snapshot benchmark: incremental checkpoint size, sync/async time, local vs remote restore.
+
+Builds keyed state of ``--state-mib`` MiB in one subtask's RocksDB store (100-byte values), then
+takes ``--checkpoints`` checkpoints, changing the fraction ``--churn`` of the keys before each.
+Uploads go to an S3 server (moto's standalone server, started on 127.0.0.1 unless
+``--s3-endpoint`` is given) or, with ``--storage local``, to a local directory.
+
+Prints progress, then as its last line one JSON object with full_bytes_median,
+incremental_bytes_median, sync_ms_median, sync_ms_p95, async_ms_median, restore_local_s and
+restore_remote_s; the same object is written to ``bench/results/snapshot_<N>mib.json``.
+
+    .venv/bin/python bench/snapshot_bench.py --state-mib 100 --churn 0.01 --checkpoints 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from state.keygroups import DEFAULT_MAX_PARALLELISM, KeyGroupRange, key_groups  # noqa: E402
+from state.local_copies import LocalCopies  # noqa: E402
+from state.paths import JobLayout  # noqa: E402
+from state.restore import restore_subtask  # noqa: E402
+from state.rocksdb_store import RocksDBStore  # noqa: E402
+from state.snapshot import SubtaskSnapshotter  # noqa: E402
+from state.storage import DurableStorage, LocalFileStorage, S3Storage  # noqa: E402
+
+KEY_BYTES = 16
+VALUE_BYTES = 100
+BATCH = 200_000
+JOB = "bench"
+
+
+def start_moto() -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("moto server did not start")
+
+
+def open_bench_storage(args: argparse.Namespace, work: Path) -> tuple[DurableStorage, object]:
+    if args.storage == "local":
+        return LocalFileStorage(work / "remote"), None
+    proc = None
+    endpoint = args.s3_endpoint
+    if endpoint is None:
+        os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+        os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+        proc, endpoint = start_moto()
+    import boto3
+
+    bucket = f"bench-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+    return S3Storage(bucket, "checkpoints", endpoint_url=endpoint), proc
+
+
+def write_keys(store: RocksDBStore, ids: np.ndarray) -> None:
+    """Set every key in ``ids`` to a fresh random 100-byte value, in write batches."""
+    for start in range(0, len(ids), BATCH):
+        chunk = ids[start : start + BATCH]
+        keys = [b"%016d" % i for i in chunk.tolist()]
+        groups = key_groups(keys, "binary", DEFAULT_MAX_PARALLELISM)
+        noise = os.urandom(VALUE_BYTES * len(keys))
+        values = [noise[i * VALUE_BYTES : (i + 1) * VALUE_BYTES] for i in range(len(keys))]
+        txn = store.begin()
+        txn.put("v", groups, keys, values)
+        txn.commit()
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--state-mib", type=int, default=100)
+    parser.add_argument("--churn", type=float, default=0.01)
+    parser.add_argument("--checkpoints", type=int, default=20)
+    parser.add_argument("--storage", choices=["s3", "local"], default="s3")
+    parser.add_argument("--s3-endpoint", default=None)
+    parser.add_argument("--workdir", default=None, help="scratch directory (default: a temp dir)")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="cutline-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    storage, server = open_bench_storage(args, work)
+    rng = np.random.default_rng(args.seed)
+    n_keys = args.state_mib * 2**20 // (KEY_BYTES + VALUE_BYTES)
+    churn_keys = max(1, int(n_keys * args.churn))
+    kg_range = KeyGroupRange(0, DEFAULT_MAX_PARALLELISM - 1)
+    copies = LocalCopies(work / "local", JOB, "bench", 0)
+    pool = ThreadPoolExecutor(1)
+    snapshotter = SubtaskSnapshotter(
+        storage, copies, JOB, "bench", 0, incremental=True, local_recovery=True, executor=pool
+    )
+    try:
+        store = RocksDBStore(copies.db_dir, kg_range)
+        t0 = time.perf_counter()
+        write_keys(store, np.arange(n_keys))
+        store.compact()
+        print(f"built {n_keys:,} keys in {time.perf_counter() - t0:.1f}s", flush=True)
+
+        handle = snapshotter.snapshot(store, 0, None).result()
+        copies.confirm(0)
+        print(f"initial full checkpoint: {handle.full_size / 2**20:.1f} MiB", flush=True)
+        full, incremental, sync_ms, async_ms = [], [], [], []
+        for n in range(1, args.checkpoints + 1):
+            write_keys(store, rng.choice(n_keys, churn_keys, replace=False))
+            handle = snapshotter.snapshot(store, n, handle).result()
+            copies.confirm(n)
+            full.append(handle.full_size)
+            incremental.append(handle.uploaded_bytes)
+            sync_ms.append(handle.sync_ms)
+            async_ms.append(handle.async_ms)
+            print(
+                f"chk {n:3d}: full {handle.full_size / 2**20:8.1f} MiB  "
+                f"uploaded {handle.uploaded_bytes / 2**20:8.2f} MiB  files {len(handle.files):3d}  "
+                f"sync {handle.sync_ms:6.1f} ms  async {handle.async_ms:8.1f} ms",
+                flush=True,
+            )
+        store.close()
+
+        layout = JobLayout(JOB)
+        local = restore_subtask(handle, storage, layout, copies.db_dir, copies)
+        assert local.source == "local", local
+        remote_target = work / "remote-restore" / "db"
+        remote = restore_subtask(handle, storage, layout, remote_target, None)
+        assert remote.source == "remote", remote
+        with RocksDBStore(remote_target, kg_range) as check:
+            probe = [b"%016d" % i for i in range(0, n_keys, max(1, n_keys // 1000))]
+            groups = key_groups(probe, "binary")
+            assert all(v is not None for v in check.get_many("v", groups, probe))
+
+        result = {
+            "state_mib": args.state_mib,
+            "churn": args.churn,
+            "checkpoints": args.checkpoints,
+            "storage": args.storage,
+            "keys": n_keys,
+            "full_bytes_median": int(statistics.median(full)),
+            "incremental_bytes_median": int(statistics.median(incremental)),
+            "incremental_ratio_median": round(statistics.median(incremental) / statistics.median(full), 4),
+            "incremental_bytes_p95": int(percentile(incremental, 95)),
+            "sync_ms_median": round(statistics.median(sync_ms), 2),
+            "sync_ms_p95": round(percentile(sync_ms, 95), 2),
+            "async_ms_median": round(statistics.median(async_ms), 2),
+            "restore_local_s": round(local.duration_s, 3),
+            "restore_remote_s": round(remote.duration_s, 3),
+            "restore_speedup": round(remote.duration_s / max(local.duration_s, 1e-9), 1),
+        }
+        out = ROOT / "bench" / "results" / f"snapshot_{args.state_mib}mib.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps(result))
+    finally:
+        pool.shutdown()
+        if server is not None:
+            server.kill()
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
