@@ -43,7 +43,6 @@ from state.storage import DurableStorage, LocalFileStorage, S3Storage  # noqa: E
 
 KEY_BYTES = 16
 VALUE_BYTES = 100
-BATCH = 200_000
 JOB = "bench"
 
 
@@ -84,10 +83,11 @@ def open_bench_storage(args: argparse.Namespace, work: Path) -> tuple[DurableSto
     return S3Storage(bucket, "checkpoints", endpoint_url=endpoint), proc
 
 
-def write_keys(store: RocksDBStore, ids: np.ndarray) -> None:
-    """Set every key in ``ids`` to a fresh random 100-byte value, in write batches."""
-    for start in range(0, len(ids), BATCH):
-        chunk = ids[start : start + BATCH]
+def write_keys(store: RocksDBStore, ids: np.ndarray, batch: int) -> None:
+    """Set every key in ``ids`` to a fresh random 100-byte value, ``batch`` keys per write batch
+    (one write batch is what one subtask commits per micro-batch)."""
+    for start in range(0, len(ids), batch):
+        chunk = ids[start : start + batch]
         keys = [b"%016d" % i for i in chunk.tolist()]
         groups = key_groups(keys, "binary", DEFAULT_MAX_PARALLELISM)
         noise = os.urandom(VALUE_BYTES * len(keys))
@@ -110,6 +110,12 @@ def main() -> None:
     parser.add_argument("--s3-endpoint", default=None)
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--batch-keys",
+        type=int,
+        default=20_000,
+        help="keys per write batch, i.e. per micro-batch of the subtask (default 20000)",
+    )
     args = parser.parse_args()
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="cutline-bench-"))
@@ -127,7 +133,7 @@ def main() -> None:
     try:
         store = RocksDBStore(copies.db_dir, kg_range)
         t0 = time.perf_counter()
-        write_keys(store, np.arange(n_keys))
+        write_keys(store, np.arange(n_keys), 200_000)
         store.compact()
         print(f"built {n_keys:,} keys in {time.perf_counter() - t0:.1f}s", flush=True)
 
@@ -136,7 +142,7 @@ def main() -> None:
         print(f"initial full checkpoint: {handle.full_size / 2**20:.1f} MiB", flush=True)
         full, incremental, sync_ms, async_ms = [], [], [], []
         for n in range(1, args.checkpoints + 1):
-            write_keys(store, rng.choice(n_keys, churn_keys, replace=False))
+            write_keys(store, rng.choice(n_keys, churn_keys, replace=False), args.batch_keys)
             handle = snapshotter.snapshot(store, n, handle).result()
             copies.confirm(n)
             full.append(handle.full_size)
@@ -167,6 +173,7 @@ def main() -> None:
             "churn": args.churn,
             "checkpoints": args.checkpoints,
             "storage": args.storage,
+            "batch_keys": args.batch_keys,
             "keys": n_keys,
             "full_bytes_median": int(statistics.median(full)),
             "incremental_bytes_median": int(statistics.median(incremental)),

@@ -30,7 +30,7 @@ from state.handles import SubtaskStateHandle
 from state.manifest import CheckpointManifest
 from state.paths import JobLayout
 from state.registry import select_subsumed
-from state.storage import DurableStorage
+from state.storage import AlreadyExistsError, DurableStorage
 
 log = logging.getLogger(__name__)
 
@@ -303,11 +303,18 @@ class CheckpointCoordinator:
         )
         record = CompletedCheckpoint.from_manifest(manifest, now_ms)
         try:
+            # Exclusive: a zombie attempt that reached the same id can never replace it.
             self.storage.put_bytes(
                 self.layout.job_path(self.layout.metadata(manifest.checkpoint_id)),
                 manifest.to_json(),
+                exclusive=True,
             )
             self.catalog.commit_checkpoint(record)
+        except AlreadyExistsError as e:
+            self._abort_completion(
+                pending, f"id taken by another attempt: {e}", count_failure=False
+            )
+            return
         except FencedError as e:
             self._abort_completion(pending, f"fenced: {e}", count_failure=False, error=e)
             return

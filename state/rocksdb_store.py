@@ -43,15 +43,19 @@ _U64 = struct.Struct(">Q")
 class StoreOptions:
     """RocksDB tuning. Defaults keep most SST files stable between checkpoints.
 
-    With keys updated uniformly, every L0→L1 compaction rewrites nearly all files, so a high L0
-    compaction trigger lets ~``l0_compaction_trigger`` checkpoints share their older files
-    (small increments) at the cost of read amplification, which bloom filters keep cheap. A
-    requested compaction (:meth:`RocksDBStore.compact`) bounds the chain.
+    With keys updated uniformly, every L0→base-level compaction rewrites nearly all files, so a
+    high L0 compaction trigger lets many checkpoints share their older files (small increments)
+    at the cost of read amplification, which bloom filters keep cheap. A requested compaction
+    (:meth:`RocksDBStore.compact`) bounds the chain.
+
+    Small memtables flush in the background while a micro-batch runs, so the flush left for the
+    synchronous part of a snapshot is at most one small memtable, whatever the state size.
     """
 
-    write_buffer_mib: int = 64
+    write_buffer_mib: int = 2
+    max_write_buffers: int = 6
     target_file_size_mib: int = 32
-    l0_compaction_trigger: int = 12
+    l0_compaction_trigger: int = 24
     bloom_bits_per_key: float = 10.0
     block_cache_mib: int = 64
     compression: str = "lz4"
@@ -60,6 +64,7 @@ class StoreOptions:
         opts = rd.Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.set_write_buffer_size(self.write_buffer_mib << 20)
+        opts.set_max_write_buffer_number(self.max_write_buffers)
         opts.set_target_file_size_base(self.target_file_size_mib << 20)
         opts.set_level_zero_file_num_compaction_trigger(self.l0_compaction_trigger)
         opts.set_level_zero_slowdown_writes_trigger(self.l0_compaction_trigger * 3)

@@ -56,6 +56,9 @@ def upload_snapshot(
     instead of uploaded. ``base`` must come from the last *confirmed* checkpoint.
     """
     reusable = {f.local_name: f for f in base.files if f.shared} if base and incremental else {}
+    # Remote names are unique per snapshot, so two attempts that reach the same checkpoint id
+    # (a zombie and its successor) never overwrite each other's files.
+    token = uuid.uuid4().hex[:16]
     files: list[StateFile] = []
     uploaded = 0
     for entry in sorted(os.scandir(directory), key=lambda e: e.name):
@@ -68,9 +71,9 @@ def upload_snapshot(
             continue
         if incremental and entry.name.endswith(".sst"):
             stem = entry.name[: -len(".sst")]
-            path = layout.shared_file(operator, subtask, f"{stem}-{uuid.uuid4().hex[:16]}.sst")
+            path = layout.shared_file(operator, subtask, f"{stem}-{token}.sst")
         else:
-            path = layout.private_file(checkpoint_id, operator, subtask, entry.name)
+            path = layout.private_file(checkpoint_id, operator, subtask, f"{entry.name}.{token}")
         checksum = file_checksum(entry.path)
         uploaded += storage.put_file(entry.path, layout.job_path(path))
         files.append(StateFile(entry.name, path, size, checksum))

@@ -65,6 +65,10 @@ class CorruptFileError(StorageError):
         self.actual = actual
 
 
+class AlreadyExistsError(StorageError):
+    """An exclusive write found the path already taken (another writer got there first)."""
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     """One stored file: its path relative to the storage root, size in bytes, mtime (epoch s)."""
@@ -84,8 +88,12 @@ class DurableStorage(ABC):
         """Store the local file at ``path`` atomically; return the number of bytes written."""
 
     @abstractmethod
-    def put_bytes(self, path: str, data: bytes) -> None:
-        """Store ``data`` at ``path`` atomically."""
+    def put_bytes(self, path: str, data: bytes, *, exclusive: bool = False) -> None:
+        """Store ``data`` at ``path`` atomically.
+
+        With ``exclusive``, the write happens only if ``path`` does not exist yet (atomically
+        with respect to other writers), else :class:`AlreadyExistsError` is raised.
+        """
 
     @abstractmethod
     def get_file(self, path: str, local_path: str | Path, expected_size: int | None = None) -> int:
@@ -159,6 +167,14 @@ def _copy_stream(src: IO[bytes], dst: IO[bytes]) -> int:
         total += len(chunk)
 
 
+_S3_TAKEN_CODES = ("PreconditionFailed", "ConditionalRequestConflict")
+
+
+def _error_code(exc: Exception) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
+
+
 def _tmp_name() -> str:
     return f"{_TMP_PREFIX}{uuid.uuid4().hex}"
 
@@ -188,8 +204,12 @@ def _atomic_local_write(
     *,
     fsync: bool,
     check: Callable[[int], None] | None = None,
+    exclusive: bool = False,
 ) -> int:
     """Write ``target`` via a '.tmp-' file in its directory and ``os.replace``.
+
+    With ``exclusive`` the temp file is hard-linked to ``target`` instead, which fails with
+    ``FileExistsError`` if ``target`` exists.
 
     ``write`` fills the temp file and returns the byte count; ``check`` may reject it, in which
     case the target is not touched. The temp file is removed on any failure.
@@ -212,7 +232,11 @@ def _atomic_local_write(
                 os.fsync(out.fileno())
         if check is not None:
             check(size)
-        os.replace(tmp, target)
+        if exclusive:
+            os.link(tmp, target)
+            _remove_quietly(tmp)
+        else:
+            os.replace(tmp, target)
     except BaseException:
         _remove_quietly(tmp)
         raise
@@ -249,7 +273,7 @@ class LocalFileStorage(DurableStorage):
         except OSError as exc:
             raise self._failed("store", path, f"from {local_path}: {exc}") from exc
 
-    def put_bytes(self, path: str, data: bytes) -> None:
+    def put_bytes(self, path: str, data: bytes, *, exclusive: bool = False) -> None:
         target = self._target(path)
         payload = bytes(data)
 
@@ -258,7 +282,11 @@ class LocalFileStorage(DurableStorage):
             return len(payload)
 
         try:
-            _atomic_local_write(target, write, fsync=True)
+            _atomic_local_write(target, write, fsync=True, exclusive=exclusive)
+        except FileExistsError as exc:
+            raise AlreadyExistsError(
+                f"{path!r} already exists in {self.url}", path=path, url=self.url
+            ) from exc
         except OSError as exc:
             raise self._failed("store", path, str(exc)) from exc
 
@@ -457,11 +485,19 @@ class S3Storage(DurableStorage):
             raise self._error(exc, "store", path) from exc
         return size
 
-    def put_bytes(self, path: str, data: bytes) -> None:
+    def put_bytes(self, path: str, data: bytes, *, exclusive: bool = False) -> None:
         key = self._key(path)
+        extra = {"IfNoneMatch": "*"} if exclusive else {}
         try:
-            self._client.put_object(Bucket=self.bucket, Key=key, Body=bytes(data))
+            self._client.put_object(Bucket=self.bucket, Key=key, Body=bytes(data), **extra)
         except self._errors() as exc:
+            if exclusive and _error_code(exc) in (
+                "PreconditionFailed",
+                "ConditionalRequestConflict",
+            ):
+                raise AlreadyExistsError(
+                    f"{path!r} already exists in {self.url}", path=path, url=self.url
+                ) from exc
             raise self._error(exc, "store", path) from exc
 
     def get_file(self, path: str, local_path: str | Path, expected_size: int | None = None) -> int:

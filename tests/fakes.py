@@ -1,68 +1,16 @@
-"""Test doubles for unit tests of state/: an in-memory catalog and fault-injecting storage.
+"""Test doubles for unit tests of state/: fault-injecting storage.
 
-The tests that claim a guarantee end to end use the real parts (Delta catalog, moto S3 server);
-these doubles let the protocol tests drive every interleaving quickly.
+The tests that claim a guarantee end to end use the real parts (moto S3 server, real RocksDB);
+this wrapper lets protocol tests inject storage faults at exact points.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from state.catalog import CheckpointCatalog, CheckpointStatus, CompletedCheckpoint, FencedError
+from state.memory_catalog import InMemoryCatalog  # noqa: F401  (re-exported for tests)
 from state.storage import DurableStorage, ObjectInfo
-
-
-class InMemoryCatalog(CheckpointCatalog):
-    """A thread-safe catalog held in a dict, with attempt fencing like the Delta one."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.rows: dict[tuple[str, int], CompletedCheckpoint] = {}
-        self.attempts: dict[str, int] = {}
-        self.fail_next_commit: Exception | None = None
-
-    def begin_attempt(self, job_id: str) -> int:
-        with self._lock:
-            self.attempts[job_id] = self.attempts.get(job_id, 0) + 1
-            return self.attempts[job_id]
-
-    def commit_checkpoint(self, checkpoint: CompletedCheckpoint) -> None:
-        with self._lock:
-            if self.fail_next_commit is not None:
-                error, self.fail_next_commit = self.fail_next_commit, None
-                raise error
-            latest = self.attempts.get(checkpoint.job_id, 0)
-            if checkpoint.attempt < latest:
-                raise FencedError(
-                    f"attempt {checkpoint.attempt} of {checkpoint.job_id} is fenced by {latest}"
-                )
-            self.rows[(checkpoint.job_id, checkpoint.checkpoint_id)] = checkpoint
-
-    def _set_status(self, job_id: str, ids: Iterable[int], status: CheckpointStatus) -> None:
-        with self._lock:
-            for cid in ids:
-                row = self.rows.get((job_id, cid))
-                if row is not None:
-                    self.rows[(job_id, cid)] = dataclasses.replace(row, status=status)
-
-    def mark_subsumed(self, job_id: str, checkpoint_ids: list[int]) -> None:
-        self._set_status(job_id, checkpoint_ids, CheckpointStatus.SUBSUMED)
-
-    def mark_corrupt(self, job_id: str, checkpoint_id: int, reason: str) -> None:
-        self._set_status(job_id, [checkpoint_id], CheckpointStatus.CORRUPT)
-
-    def checkpoints(
-        self, job_id: str, statuses: tuple[CheckpointStatus, ...] | None = None
-    ) -> list[CompletedCheckpoint]:
-        with self._lock:
-            rows = [r for (j, _), r in self.rows.items() if j == job_id]
-        return sorted(
-            (r for r in rows if statuses is None or r.status in statuses),
-            key=lambda r: r.checkpoint_id,
-        )
 
 
 class FaultyStorage(DurableStorage):
@@ -83,9 +31,9 @@ class FaultyStorage(DurableStorage):
         self._maybe_fail(path)
         return self.inner.put_file(local_path, path)
 
-    def put_bytes(self, path: str, data: bytes) -> None:
+    def put_bytes(self, path: str, data: bytes, *, exclusive: bool = False) -> None:
         self._maybe_fail(path)
-        self.inner.put_bytes(path, data)
+        self.inner.put_bytes(path, data, exclusive=exclusive)
 
     def get_file(self, path: str, local_path: str | Path, expected_size: int | None = None) -> int:
         return self.inner.get_file(path, local_path, expected_size)

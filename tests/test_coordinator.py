@@ -256,3 +256,41 @@ def test_bad_configuration_names_the_field():
 
 def test_manifest_path_layout():
     assert JobLayout(JOB).metadata(3) == "chk-3/_metadata"
+
+
+def test_a_zombie_attempt_cannot_replace_the_manifest_of_a_reused_checkpoint_id(tmp_path):
+    """Two attempts reach checkpoint id 1: the first manifest written wins, the other aborts."""
+    catalog = InMemoryCatalog()
+    storage = LocalFileStorage(tmp_path / "remote")
+    zombie = CheckpointCoordinator(
+        JOB, catalog.begin_attempt(JOB), CheckpointConfig(interval_ms=1), TASKS, storage, catalog
+    )
+    zombie.trigger(1, {"src": {"0": 1}}, now_ms=0)
+    rec = Recorder()
+    successor = CheckpointCoordinator(
+        JOB,
+        catalog.begin_attempt(JOB),
+        CheckpointConfig(interval_ms=1),
+        TASKS,
+        storage,
+        catalog,
+        listeners=[rec],
+    )
+    successor.trigger(7, {"src": {"0": 7}}, now_ms=0)
+    ack_all(successor, 1, now=5)
+    ack_all(zombie, 1, now=6)  # its manifest write is refused, its commit would be fenced
+    [row] = catalog.checkpoints(JOB)
+    assert row.attempt == successor.attempt
+    manifest = CheckpointManifest.from_json(storage.get_bytes(row.metadata_path))
+    assert manifest.source_positions == {"src": {"0": 7}} and manifest.attempt == row.attempt
+    # And the other way round: the zombie wrote first; the successor aborts without failing.
+    zombie.trigger(2, {}, now_ms=100)
+    ack_all(zombie, 2, now=101)  # writes chk-2/_metadata, then is fenced at commit
+    successor.trigger(8, {}, now_ms=100)
+    ack_all(successor, 2, now=102)
+    assert [r.checkpoint_id for r in catalog.checkpoints(JOB)] == [1]
+    assert any(e[0] == "abort" and "taken by another attempt" in e[2] for e in rec.events)
+    assert successor.failure is None
+    successor.trigger(9, {}, now_ms=200)
+    ack_all(successor, 3, now=201)
+    assert [r.checkpoint_id for r in catalog.checkpoints(JOB)] == [1, 3]

@@ -602,3 +602,13 @@ def test_open_storage_s3_endpoint(
     from_env = open_storage(f"s3://{s3_bucket}")
     assert [(i.path, i.size) for i in from_env.list()] == [("a/x", 1)]
     assert from_env.get_bytes("a/x") == b"1"
+
+
+def test_exclusive_put_refuses_to_replace(storage):
+    from state.storage import AlreadyExistsError
+
+    storage.put_bytes("job/chk-1/_metadata", b"first", exclusive=True)
+    with pytest.raises(AlreadyExistsError, match="chk-1/_metadata"):
+        storage.put_bytes("job/chk-1/_metadata", b"second", exclusive=True)
+    assert storage.get_bytes("job/chk-1/_metadata") == b"first"
+    assert [i.path for i in storage.list("job")] == ["job/chk-1/_metadata"], "no temp file left"
