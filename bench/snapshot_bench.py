@@ -177,7 +177,9 @@ def main() -> None:
             "keys": n_keys,
             "full_bytes_median": int(statistics.median(full)),
             "incremental_bytes_median": int(statistics.median(incremental)),
-            "incremental_ratio_median": round(statistics.median(incremental) / statistics.median(full), 4),
+            "incremental_ratio_median": round(
+                statistics.median(incremental) / statistics.median(full), 4
+            ),
             "incremental_bytes_p95": int(percentile(incremental, 95)),
             "sync_ms_median": round(statistics.median(sync_ms), 2),
             "sync_ms_p95": round(percentile(sync_ms, 95), 2),

@@ -1,0 +1,84 @@
+"""The ``cutline`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from state.catalog import CheckpointStatus
+from state.manifest import CheckpointManifest, ManifestError
+from state.paths import JobLayout
+from state.restore import validate_checkpoint
+from state.storage import StorageError, open_storage
+
+
+def default_home() -> Path:
+    """``$CUTLINE_HOME``, else ``.cutline`` in the working directory."""
+    return Path(os.environ.get("CUTLINE_HOME", ".cutline")).resolve()
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from spark_jobs.local_demo import main_demo
+
+    return main_demo(Path(args.home) / "demo")
+
+
+def _checkpoints(args: argparse.Namespace) -> int:
+    """List a job's checkpoints from their manifests in storage (no catalog needed)."""
+    storage = open_storage(args.root)
+    layout = JobLayout(args.job)
+    ids = sorted(
+        {
+            cid
+            for info in storage.list(args.job)
+            if info.path.endswith("/" + JobLayout.METADATA)
+            and (cid := JobLayout.checkpoint_id_of(info.path.split("/", 1)[1])) is not None
+        }
+    )
+    if not ids:
+        print(f"no checkpoints of job {args.job!r} under {storage.url}")
+        return 1
+    for cid in ids:
+        path = layout.job_path(layout.metadata(cid))
+        try:
+            m = CheckpointManifest.from_json(storage.get_bytes(path), source=path)
+        except (ManifestError, StorageError) as e:
+            print(f"chk-{cid}: {CheckpointStatus.CORRUPT.value}: {e}")
+            continue
+        problems = validate_checkpoint(m, storage) if args.validate else []
+        state = "ok" if not problems else f"{len(problems)} problem(s): {problems[0]}"
+        print(
+            f"chk-{cid}: attempt {m.attempt} batch {m.batch_id} files {m.file_count} "
+            f"full {m.full_size:,} B uploaded {m.uploaded_bytes:,} B "
+            f"sources {m.source_positions}" + (f" [{state}]" if args.validate else "")
+        )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cutline", description=__doc__)
+    parser.add_argument("--home", default=str(default_home()), help="embedded-default home")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="run the checkpoint/restore demo on the embedded default")
+    demo.set_defaults(func=_demo)
+    chk = sub.add_parser("checkpoints", help="list a job's checkpoints from their manifests")
+    chk.add_argument("root", help="checkpoint root: a directory, file:// or s3://bucket/prefix")
+    chk.add_argument("job")
+    chk.add_argument("--validate", action="store_true", help="check every file is present")
+    chk.set_defaults(func=_checkpoints)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, StorageError) as e:
+        print(f"cutline: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

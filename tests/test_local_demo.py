@@ -1,0 +1,41 @@
+"""The in-process demo: crash, restore from the latest checkpoint, exact output."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark_jobs.cli import main
+from spark_jobs.local_demo import run_demo
+from state.catalog import CheckpointStatus
+
+
+@pytest.mark.parametrize("lose_local_copies", [False, True])
+def test_crash_and_restore_gives_exact_counts(tmp_path, lose_local_copies):
+    result = run_demo(
+        tmp_path / "home",
+        batches=16,
+        batch_size=2_000,
+        users=5_000,
+        crash_after=11,
+        lose_local_copies=lose_local_copies,
+        log=lambda *_: None,
+    )
+    assert result.exact and result.counted == result.expected == 16 * 2_000
+    assert result.restored_from is not None
+    sources = {r.source for r in result.restore_reports}
+    assert sources == ({"remote"} if lose_local_copies else {"local"})
+    statuses = [c.status for c in result.completed]
+    assert statuses[-2:] == [CheckpointStatus.COMPLETED] * 2  # num_retained=2
+    assert set(statuses[:-2]) == {CheckpointStatus.SUBSUMED}
+    assert {c.attempt for c in result.completed} == {1, 2}
+
+
+def test_cli_lists_and_validates_checkpoints(tmp_path, capsys):
+    run_demo(tmp_path / "home", batches=8, batch_size=1_000, crash_after=6, log=lambda *_: None)
+    root = str(tmp_path / "home" / "checkpoints")
+    assert main(["checkpoints", root, "demo_counts", "--validate"]) == 0
+    out = capsys.readouterr().out
+    assert "chk-1: attempt 1 batch 0" in out and "[ok]" in out
+    assert main(["checkpoints", root, "no_such_job"]) == 1
+    assert main(["checkpoints", root, "../escape"]) == 2
+    assert "escapes" in capsys.readouterr().err
