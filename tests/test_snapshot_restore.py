@@ -1,4 +1,7 @@
-"""Snapshots (sync + async, incremental) and local-first restore of one subtask, on real RocksDB."""
+"""Snapshots (sync + async, incremental) and local-first restore of one subtask, on real RocksDB.
+
+``storage`` (tests/conftest.py) runs each test on the local filesystem and on moto's S3 server.
+"""
 
 from __future__ import annotations
 
@@ -51,11 +54,6 @@ class Subtask:
 def contents_of(path) -> dict[bytes, bytes]:
     with RocksDBStore(path, RANGE) as s:
         return {k: v for kg in RANGE for k, v in s.items("v", kg)}
-
-
-@pytest.fixture
-def storage(tmp_path):
-    return LocalFileStorage(tmp_path / "remote")
 
 
 @pytest.fixture
