@@ -69,6 +69,7 @@ class PendingCheckpoint:
     waiting: set[TaskId]
     acks: dict[TaskId, SubtaskStateHandle | None] = field(default_factory=dict)
     savepoint: bool = False
+    cut_recorded: bool = True
 
 
 class CheckpointCoordinator:
@@ -164,7 +165,7 @@ class CheckpointCoordinator:
     def trigger(
         self,
         batch_id: int,
-        source_positions: dict[str, dict[str, int]],
+        source_positions: dict[str, dict[str, int]] | None,
         now_ms: int,
         *,
         sink_epochs: dict[str, int] | None = None,
@@ -174,7 +175,9 @@ class CheckpointCoordinator:
         """Start checkpoint n after micro-batch ``batch_id`` if the policy allows (or ``force``).
 
         ``source_positions`` are the positions at the cut: everything up to and including
-        ``batch_id`` is in the state this checkpoint captures.
+        ``batch_id`` is in the state this checkpoint captures. When they are only known after the
+        micro-batch ran, pass None and call :meth:`record_cut` then; the checkpoint cannot
+        complete before.
         """
         with self._lock:
             if self.failure is not None:
@@ -187,16 +190,43 @@ class CheckpointCoordinator:
                 checkpoint_id=self._next_id,
                 batch_id=batch_id,
                 trigger_time_ms=now_ms,
-                source_positions={s: dict(p) for s, p in source_positions.items()},
+                source_positions={s: dict(p) for s, p in (source_positions or {}).items()},
                 sink_epochs=dict(sink_epochs or {}),
                 waiting=set(self.tasks),
                 savepoint=savepoint,
+                cut_recorded=source_positions is not None,
             )
             self._next_id += 1
             self._pending[pending.checkpoint_id] = pending
             self._last_trigger_ms = now_ms
             self.stats["triggered"] += 1
             return pending
+
+    def record_cut(
+        self,
+        checkpoint_id: int,
+        source_positions: dict[str, dict[str, int]],
+        now_ms: int,
+        *,
+        sink_epochs: dict[str, int] | None = None,
+    ) -> AckResult:
+        """Record the source positions (and sink epochs) at checkpoint ``checkpoint_id``'s cut."""
+        with self._lock:
+            pending = self._pending.get(checkpoint_id)
+            if pending is None:
+                return AckResult.LATE if checkpoint_id in self._finished else AckResult.UNKNOWN
+            pending.source_positions = {s: dict(p) for s, p in source_positions.items()}
+            pending.sink_epochs.update(sink_epochs or {})
+            pending.cut_recorded = True
+            if pending.waiting:
+                return AckResult.ACCEPTED
+            del self._pending[checkpoint_id]
+            self._finished.add(checkpoint_id)
+        try:
+            self._complete(pending, now_ms)
+        finally:
+            self._deliver()
+        return AckResult.COMPLETED
 
     # -- acks --------------------------------------------------------------------------------
 
@@ -223,7 +253,7 @@ class CheckpointCoordinator:
                 )
             pending.acks[task] = handle
             pending.waiting.discard(task)
-            if pending.waiting:
+            if pending.waiting or not pending.cut_recorded:
                 return AckResult.ACCEPTED
             del self._pending[checkpoint_id]
             self._finished.add(checkpoint_id)

@@ -294,3 +294,20 @@ def test_a_zombie_attempt_cannot_replace_the_manifest_of_a_reused_checkpoint_id(
     successor.trigger(9, {}, now_ms=200)
     ack_all(successor, 3, now=201)
     assert [r.checkpoint_id for r in catalog.checkpoints(JOB)] == [1, 3]
+
+
+def test_a_checkpoint_waits_for_its_cut_to_be_recorded(tmp_path):
+    """Positions known only after the micro-batch: acks alone cannot complete the checkpoint."""
+    coord, catalog, _ = make(tmp_path)
+    p = coord.trigger(3, None, now_ms=0)
+    assert ack_all(coord, p.checkpoint_id, now=5)[-1] is AckResult.ACCEPTED
+    assert catalog.checkpoints(JOB) == []
+    assert coord.record_cut(p.checkpoint_id, {"src": {"0": 9}}, 6, sink_epochs={"out": 3}) is (
+        AckResult.COMPLETED
+    )
+    [row] = catalog.checkpoints(JOB)
+    assert row.source_positions == {"src": {"0": 9}}
+    assert coord.record_cut(p.checkpoint_id, {}, 7) is AckResult.LATE
+    q = coord.trigger(4, None, now_ms=2000)
+    assert coord.record_cut(q.checkpoint_id, {"src": {"0": 10}}, 2001) is AckResult.ACCEPTED
+    assert ack_all(coord, q.checkpoint_id, now=2002)[-1] is AckResult.COMPLETED

@@ -1,0 +1,117 @@
+"""Synthetic input for the example jobs: ``cutline generate``.
+
+Deterministic from a seed: record ``i`` of partition ``p`` depends only on ``(seed, kind, p, i)``,
+so two runs that generate the same counts write byte-identical logs. Records are generated and
+serialised in vectorised chunks.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from spark_jobs.local_log import append_records, complete_size, partition_path
+
+KINDS = ("clicks", "orders", "profiles")
+_CHUNK = 10_000
+_EPOCH_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+_KIND_SEED = {"clicks": 1, "orders": 2, "profiles": 3}
+
+
+def _records(kind: str, seed: int, partition: int, start: int, n: int, users: int) -> list[bytes]:
+    """Records ``start .. start + n`` of one partition; chunk-aligned, so any split of a range
+    into calls yields the same records."""
+    out: list[bytes] = []
+    for chunk in range(start // _CHUNK, (start + n - 1) // _CHUNK + 1 if n else 0):
+        lines = _chunk(kind, seed, partition, chunk, users)
+        lo = max(start, chunk * _CHUNK) - chunk * _CHUNK
+        hi = min(start + n, (chunk + 1) * _CHUNK) - chunk * _CHUNK
+        out.extend(lines[lo:hi])
+    return out
+
+
+def _chunk(kind: str, seed: int, partition: int, chunk: int, users: int) -> list[bytes]:
+    """Records ``chunk * _CHUNK .. (chunk + 1) * _CHUNK`` of one partition as JSON lines."""
+    start, n = chunk * _CHUNK, _CHUNK
+    rng = np.random.default_rng([seed, _KIND_SEED[kind], partition, chunk])
+    index = np.arange(start, start + n)
+    user = rng.integers(0, users, n)
+    # Event time advances 10 ms per record and partition, with up to 2 s of disorder.
+    ts = _EPOCH_MS + index * 10 - rng.integers(0, 2_000, n)
+    if kind == "clicks":
+        page = rng.integers(0, 500, n)
+        return [
+            b'{"user":"user-%d","url":"/p/%d","ts":%d}' % (u, pg, t)
+            for u, pg, t in zip(user.tolist(), page.tolist(), ts.tolist(), strict=True)
+        ]
+    if kind == "orders":
+        cents = rng.integers(100, 50_000, n)
+        return [
+            b'{"order_id":"o-%d-%d","user":"user-%d","amount":%d.%02d,"ts":%d}'
+            % (partition, i, u, c // 100, c % 100, t)
+            for i, u, c, t in zip(
+                index.tolist(), user.tolist(), cents.tolist(), ts.tolist(), strict=True
+            )
+        ]
+    countries = np.array([b"DE", b"FR", b"US", b"JP", b"BR"])
+    country = countries[rng.integers(0, len(countries), n)]
+    tier = rng.integers(0, 3, n)
+    return [
+        b'{"user":"user-%d","country":"%s","tier":%d,"ts":%d}' % (u, c, tr, t)
+        for u, c, tr, t in zip(
+            user.tolist(), country.tolist(), tier.tolist(), ts.tolist(), strict=True
+        )
+    ]
+
+
+def records_in(root: str | Path, topic: str, partition: int) -> int:
+    """Complete records already in a partition (counted by newlines)."""
+    path = partition_path(root, topic, partition)
+    size = complete_size(path)
+    if size == 0:
+        return 0
+    count = 0
+    with open(path, "rb") as f:
+        while size > 0:
+            chunk = f.read(min(1 << 20, size))
+            count += chunk.count(b"\n")
+            size -= len(chunk)
+    return count
+
+
+def generate(
+    root: str | Path,
+    topic: str,
+    kind: str,
+    *,
+    count: int,
+    partitions: int = 2,
+    seed: int = 42,
+    users: int = 10_000,
+    rate: float | None = None,
+) -> int:
+    """Append ``count`` records per partition (continuing where the log ends); ``rate`` limits
+    records per second over all partitions. Returns the records written."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if count < 0 or partitions < 1:
+        raise ValueError("count must be >= 0 and partitions >= 1")
+    written = 0
+    started = time.monotonic()
+    done = {p: records_in(root, topic, p) for p in range(partitions)}
+    target = {p: done[p] + count for p in range(partitions)}
+    while any(done[p] < target[p] for p in done):
+        for p in range(partitions):
+            n = min(_CHUNK, target[p] - done[p])
+            if n <= 0:
+                continue
+            append_records(root, topic, p, _records(kind, seed, p, done[p], n, users))
+            done[p] += n
+            written += n
+        if rate:
+            ahead = written / rate - (time.monotonic() - started)
+            if ahead > 0:
+                time.sleep(ahead)
+    return written
