@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -57,12 +58,79 @@ def _checkpoints(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    from spark_jobs.job import get_job
+    from spark_jobs.runtime import RuntimePaths, run_job
+    from spark_jobs.session import build_spark
+
+    job = get_job(args.job)
+    hints = json.loads(Path(args.hints).read_text()) if args.hints else None
+    restore = None if args.restore == "none" else args.restore
+    spark = build_spark(args.master, f"cutline-{job.name}", kafka=False)
+    summary = run_job(
+        spark,
+        job,
+        RuntimePaths.under(Path(args.home)),
+        restore=restore,
+        hints=hints,
+        max_batches=args.max_batches,
+        idle_timeout_s=args.idle_timeout,
+        run_id=args.run_id,
+    )
+    print(
+        f"{job.name} attempt {summary.attempt}: {summary.batches} micro-batches, "
+        f"{summary.records:,} records, checkpoints {summary.checkpoints}, "
+        f"positions {summary.positions}"
+    )
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from spark_jobs.generate import generate
+    from spark_jobs.runtime import RuntimePaths
+
+    root = args.log_root or RuntimePaths.under(Path(args.home)).log_root
+    n = generate(
+        root,
+        args.topic or args.kind,
+        args.kind,
+        count=args.count,
+        partitions=args.partitions,
+        seed=args.seed,
+        users=args.users,
+        rate=args.rate,
+    )
+    print(f"appended {n:,} {args.kind} records to {root}/{args.topic or args.kind}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cutline", description=__doc__)
     parser.add_argument("--home", default=str(default_home()), help="embedded-default home")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the checkpoint/restore demo on the embedded default")
     demo.set_defaults(func=_demo)
+    run = sub.add_parser("run", help="run a registered streaming job (one attempt)")
+    run.add_argument("job")
+    run.add_argument(
+        "--restore", default="latest", help="latest (default), a checkpoint id, or none"
+    )
+    run.add_argument("--hints", help="JSON file: executor hints {subtask: host}")
+    run.add_argument("--max-batches", type=int, help="stop after N micro-batches")
+    run.add_argument("--idle-timeout", type=float, help="stop after S seconds without new input")
+    run.add_argument("--master", help="Spark master (default local[*] or $CUTLINE_SPARK_MASTER)")
+    run.add_argument("--run-id", default="", help="orchestrator run id, recorded in the catalog")
+    run.set_defaults(func=_run)
+    gen = sub.add_parser("generate", help="append synthetic events to the local log")
+    gen.add_argument("kind", choices=["clicks", "orders", "profiles"])
+    gen.add_argument("--count", type=int, required=True, help="records per partition")
+    gen.add_argument("--topic", help="topic (default: the kind)")
+    gen.add_argument("--partitions", type=int, default=2)
+    gen.add_argument("--seed", type=int, default=42)
+    gen.add_argument("--users", type=int, default=10_000)
+    gen.add_argument("--rate", type=float, help="records per second (default: as fast as possible)")
+    gen.add_argument("--log-root", help="default: <home>/log")
+    gen.set_defaults(func=_generate)
     chk = sub.add_parser("checkpoints", help="list a job's checkpoints from their manifests")
     chk.add_argument("root", help="checkpoint root: a directory, file:// or s3://bucket/prefix")
     chk.add_argument("job")

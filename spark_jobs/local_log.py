@@ -165,7 +165,7 @@ def _data_source_class():
         def latestOffset(self, start: dict, limit) -> dict:
             per_partition = None
             if isinstance(limit, ReadMaxRows):
-                per_partition = max(1, limit.maxRows // len(self.partitions_))
+                per_partition = max(1, limit.max_rows // len(self.partitions_))
             out = {}
             for p in self.partitions_:
                 path = partition_path(self.root, self.topic, p)

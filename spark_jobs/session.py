@@ -8,6 +8,7 @@ as in ``~/.m2/settings.xml``). ``local[*]`` unless a master is given.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -69,7 +70,14 @@ def session_conf(
         "spark.ui.showConsoleProgress": "false",
         "spark.databricks.delta.snapshotPartitions": "2",
         "spark.sql.session.timeZone": "UTC",
+        # Python workers use this interpreter (the project's venv), not whatever is on PATH.
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
     }
+    if conf["spark.master"].startswith("local"):  # keep a local driver on loopback
+        conf["spark.driver.host"] = "127.0.0.1"
+        conf["spark.driver.bindAddress"] = "127.0.0.1"
+        conf["spark.ui.enabled"] = "false"
     if kafka:
         conf["spark.jars.excludes"] = KAFKA_EXCLUDES
     repo = os.environ.get("CUTLINE_MAVEN_REPO")
@@ -89,6 +97,8 @@ def build_spark(
 ) -> SparkSession:
     """Get or create the session; raises ``JavaMissingError`` with a clear message without Java."""
     require_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     for key, value in session_conf(
         master, kafka=kafka, shuffle_partitions=shuffle_partitions, extra=extra

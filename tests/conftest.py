@@ -113,3 +113,15 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> DurableStorage:
         endpoint_url=request.getfixturevalue("s3_server"),
         multipart_threshold=5 * 2**20,
     )
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session (Delta configured) for every test that needs Spark."""
+    from spark_jobs.session import build_spark
+
+    session = build_spark("local[2]", "cutline-tests", kafka=False)
+    try:
+        yield session
+    finally:
+        session.stop()

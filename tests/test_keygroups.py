@@ -264,33 +264,6 @@ def test_spark_key_group_sql() -> None:
 # --- the ground truth: Spark itself ------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def spark():
-    try:
-        require_java()
-    except JavaMissingError as exc:
-        pytest.skip(str(exc))
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is not None:  # only one Spark session at a time: reuse, and leave it running
-        yield active
-        return
-    session = (
-        SparkSession.builder.master("local[1]")
-        .appName("cutline-test-keygroups")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
-    )
-    try:
-        yield session
-    finally:
-        session.stop()
-
-
 _CHAR_RANGES = [
     (0x20, 0x7E),  # ASCII: 1 byte
     (0x80, 0x7FF),  # Latin-1 supplement, Greek, Cyrillic, ...: 2 bytes (0xC2 0x80 ...)

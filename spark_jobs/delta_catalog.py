@@ -1,0 +1,194 @@
+"""The catalog on Delta tables (DESIGN.md §4): `state.catalog.CheckpointCatalog` for the runtime.
+
+Writes go through delta-spark; reads use delta-rs (``deltalake``), which needs no Spark job.
+
+Fencing uses Delta's idempotent-transaction ids: every write to ``completed_checkpoints`` carries
+``txnAppId = cutline-<job>`` and ``txnVersion = attempt << 32 | checkpoint_id``. Starting attempt
+*a* writes version ``a << 32``; Delta then skips any later write of an older attempt (a smaller
+version), atomically with its own conflict detection. A commit that was skipped is detected and
+raised as :class:`FencedError`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from state.catalog import CheckpointCatalog, CheckpointStatus, CompletedCheckpoint, FencedError
+
+TABLES: dict[str, str] = {
+    "streaming_jobs": (
+        "job_id string, attempt int, run_id string, status string, started_ms long, "
+        "ended_ms long, restored_from long, allocation string, last_heartbeat_ms long, "
+        "failure_reason string"
+    ),
+    "completed_checkpoints": (
+        "job_id string, checkpoint_id long, batch_id long, attempt int, trigger_time_ms long, "
+        "complete_time_ms long, source_positions string, metadata_path string, full_size long, "
+        "incremental_size long, file_count int, sync_ms double, async_ms double, status string, "
+        "savepoint boolean"
+    ),
+    "shared_state_files": (
+        "job_id string, path string, operator string, subtask int, size long, created_by long, "
+        "last_used long, refcount int, status string, deleted_at_ms long"
+    ),
+    "recoveries": (
+        "job_id string, attempt int, checkpoint_id long, subtasks_local int, subtasks_remote int, "
+        "bytes_local long, bytes_remote long, duration_ms double, fallbacks string, hints string, "
+        "recovered_at_ms long"
+    ),
+}
+
+_ATTEMPT_SHIFT = 32
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class DeltaCatalog(CheckpointCatalog):
+    """The four catalog tables under ``<warehouse>/catalog/``. Thread-safe."""
+
+    def __init__(self, spark, warehouse: str | Path) -> None:
+        self.spark = spark
+        self.root = Path(warehouse) / "catalog"
+        self._lock = threading.RLock()
+        self._ensure_tables()
+
+    def path(self, table: str) -> str:
+        return str(self.root / table)
+
+    def _ensure_tables(self) -> None:
+        for name, ddl in TABLES.items():
+            if not (Path(self.path(name)) / "_delta_log").is_dir():
+                self.spark.createDataFrame([], ddl).write.format("delta").mode("ignore").save(
+                    self.path(name)
+                )
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def _append(self, table: str, rows: list[dict[str, Any]], **options: str) -> None:
+        if not rows and not options:
+            return
+        df = self.spark.createDataFrame(rows, TABLES[table])
+        writer = df.write.format("delta").mode("append")
+        for key, value in options.items():
+            writer = writer.option(key, value)
+        writer.save(self.path(table))
+
+    def _fence_app(self, job_id: str) -> str:
+        return f"cutline-{job_id}"
+
+    def begin_attempt(self, job_id: str, run_id: str = "", restored_from: int | None = None) -> int:
+        with self._lock:
+            attempt = max((r["attempt"] for r in self.jobs(job_id)), default=0) + 1
+            self._append(
+                "completed_checkpoints",
+                [],
+                txnAppId=self._fence_app(job_id),
+                txnVersion=str(attempt << _ATTEMPT_SHIFT),
+            )
+            self._append(
+                "streaming_jobs",
+                [
+                    {
+                        "job_id": job_id,
+                        "attempt": attempt,
+                        "run_id": run_id,
+                        "status": "RUNNING",
+                        "started_ms": now_ms(),
+                        "restored_from": restored_from,
+                        "last_heartbeat_ms": now_ms(),
+                    }
+                ],
+            )
+            return attempt
+
+    def commit_checkpoint(self, checkpoint: CompletedCheckpoint) -> None:
+        row = checkpoint.to_dict()
+        row["source_positions"] = json.dumps(checkpoint.source_positions, sort_keys=True)
+        with self._lock:
+            self._append(
+                "completed_checkpoints",
+                [row],
+                txnAppId=self._fence_app(checkpoint.job_id),
+                txnVersion=str((checkpoint.attempt << _ATTEMPT_SHIFT) | checkpoint.checkpoint_id),
+            )
+            landed = any(
+                c.checkpoint_id == checkpoint.checkpoint_id and c.attempt == checkpoint.attempt
+                for c in self.checkpoints(checkpoint.job_id)
+            )
+        if not landed:
+            raise FencedError(
+                f"attempt {checkpoint.attempt} of {checkpoint.job_id} is fenced: a newer attempt "
+                f"started, so checkpoint {checkpoint.checkpoint_id} was not committed"
+            )
+
+    def _set_status(self, job_id: str, ids: Iterable[int], status: CheckpointStatus) -> None:
+        from delta.tables import DeltaTable
+
+        ids = sorted(set(ids))
+        if not ids:
+            return
+        with self._lock:
+            DeltaTable.forPath(self.spark, self.path("completed_checkpoints")).update(
+                condition=f"job_id = '{job_id}' AND checkpoint_id IN ({','.join(map(str, ids))})",
+                set={"status": f"'{status.value}'"},
+            )
+
+    def mark_subsumed(self, job_id: str, checkpoint_ids: list[int]) -> None:
+        self._set_status(job_id, checkpoint_ids, CheckpointStatus.SUBSUMED)
+
+    def mark_corrupt(self, job_id: str, checkpoint_id: int, reason: str) -> None:
+        self._set_status(job_id, [checkpoint_id], CheckpointStatus.CORRUPT)
+
+    def set_job_status(self, job_id: str, attempt: int, status: str, reason: str = "") -> None:
+        from delta.tables import DeltaTable
+
+        with self._lock:
+            DeltaTable.forPath(self.spark, self.path("streaming_jobs")).update(
+                condition=f"job_id = '{job_id}' AND attempt = {int(attempt)}",
+                set={
+                    "status": f"'{status}'",
+                    "ended_ms": str(now_ms()),
+                    "failure_reason": "'" + reason.replace("'", "''")[:2000] + "'",
+                },
+            )
+
+    def record_recovery(self, row: dict[str, Any]) -> None:
+        with self._lock:
+            self._append("recoveries", [row])
+
+    def record_shared_files(self, rows: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self._append("shared_state_files", rows)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def _read(self, table: str, job_id: str) -> list[dict[str, Any]]:
+        from deltalake import DeltaTable
+
+        data = DeltaTable(self.path(table)).to_pyarrow_table(filters=[("job_id", "=", job_id)])
+        return data.to_pylist()
+
+    def jobs(self, job_id: str) -> list[dict[str, Any]]:
+        return sorted(self._read("streaming_jobs", job_id), key=lambda r: r["attempt"])
+
+    def recoveries(self, job_id: str) -> list[dict[str, Any]]:
+        return sorted(self._read("recoveries", job_id), key=lambda r: r["recovered_at_ms"])
+
+    def checkpoints(
+        self, job_id: str, statuses: tuple[CheckpointStatus, ...] | None = None
+    ) -> list[CompletedCheckpoint]:
+        out = []
+        for r in self._read("completed_checkpoints", job_id):
+            status = CheckpointStatus(r.pop("status"))
+            if statuses is not None and status not in statuses:
+                continue
+            r["source_positions"] = json.loads(r["source_positions"] or "{}")
+            out.append(CompletedCheckpoint(status=status, **r))
+        return sorted(out, key=lambda c: c.checkpoint_id)

@@ -1,0 +1,516 @@
+"""The driver of a checkpointed streaming job: one attempt, from restore to stop.
+
+1. Start a new attempt in the catalog (fencing every older one).
+2. Restore: pick the latest completed checkpoint that validates (marking bad ones CORRUPT and
+   falling back), redo its sink commit, drop later staged output, and restore every subtask's
+   working state local-first in a Spark job of ``parallelism`` tasks. Record the recovery.
+3. Run the streaming query from the checkpoint's source positions. Each micro-batch (in
+   ``foreachBatch``) is one Spark job: records are routed by key group to subtask partitions,
+   every subtask runs (marker rows), and at a barrier each takes its synchronous snapshot. The
+   coordinator collects acks from durable storage on a background thread, so uploads never hold
+   up the next micro-batch; a completed checkpoint commits the sink.
+4. Stop (max batches or idle): take a final checkpoint, wait for it, commit, mark FINISHED.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spark_jobs.delta_catalog import DeltaCatalog, now_ms
+from spark_jobs.delta_sink import DeltaSinkWriter
+from spark_jobs.job import JobDefinition
+from spark_jobs.local_log import (
+    NEXT_OFFSET_COLUMN,
+    PARTITION_COLUMN,
+    register_data_source,
+    topic_partitions,
+)
+from spark_jobs.subtask import (
+    MARKER_COLUMN,
+    STATS_SCHEMA,
+    SUBTASK_COLUMN,
+    BatchPlan,
+    RunContext,
+    ack_path,
+    prepare_subtask,
+    run_subtask,
+)
+from state.catalog import CheckpointStatus
+from state.config import EXACTLY_ONCE
+from state.coordinator import CheckpointCoordinator
+from state.handles import SubtaskStateHandle
+from state.keygroups import spark_key_group_sql
+from state.manifest import CheckpointManifest, ManifestError
+from state.paths import JobLayout
+from state.restore import validate_checkpoint
+from state.storage import StorageError, open_storage
+
+
+class NoRestorableCheckpointError(RuntimeError):
+    """Checkpoints exist, but none of them validates."""
+
+
+@dataclass(frozen=True)
+class RuntimePaths:
+    """Where a job keeps its checkpoints, catalog and output, local state and input log."""
+
+    checkpoint_root: str
+    warehouse: str
+    local_state_root: str
+    log_root: str
+
+    @classmethod
+    def under(cls, home: str | Path) -> RuntimePaths:
+        home = Path(home).resolve()
+        return cls(
+            checkpoint_root=str(home / "checkpoints"),
+            warehouse=str(home / "warehouse"),
+            local_state_root=str(home / "local-state"),
+            log_root=str(home / "log"),
+        )
+
+
+@dataclass
+class RunSummary:
+    job: str
+    attempt: int
+    restored_from: int | None
+    batches: int = 0
+    records: int = 0
+    checkpoints: list[int] = field(default_factory=list)
+    restore_reports: list[dict[str, Any]] = field(default_factory=list)
+    positions: dict[str, dict[str, int]] = field(default_factory=dict)
+    failure: str | None = None
+
+
+def select_checkpoint(
+    catalog: DeltaCatalog, storage, job_id: str, wanted: str | int, log=print
+) -> tuple[CheckpointManifest | None, list[str]]:
+    """The checkpoint to restore: ``latest`` (falling back past corrupt ones) or an id."""
+    rows = catalog.checkpoints(job_id, (CheckpointStatus.COMPLETED,))
+    if wanted != "latest":
+        rows = [r for r in catalog.checkpoints(job_id) if r.checkpoint_id == int(wanted)]
+        if not rows:
+            raise NoRestorableCheckpointError(f"{job_id} has no checkpoint {wanted}")
+    fallbacks: list[str] = []
+    for row in sorted(rows, key=lambda r: r.checkpoint_id, reverse=True):
+        try:
+            manifest = CheckpointManifest.from_json(
+                storage.get_bytes(row.metadata_path), source=row.metadata_path
+            )
+            problems = validate_checkpoint(manifest, storage)
+            if problems:
+                raise StorageError(f"checkpoint {row.checkpoint_id}: " + "; ".join(problems[:3]))
+            return manifest, fallbacks
+        except (ManifestError, StorageError) as e:
+            log(f"checkpoint {row.checkpoint_id} is not restorable, marking it CORRUPT: {e}")
+            catalog.mark_corrupt(job_id, row.checkpoint_id, str(e))
+            fallbacks.append(f"checkpoint {row.checkpoint_id}: {e}")
+    if rows:
+        raise NoRestorableCheckpointError(
+            f"no restorable checkpoint of {job_id}: " + " | ".join(fallbacks)
+        )
+    return None, fallbacks
+
+
+class _Listener:
+    def __init__(self, run: StreamingRun) -> None:
+        self.run = run
+
+    def on_checkpoint_complete(self, record, manifest: CheckpointManifest) -> None:
+        self.run.on_complete(record, manifest)
+
+    def on_checkpoint_aborted(self, checkpoint_id: int, reason: str) -> None:
+        self.run.aborted.add(checkpoint_id)
+        self.run.log(f"checkpoint {checkpoint_id} aborted: {reason}")
+
+    def on_job_failed(self, error: BaseException) -> None:
+        self.run.fail(f"checkpointing failed: {error}")
+
+
+class StreamingRun:
+    """One attempt of a job on a Spark session."""
+
+    def __init__(
+        self,
+        spark,
+        job: JobDefinition,
+        paths: RuntimePaths,
+        *,
+        restore: str | int | None = "latest",
+        hints: dict[str, str] | None = None,
+        max_batches: int | None = None,
+        idle_timeout_s: float | None = None,
+        run_id: str = "",
+        log=print,
+    ) -> None:
+        self.spark = spark
+        self.job = job
+        self.paths = paths
+        self.restore = restore
+        self.hints = hints or {}
+        self.max_batches = max_batches
+        self.idle_timeout_s = idle_timeout_s
+        self.run_id = run_id
+        self.log = log
+        self.storage = open_storage(paths.checkpoint_root)
+        self.catalog = DeltaCatalog(spark, paths.warehouse)
+        self.sink = DeltaSinkWriter(spark, job.name, job.sink, paths.warehouse)
+        self.exactly_once = job.checkpoint.mode == EXACTLY_ONCE
+        self._failure: str | None = None
+        self._stop = threading.Event()  # stop taking micro-batches
+        self._shutdown = threading.Event()  # stop the ack poller (after the final checkpoint)
+        self._last_progress = time.monotonic()
+        self.aborted: set[int] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def fail(self, reason: str) -> None:
+        if self._failure is None:
+            self._failure = reason
+        self._stop.set()
+
+    def on_complete(self, record, manifest: CheckpointManifest) -> None:
+        epoch = manifest.sink_epochs.get(self.job.sink.name)
+        committed = 0
+        if self.exactly_once and epoch is not None:
+            committed = self.sink.commit_through(epoch)
+        new_files = [
+            {
+                "job_id": self.job.name,
+                "path": f.path,
+                "operator": h.operator,
+                "subtask": h.subtask,
+                "size": f.size,
+                "created_by": manifest.checkpoint_id,
+                "last_used": manifest.checkpoint_id,
+                "refcount": 1,
+                "status": "LIVE",
+            }
+            for h in manifest.subtasks
+            for f in h.files
+            if f.shared and f.path not in self._known_shared
+        ]
+        self._known_shared.update(f.path for f in manifest.files() if f.shared)
+        if new_files:
+            self.catalog.record_shared_files(new_files)
+        self.summary.checkpoints.append(manifest.checkpoint_id)
+        self.log(
+            f"checkpoint {manifest.checkpoint_id} complete: batch {manifest.batch_id}, "
+            f"full {manifest.full_size:,} B, uploaded {manifest.uploaded_bytes:,} B, "
+            f"sink rows committed {committed}"
+        )
+        self._emit("checkpoint", record.to_dict())
+
+    def _emit(self, kind: str, payload: dict[str, Any]) -> None:
+        """Hook for progress reporting (Dagster Pipes); a JSON line on stdout by default."""
+        if os.environ.get("CUTLINE_EVENTS") == "stdout":
+            print("CUTLINE_EVENT " + json.dumps({"kind": kind, **payload}, default=str), flush=True)
+
+    def run(self) -> RunSummary:
+        job = self.job
+        self.attempt = self.catalog.begin_attempt(job.name, run_id=self.run_id)
+        self.ctx = RunContext(
+            job=job,
+            attempt=self.attempt,
+            checkpoint_root=self.paths.checkpoint_root,
+            local_state_root=self.paths.local_state_root,
+            staging_root=str(Path(self.paths.warehouse) / "staging"),
+        )
+        manifest = self._restore()
+        self.summary = RunSummary(
+            job.name, self.attempt, manifest.checkpoint_id if manifest else None
+        )
+        self.summary.restore_reports = self._restore_reports
+        self._known_shared = {f.path for f in manifest.files() if f.shared} if manifest else set()
+        self.epoch = manifest.batch_id if manifest else -1
+        source = job.source(job.operator.source)
+        partitions = topic_partitions(self.paths.log_root, source.topic)
+        if not partitions:
+            raise ValueError(
+                f"source {source.name!r}: no partitions under {self.paths.log_root}/{source.topic}"
+            )
+        start = (manifest.source_positions.get(source.name) if manifest else None) or {}
+        self.positions = {str(p): int(start.get(str(p), 0)) for p in partitions}
+        self.coordinator = CheckpointCoordinator(
+            job.name,
+            self.attempt,
+            job.checkpoint,
+            [(job.operator.name, i) for i in range(job.parallelism)],
+            self.storage,
+            self.catalog,
+            listeners=[_Listener(self)],
+            restored=manifest,
+            now_ms=now_ms(),
+        )
+        poller = threading.Thread(target=self._poll_acks, name="cutline-acks", daemon=True)
+        poller.start()
+        query = None
+        spark_checkpoint = tempfile.mkdtemp(prefix=f"cutline-{job.name}-query-")
+        try:
+            query = self._start_query(source, partitions, spark_checkpoint)
+            self._last_progress = time.monotonic()
+            while not self._stop.wait(0.2):
+                if query.exception() is not None:
+                    self.fail(f"micro-batch failed: {query.exception()}")
+                elif not query.isActive:
+                    self.fail("the streaming query stopped")
+                elif (
+                    self.idle_timeout_s is not None
+                    and time.monotonic() - self._last_progress > self.idle_timeout_s
+                ):
+                    self.log(f"no new input for {self.idle_timeout_s} s: stopping")
+                    self._stop.set()
+            query.stop()
+            query = None
+            if self._failure is None:
+                self._final_checkpoint()
+        except BaseException as e:
+            self.fail(f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            if query is not None:
+                query.stop()
+            self._stop.set()
+            self._shutdown.set()
+            poller.join(timeout=5)
+            shutil.rmtree(spark_checkpoint, ignore_errors=True)
+            status = "FAILED" if self._failure else "FINISHED"
+            self.summary.failure = self._failure
+            self.summary.positions = {source.name: dict(self.positions)}
+            self.catalog.set_job_status(job.name, self.attempt, status, self._failure or "")
+        if self._failure:
+            raise RuntimeError(f"{job.name} attempt {self.attempt} failed: {self._failure}")
+        return self.summary
+
+    # -- restore -----------------------------------------------------------------------------
+
+    def _restore(self) -> CheckpointManifest | None:
+        job = self.job
+        manifest, fallbacks = (None, [])
+        if self.restore is not None:
+            manifest, fallbacks = select_checkpoint(
+                self.catalog, self.storage, job.name, self.restore, self.log
+            )
+        started = time.perf_counter()
+        if manifest is not None:
+            epoch = manifest.sink_epochs.get(job.sink.name, manifest.batch_id)
+            if self.exactly_once:
+                redone = self.sink.commit_through(epoch)
+                self.log(f"sink: epoch {epoch} commit redone ({redone} rows were missing)")
+            dropped = self.sink.discard_after(epoch)
+            if dropped:
+                self.log(f"sink: discarded staged epochs {dropped} (recomputed after restore)")
+        else:
+            self.sink.discard_after(-1)
+        handles: dict[int, SubtaskStateHandle | None] = {
+            i: manifest.handle(job.operator.name, i) if manifest else None
+            for i in range(job.parallelism)
+        }
+        ctx, epoch = self.ctx, manifest.batch_id if manifest else -1
+        reports = (
+            self.spark.sparkContext.parallelize(range(job.parallelism), job.parallelism)
+            .mapPartitionsWithIndex(
+                lambda i, _: [json.dumps(prepare_subtask(ctx, i, handles[i], epoch))]
+            )
+            .collect()
+        )
+        self._restore_reports = [json.loads(r) for r in reports]
+        self.allocation = {str(r["subtask"]): r["host"] for r in self._restore_reports}
+        if manifest is not None:
+            local = [r for r in self._restore_reports if r["source"] == "local"]
+            row = {
+                "job_id": job.name,
+                "attempt": self.attempt,
+                "checkpoint_id": manifest.checkpoint_id,
+                "subtasks_local": len(local),
+                "subtasks_remote": len(self._restore_reports) - len(local),
+                "bytes_local": sum(r.get("bytes_local", 0) for r in self._restore_reports),
+                "bytes_remote": sum(r.get("bytes_remote", 0) for r in self._restore_reports),
+                "duration_ms": (time.perf_counter() - started) * 1000,
+                "fallbacks": json.dumps(
+                    fallbacks + [f for r in self._restore_reports for f in r.get("fallbacks", [])]
+                ),
+                "hints": json.dumps(self.hints),
+                "recovered_at_ms": now_ms(),
+            }
+            self.catalog.record_recovery(row)
+            self.log(
+                f"restored checkpoint {manifest.checkpoint_id} (batch {manifest.batch_id}): "
+                f"{row['subtasks_local']} subtasks local, {row['subtasks_remote']} remote, "
+                f"{row['bytes_local']:,} B local, {row['bytes_remote']:,} B remote"
+            )
+        return manifest
+
+    # -- micro-batches -----------------------------------------------------------------------
+
+    def _start_query(self, source, partitions: list[int], spark_checkpoint: str):
+        register_data_source(self.spark)
+        schema = f"{source.schema}, {PARTITION_COLUMN} int, {NEXT_OFFSET_COLUMN} long"
+        df = (
+            self.spark.readStream.format("cutline_log")
+            .schema(schema)
+            .option("path", self.paths.log_root)
+            .option("topic", source.topic)
+            .option("partitions", json.dumps(partitions))
+            .option("startingOffsets", json.dumps(self.positions))
+            .option("maxRecordsPerPartition", str(source.max_records_per_partition))
+            .load()
+        )
+        return (
+            df.writeStream.foreachBatch(self._process_batch)
+            .option("checkpointLocation", spark_checkpoint)
+            .queryName(f"cutline-{self.job.name}-{self.attempt}")
+            .start()
+        )
+
+    def _plan(self, epoch: int, checkpoint_id: int | None) -> BatchPlan:
+        latest = self.coordinator.latest_completed
+        op = self.job.operator.name
+        return BatchPlan(
+            ctx=self.ctx,
+            epoch=epoch,
+            previous_epoch=epoch - 1,
+            checkpoint_id=checkpoint_id,
+            base_handles={
+                i: self.coordinator.base_handle((op, i))
+                for i in range(self.job.parallelism)
+                if checkpoint_id is not None and self.job.checkpoint.incremental
+            },
+            confirmed_checkpoint=latest.checkpoint_id if latest else None,
+        )
+
+    def _execute(self, df, plan: BatchPlan) -> list:
+        from pyspark.sql import functions as F
+
+        job = self.job
+        p, m = job.parallelism, job.max_parallelism
+        keyed = df.withColumn("_kg", F.expr(spark_key_group_sql(job.operator.key, m)))
+        keyed = keyed.withColumn(SUBTASK_COLUMN, F.expr(f"CAST(_kg * {p} DIV {m} AS INT)"))
+        keyed = keyed.withColumn(MARKER_COLUMN, F.lit(False))
+        markers = self.spark.range(p).select(
+            F.col("id").cast("int").alias(SUBTASK_COLUMN), F.lit(True).alias(MARKER_COLUMN)
+        )
+        routed = keyed.unionByName(markers, allowMissingColumns=True).repartitionById(
+            p, SUBTASK_COLUMN
+        )
+        return routed.mapInArrow(lambda it: run_subtask(plan, it), STATS_SCHEMA).collect()
+
+    def _process_batch(self, df, spark_batch_id: int) -> None:
+        if self._stop.is_set():
+            return
+        self._last_progress = time.monotonic()
+        self.epoch += 1
+        epoch = self.epoch
+        now = now_ms()
+        pending = self.coordinator.trigger(epoch, None, now)
+        cid = pending.checkpoint_id if pending else None
+        stats = self._execute(df, self._plan(epoch, cid))
+        self._after_batch(epoch, cid, stats)
+        if self.max_batches is not None and self.summary.batches >= self.max_batches:
+            self._stop.set()
+
+    def _after_batch(self, epoch: int, checkpoint_id: int | None, stats: list) -> None:
+        records = sum(r["records"] for r in stats)
+        for r in stats:
+            for part, end in json.loads(r["positions"]).items():
+                self.positions[part] = max(self.positions.get(part, 0), end)
+        source = self.job.operator.source
+        if checkpoint_id is not None:
+            self.coordinator.record_cut(
+                checkpoint_id,
+                {source: dict(self.positions)},
+                now_ms(),
+                sink_epochs={self.job.sink.name: epoch},
+            )
+        if not self.exactly_once:
+            self.sink.append_now(epoch)
+        self.summary.batches += 1
+        self.summary.records += records
+        self._last_progress = time.monotonic()
+        self._emit("batch", {"epoch": epoch, "records": records, "checkpoint": checkpoint_id})
+
+    def _final_checkpoint(self, timeout_s: float = 120.0) -> None:
+        """A barrier with no records (Flink's stop-with-checkpoint): commits all output."""
+        self.epoch += 1
+        deadline = time.monotonic() + timeout_s
+        pending = None
+        while pending is None and time.monotonic() < deadline:
+            # max_concurrent may be reached: the pending ones finish first
+            pending = self.coordinator.trigger(self.epoch, None, now_ms(), force=True)
+            if pending is None:
+                time.sleep(0.1)
+        if pending is None:
+            self.fail("no final checkpoint could be triggered")
+            return
+        cid = pending.checkpoint_id
+        empty = self.spark.createDataFrame([], self._source_schema())
+        stats = self._execute(empty, self._plan(self.epoch, cid))
+        self._after_batch(self.epoch, cid, stats)
+        while time.monotonic() < deadline:
+            if cid in self.summary.checkpoints or cid in self.aborted:
+                break
+            time.sleep(0.1)
+        if cid not in self.summary.checkpoints:
+            self.fail(f"final checkpoint {cid} did not complete")
+
+    def _source_schema(self) -> str:
+        source = self.job.source(self.job.operator.source)
+        return f"{source.schema}, {PARTITION_COLUMN} int, {NEXT_OFFSET_COLUMN} long"
+
+    # -- acks --------------------------------------------------------------------------------
+
+    def _poll_acks(self) -> None:
+        """Deliver acks that subtasks left in durable storage; expire overdue checkpoints."""
+        op = self.job.operator.name
+        seen: set[tuple[int, int]] = set()
+        while not self._shutdown.is_set():
+            try:
+                self.coordinator.expire(now_ms())
+                for cid in self.coordinator.pending_ids():
+                    for subtask in range(self.job.parallelism):
+                        if (cid, subtask) in seen:
+                            continue
+                        path = ack_path(self.job.name, cid, op, subtask)
+                        if not self.storage.exists(path):
+                            continue
+                        seen.add((cid, subtask))
+                        doc = json.loads(self.storage.get_bytes(path))
+                        if "declined" in doc:
+                            self.coordinator.decline(cid, (op, subtask), doc["declined"])
+                        else:
+                            handle = SubtaskStateHandle.from_dict(doc["handle"])
+                            self.coordinator.acknowledge(cid, (op, subtask), handle, now_ms())
+                self._drop_finished_acks()
+            except Exception as e:  # keep polling; a persistent failure shows up as timeouts
+                self.log(f"ack poller: {type(e).__name__}: {e}")
+            self._shutdown.wait(0.1)
+
+    def _drop_finished_acks(self) -> None:
+        pending = set(self.coordinator.pending_ids())
+        prefix = JobLayout(self.job.name).job_path("_acks")
+        stale = [
+            i.path
+            for i in self.storage.list(prefix)
+            if JobLayout.checkpoint_id_of(i.path[len(prefix) + 1 :]) not in pending
+        ]
+        if stale:
+            self.storage.delete_many(stale)
+
+
+def run_job(
+    spark,
+    job: JobDefinition,
+    paths: RuntimePaths,
+    **kwargs: Any,
+) -> RunSummary:
+    """Run one attempt of ``job`` (see :class:`StreamingRun` for the keyword arguments)."""
+    return StreamingRun(spark, job, paths, **kwargs).run()

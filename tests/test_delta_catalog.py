@@ -1,0 +1,60 @@
+"""The Delta catalog: rows, statuses, and attempt fencing through Delta transaction ids."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark_jobs.delta_catalog import DeltaCatalog
+from state.catalog import CheckpointStatus, CompletedCheckpoint, FencedError
+
+pytestmark = pytest.mark.spark
+
+
+def row(cid: int, attempt: int, **kw) -> CompletedCheckpoint:
+    fields = dict(
+        job_id="clicks",
+        checkpoint_id=cid,
+        batch_id=cid * 3,
+        attempt=attempt,
+        trigger_time_ms=1000 * cid,
+        complete_time_ms=1000 * cid + 50,
+        metadata_path=f"clicks/chk-{cid}/_metadata",
+        full_size=100 * cid,
+        incremental_size=10,
+        file_count=4,
+        sync_ms=1.5,
+        async_ms=20.0,
+        source_positions={"log": {"0": cid, "1": 2 * cid}},
+    )
+    fields.update(kw)
+    return CompletedCheckpoint(**fields)
+
+
+def test_commit_status_and_fencing(spark, tmp_path):
+    catalog = DeltaCatalog(spark, tmp_path / "warehouse")
+    first = catalog.begin_attempt("clicks", run_id="run-1")
+    assert first == 1
+    catalog.commit_checkpoint(row(1, first))
+    catalog.commit_checkpoint(row(2, first))
+    catalog.mark_subsumed("clicks", [1])
+    rows = catalog.checkpoints("clicks")
+    assert [(r.checkpoint_id, r.status) for r in rows] == [
+        (1, CheckpointStatus.SUBSUMED),
+        (2, CheckpointStatus.COMPLETED),
+    ]
+    assert rows[1] == row(2, first)
+
+    second = catalog.begin_attempt("clicks", run_id="run-2", restored_from=2)
+    assert second == 2
+    with pytest.raises(FencedError, match="attempt 1 of clicks is fenced"):
+        catalog.commit_checkpoint(row(3, first))
+    catalog.commit_checkpoint(row(3, second))
+    catalog.mark_corrupt("clicks", 3, "missing file")
+    assert [
+        r.checkpoint_id for r in catalog.checkpoints("clicks", (CheckpointStatus.CORRUPT,))
+    ] == [3]
+    assert [j["attempt"] for j in catalog.jobs("clicks")] == [1, 2]
+    assert catalog.jobs("clicks")[1]["restored_from"] == 2
+    assert catalog.checkpoints("other") == []
+    catalog.set_job_status("clicks", 1, "FAILED", "driver killed")
+    assert catalog.jobs("clicks")[0]["status"] == "FAILED"
