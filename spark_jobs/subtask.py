@@ -126,6 +126,29 @@ def _stage_output(plan: BatchPlan, subtask: int, output: pa.Table) -> None:
     os.replace(tmp, final)
 
 
+class _DelayedExecutor:
+    """Fault injection (``CUTLINE_FAULT_UPLOAD_DELAY_S``): the asynchronous part of every snapshot
+    starts late, so tests can kill a driver while uploads are in flight."""
+
+    def __init__(self, delay_s: float) -> None:
+        from state.snapshot import default_executor
+
+        self.delay_s = delay_s
+        self.inner = default_executor()
+
+    def submit(self, fn, *args, **kwargs):
+        def delayed():
+            time.sleep(self.delay_s)
+            return fn(*args, **kwargs)
+
+        return self.inner.submit(delayed)
+
+
+def _snapshot_executor():
+    delay = float(os.environ.get("CUTLINE_FAULT_UPLOAD_DELAY_S", "0") or 0)
+    return _DelayedExecutor(delay) if delay > 0 else None
+
+
 def _send_ack(storage_url: str, path: str, future) -> None:
     storage = open_storage(storage_url)
     error = future.exception()
@@ -175,6 +198,7 @@ def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
                 subtask,
                 incremental=ctx.job.checkpoint.incremental,
                 local_recovery=ctx.job.checkpoint.local_recovery,
+                executor=_snapshot_executor(),
             )
             future = snapshotter.snapshot(store, plan.checkpoint_id, plan.base_handles.get(subtask))
             path = ack_path(ctx.job.name, plan.checkpoint_id, op.name, subtask)

@@ -1,0 +1,73 @@
+"""Helpers for end-to-end tests that run `cutline` as real processes and kill them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from deltalake import DeltaTable
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cutline(home: Path, *args: str, env: dict[str, str] | None = None, log: Path | None = None):
+    """Start ``cutline --home HOME ARGS`` in its own process group (driver and its JVM)."""
+    out = open(log or home / "driver.log", "ab")  # noqa: SIM115 - owned by the process
+    return subprocess.Popen(
+        [sys.executable, "-m", "spark_jobs.cli", "--home", str(home), *args],
+        cwd=ROOT,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
+
+
+def kill_driver(proc: subprocess.Popen) -> None:
+    """``kill -9`` of the driver and everything it started (the Spark JVM and its workers)."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def run_to_end(home: Path, *args: str, timeout: float = 600, env=None) -> None:
+    proc = cutline(home, *args, env=env)
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_driver(proc)
+        raise
+    log = (home / "driver.log").read_text(errors="replace")
+    assert rc == 0, f"cutline {' '.join(args)} exited {rc}:\n{log[-6000:]}"
+
+
+def table_rows(path: Path, columns: list[str] | None = None) -> list[tuple]:
+    if not (path / "_delta_log").is_dir():
+        return []
+    data = DeltaTable(str(path)).to_pyarrow_table(columns=columns)
+    return sorted(zip(*(data.column(c).to_pylist() for c in data.column_names), strict=True))
+
+
+def completed_checkpoints(home: Path, job: str) -> list[dict]:
+    path = home / "warehouse" / "catalog" / "completed_checkpoints"
+    if not (path / "_delta_log").is_dir():
+        return []
+    try:
+        rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    except Exception:  # the table is being created
+        return []
+    return [r for r in rows if r["job_id"] == job]
+
+
+def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited ({proc.returncode}) while waiting for {what}")
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
