@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -64,6 +65,9 @@ def _run(args: argparse.Namespace) -> int:
     from spark_jobs.session import build_spark
 
     job = get_job(args.job)
+    overrides = {k: v for k, v in (("mode", args.mode), ("interval_ms", args.interval_ms)) if v}
+    if overrides:
+        job = dataclasses.replace(job, checkpoint=dataclasses.replace(job.checkpoint, **overrides))
     hints = json.loads(Path(args.hints).read_text()) if args.hints else None
     restore = None if args.restore == "none" else args.restore
     spark = build_spark(args.master, f"cutline-{job.name}", kafka=False)
@@ -119,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-batches", type=int, help="stop after N micro-batches")
     run.add_argument("--idle-timeout", type=float, help="stop after S seconds without new input")
     run.add_argument("--master", help="Spark master (default local[*] or $CUTLINE_SPARK_MASTER)")
+    run.add_argument("--mode", choices=["exactly_once", "at_least_once"], help="override")
+    run.add_argument("--interval-ms", type=int, help="override the checkpoint interval")
     run.add_argument("--run-id", default="", help="orchestrator run id, recorded in the catalog")
     run.set_defaults(func=_run)
     gen = sub.add_parser("generate", help="append synthetic events to the local log")

@@ -5,11 +5,13 @@ uninterrupted run: no record lost, none duplicated."""
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from spark_jobs.generate import generate
+from state.manifest import CheckpointManifest
 from tests.e2e_util import (
     completed_checkpoints,
     cutline,
@@ -83,3 +85,52 @@ def test_driver_killed_twice_gives_exactly_the_reference_output(reference, tmp_p
         latest[user] = max(latest.get(user, 0), clicks)
     assert sum(latest.values()) == 2 * RECORDS_PER_PARTITION
     shutil.rmtree(home / "local-state", ignore_errors=True)
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(reference, tmp_path):
+    home = make_home(tmp_path, "home")
+    proc = cutline(home, "run", JOB, "--idle-timeout", IDLE)
+    wait_for(lambda: len(completed_checkpoints(home, JOB)) >= 3, 300, "3 checkpoints", proc)
+    kill_driver(proc)
+    latest = max(completed_checkpoints(home, JOB), key=lambda r: r["checkpoint_id"])
+    manifest = CheckpointManifest.from_json(
+        (home / "checkpoints" / latest["metadata_path"]).read_bytes()
+    )
+    older = {
+        f.path
+        for r in completed_checkpoints(home, JOB)
+        if r["checkpoint_id"] < latest["checkpoint_id"]
+        for f in CheckpointManifest.from_json(
+            (home / "checkpoints" / r["metadata_path"]).read_bytes()
+        ).files()
+    }
+    victim = next(f for f in manifest.files() if f.shared and f.path not in older)
+    (home / "checkpoints" / JOB / victim.path).unlink()
+
+    run_to_end(home, "run", JOB, "--idle-timeout", IDLE)
+    rows = {r["checkpoint_id"]: r for r in completed_checkpoints(home, JOB)}
+    assert rows[latest["checkpoint_id"]]["status"] == "CORRUPT"
+    log = (home / "driver.log").read_text()
+    assert f"checkpoint {latest['checkpoint_id']} is not restorable" in log
+    assert f"restored checkpoint {latest['checkpoint_id'] - 1} " in log
+    assert output(home) == reference
+
+
+def test_at_least_once_loses_nothing_and_reports_duplicates(reference, tmp_path):
+    home = make_home(tmp_path, "home")
+    proc = cutline(home, "run", JOB, "--idle-timeout", IDLE, "--mode", "at_least_once")
+
+    def output_ahead_of_checkpoints() -> bool:
+        done = completed_checkpoints(home, JOB)
+        epochs = [row[-1] for row in output(home)]
+        return len(done) >= 2 and max(epochs) > max(r["batch_id"] for r in done)
+
+    wait_for(output_ahead_of_checkpoints, 300, "output not yet covered by a checkpoint", proc)
+    kill_driver(proc)
+    run_to_end(home, "run", JOB, "--idle-timeout", IDLE, "--mode", "at_least_once")
+    got = output(home)
+    missing = Counter(reference) - Counter(got)
+    duplicates = Counter(got) - Counter(reference)
+    print(f"at-least-once after one kill: {sum(duplicates.values())} duplicate rows")
+    assert not missing, "at-least-once never loses output"
+    assert set(got) == set(reference)
