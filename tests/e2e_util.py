@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,9 +46,10 @@ def run_to_end(home: Path, *args: str, timeout: float = 600, env=None) -> None:
 
 
 def table_rows(path: Path, columns: list[str] | None = None) -> list[tuple]:
-    if not (path / "_delta_log").is_dir():
+    try:
+        data = DeltaTable(str(path)).to_pyarrow_table(columns=columns)
+    except TableNotFoundError:  # not created yet
         return []
-    data = DeltaTable(str(path)).to_pyarrow_table(columns=columns)
     return sorted(zip(*(data.column(c).to_pylist() for c in data.column_names), strict=True))
 
 

@@ -123,7 +123,7 @@ def test_at_least_once_loses_nothing_and_reports_duplicates(reference, tmp_path)
     def output_ahead_of_checkpoints() -> bool:
         done = completed_checkpoints(home, JOB)
         epochs = [row[-1] for row in output(home)]
-        return len(done) >= 2 and max(epochs) > max(r["batch_id"] for r in done)
+        return len(done) >= 2 and max(epochs, default=-1) > max(r["batch_id"] for r in done)
 
     wait_for(output_ahead_of_checkpoints, 300, "output not yet covered by a checkpoint", proc)
     kill_driver(proc)
