@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from spark_jobs.job import DeltaSink, JobDefinition, KeyedAggregate, LogSource, register_job
+from spark_jobs.job import (
+    DeltaSink,
+    EnrichWithLatest,
+    JobDefinition,
+    KeyedAggregate,
+    LogSource,
+    WindowedAggregate,
+    register_job,
+)
 from state.config import CheckpointConfig
 
 CLICKS_SCHEMA = "user string, url string, ts long"
@@ -23,6 +31,72 @@ def clicks_per_user() -> JobDefinition:
             aggregates={"clicks": ("count", None), "last_ts": ("max", "ts")},
         ),
         sink=DeltaSink("clicks_out", "clicks_per_user"),
+        checkpoint=CheckpointConfig(
+            interval_ms=3_000,
+            num_retained=2,
+            max_concurrent=2,
+            tolerable_failed_checkpoints=3,
+            incremental=True,
+            local_recovery=True,
+        ),
+        parallelism=2,
+    )
+
+
+ORDERS_SCHEMA = "order_id string, user string, amount double, ts long"
+PROFILES_SCHEMA = "user string, country string, tier int, ts long"
+
+
+@register_job
+def windowed_revenue() -> JobDefinition:
+    """Revenue and order count per user in tumbling 10-second event-time windows."""
+    return JobDefinition(
+        name="windowed_revenue",
+        description="Revenue per user per 10 s tumbling event-time window",
+        sources=(LogSource("orders", "orders", ORDERS_SCHEMA, max_records_per_partition=20_000),),
+        operator=WindowedAggregate(
+            name="revenue_windows",
+            source="orders",
+            key="user",
+            key_type="string",
+            event_time="ts",
+            window_ms=10_000,
+            out_of_orderness_ms=2_000,
+            aggregates={"orders": ("count", None), "revenue": ("sum", "amount")},
+        ),
+        sink=DeltaSink("revenue_out", "windowed_revenue"),
+        checkpoint=CheckpointConfig(
+            interval_ms=3_000,
+            num_retained=2,
+            max_concurrent=2,
+            tolerable_failed_checkpoints=3,
+            incremental=True,
+            local_recovery=True,
+        ),
+        parallelism=2,
+    )
+
+
+@register_job
+def enriched_orders() -> JobDefinition:
+    """Orders enriched with the latest profile of their user: two inputs, one barrier."""
+    return JobDefinition(
+        name="enriched_orders",
+        description="Orders joined with the latest user profile",
+        sources=(
+            LogSource("orders", "orders", ORDERS_SCHEMA, max_records_per_partition=20_000),
+            LogSource("profiles", "profiles", PROFILES_SCHEMA, max_records_per_partition=5_000),
+        ),
+        operator=EnrichWithLatest(
+            name="latest_profile",
+            stream="orders",
+            table="profiles",
+            key="user",
+            key_type="string",
+            fields=("country", "tier"),
+            table_time="ts",
+        ),
+        sink=DeltaSink("enriched_out", "enriched_orders"),
         checkpoint=CheckpointConfig(
             interval_ms=3_000,
             num_retained=2,

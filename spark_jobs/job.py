@@ -51,10 +51,28 @@ class LogSource:
             raise JobDefinitionError("source.max_records_per_partition must be >= 1")
 
 
+def _check_aggregates(where: str, aggregates: dict[str, tuple[str, str | None]]) -> None:
+    if not aggregates:
+        raise JobDefinitionError(f"{where}.aggregates must name at least one aggregate")
+    for out, (fn, col) in aggregates.items():
+        _check_name(f"{where}.aggregates output column", out)
+        if fn not in AGGREGATES:
+            raise JobDefinitionError(
+                f"{where}.aggregates[{out!r}] function must be one of {AGGREGATES}, got {fn!r}"
+            )
+        if fn != "count" and not col:
+            raise JobDefinitionError(f"{where}.aggregates[{out!r}] needs an input column")
+
+
+def _check_key_type(where: str, key_type: str) -> None:
+    if key_type not in KEY_TYPES:
+        raise JobDefinitionError(f"{where}.key_type must be one of {KEY_TYPES}, got {key_type!r}")
+
+
 @dataclass(frozen=True)
 class KeyedAggregate:
-    """Per key, aggregates of value columns: ``aggregates`` maps an output column to
-    ``(function, input column)``, function one of count, sum, min, max (``count`` ignores its
+    """Per key, running aggregates of value columns: ``aggregates`` maps an output column to
+    ``(function, input column)``, function one of count, sum, min, max (``count`` takes no
     column). Emits the updated aggregates of every key a micro-batch touched."""
 
     name: str
@@ -65,16 +83,73 @@ class KeyedAggregate:
 
     def __post_init__(self) -> None:
         _check_name("operator.name", self.name)
-        if self.key_type not in KEY_TYPES:
-            raise JobDefinitionError(f"operator.key_type must be one of {KEY_TYPES}")
-        if not self.aggregates:
-            raise JobDefinitionError("operator.aggregates must name at least one aggregate")
-        for out, (fn, _col) in self.aggregates.items():
-            _check_name("operator.aggregates output column", out)
-            if fn not in AGGREGATES:
-                raise JobDefinitionError(
-                    f"operator.aggregates[{out!r}] function must be one of {AGGREGATES}, got {fn!r}"
-                )
+        _check_key_type("operator", self.key_type)
+        _check_aggregates("operator", self.aggregates)
+
+    @property
+    def inputs(self) -> dict[str, str]:
+        """Input source -> its key column."""
+        return {self.source: self.key}
+
+
+@dataclass(frozen=True)
+class WindowedAggregate:
+    """Tumbling event-time windows of ``window_ms`` per key. The watermark trails the largest
+    event time seen by ``out_of_orderness_ms``; a window is emitted once the watermark passes its
+    end, and its state and timer are then dropped. Records for an already emitted window are late:
+    they are dropped and counted."""
+
+    name: str
+    source: str
+    key: str
+    key_type: str
+    event_time: str
+    window_ms: int
+    out_of_orderness_ms: int
+    aggregates: dict[str, tuple[str, str | None]]
+
+    def __post_init__(self) -> None:
+        _check_name("operator.name", self.name)
+        _check_key_type("operator", self.key_type)
+        _check_aggregates("operator", self.aggregates)
+        if self.window_ms < 1:
+            raise JobDefinitionError("operator.window_ms must be >= 1")
+        if self.out_of_orderness_ms < 0:
+            raise JobDefinitionError("operator.out_of_orderness_ms must be >= 0")
+
+    @property
+    def inputs(self) -> dict[str, str]:
+        return {self.source: self.key}
+
+
+@dataclass(frozen=True)
+class EnrichWithLatest:
+    """Two inputs cut at the same barrier: every record of ``stream`` is emitted with
+    ``fields`` of the latest record of ``table`` for the same key (by event time ``table_time``).
+    Within a micro-batch, the table side is applied before the stream side."""
+
+    name: str
+    stream: str
+    table: str
+    key: str
+    key_type: str
+    fields: tuple[str, ...]
+    table_time: str
+
+    def __post_init__(self) -> None:
+        _check_name("operator.name", self.name)
+        _check_key_type("operator", self.key_type)
+        if self.stream == self.table:
+            raise JobDefinitionError("operator.stream and operator.table must differ")
+        if not self.fields:
+            raise JobDefinitionError("operator.fields must name at least one field")
+
+    @property
+    def inputs(self) -> dict[str, str]:
+        return {self.stream: self.key, self.table: self.key}
+
+
+Operator = KeyedAggregate | WindowedAggregate | EnrichWithLatest
 
 
 @dataclass(frozen=True)
@@ -93,7 +168,7 @@ class DeltaSink:
 class JobDefinition:
     name: str
     sources: tuple[LogSource, ...]
-    operator: KeyedAggregate
+    operator: Operator
     sink: DeltaSink
     checkpoint: CheckpointConfig
     parallelism: int = 2
@@ -112,10 +187,11 @@ class JobDefinition:
         names = [s.name for s in self.sources]
         if len(set(names)) != len(names):
             raise JobDefinitionError(f"job.sources names must be unique, got {names}")
-        if self.operator.source not in names:
-            raise JobDefinitionError(
-                f"operator.source {self.operator.source!r} is not one of the job's sources {names}"
-            )
+        for source in self.operator.inputs:
+            if source not in names:
+                raise JobDefinitionError(
+                    f"operator input {source!r} is not one of the job's sources {names}"
+                )
 
     def source(self, name: str) -> LogSource:
         return next(s for s in self.sources if s.name == name)

@@ -1,20 +1,36 @@
 """Keyed operators, vectorised over Arrow tables with RocksDB state (state/).
 
-An operator processes one subtask's records of one micro-batch: one Arrow group-by, one multi-get
-of the touched keys' state, numpy arithmetic, one write batch. Never a Python call per record on
-the state path beyond building the key bytes.
+An operator processes one subtask's records of one micro-batch: Arrow group-bys, one multi-get of
+the touched keys' state, numpy arithmetic, one write batch. The state path never makes a Python
+call per record beyond building key bytes.
+
+Every operator's ``apply(store, table, watermark)`` gets the subtask's records (with ``_kg``, the
+key group, and ``_source``), the watermark as of the end of the previous micro-batch, and returns
+its output table plus counters. Operators commit their own transactions; the runtime commits the
+subtask's progress last, and a task that dies in between is recovered from a checkpoint.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.job import KeyedAggregate
-from state.rocksdb_store import RocksDBStore, RocksDBTransaction
+from spark_jobs.job import EnrichWithLatest, KeyedAggregate, Operator, WindowedAggregate
+from state.rocksdb_store import RocksDBStore
 
 KEY_GROUP_COLUMN = "_kg"
+SOURCE_COLUMN = "_source"
+_SEP = "\x1f"  # joins the table fields of EnrichWithLatest into one stored value
+
+
+@dataclass
+class OperatorResult:
+    output: pa.Table
+    late_records: int = 0
+    max_event_time: int | None = None
 
 
 def key_bytes(column: pa.Array, key_type: str) -> list[bytes]:
@@ -26,50 +42,45 @@ def key_bytes(column: pa.Array, key_type: str) -> list[bytes]:
     return [raw[i : i + width] for i in range(0, len(raw), width)]
 
 
-class KeyedAggregateOperator:
-    """Running count/sum/min/max per key; emits the new aggregates of every touched key."""
+def _split(raw: bytes, size: int) -> list[bytes]:
+    return [raw[i : i + size] for i in range(0, len(raw), size)]
 
-    def __init__(self, spec: KeyedAggregate) -> None:
-        self.spec = spec
-        self.outputs = list(spec.aggregates)
-        self.dtype = np.dtype(
-            [(out, "<i8" if fn == "count" else "<f8") for out, (fn, _) in spec.aggregates.items()]
-        )
 
-    def output_schema(self, key_type: pa.DataType) -> pa.Schema:
-        fields = [pa.field(self.spec.key, key_type)]
-        for out in self.outputs:
-            kind = self.dtype[out]
-            fields.append(pa.field(out, pa.int64() if kind == np.int64 else pa.float64()))
-        return pa.schema(fields)
+def _check_keys(name: str, table: pa.Table, key: str) -> None:
+    nulls = table.column(key).null_count
+    if nulls:
+        raise ValueError(f"operator {name!r}: {nulls} records have a null key {key!r}")
 
-    def apply(self, store: RocksDBStore, txn: RocksDBTransaction, table: pa.Table) -> pa.Table:
-        spec = self.spec
-        if table.num_rows == 0:
-            return self.output_schema(table.schema.field(spec.key).type).empty_table()
-        if table.column(spec.key).null_count:
-            raise ValueError(
-                f"operator {spec.name!r}: {table.column(spec.key).null_count} "
-                f"records have a null key {spec.key!r}"
-            )
-        # (input column, Arrow aggregate, output column); Arrow names results "<col>_<fn>".
-        aggs = [
+
+class _Aggregates:
+    """Packed running aggregates (count/sum/min/max) and how to merge a batch into them."""
+
+    def __init__(self, aggregates: dict[str, tuple[str, str | None]]) -> None:
+        self.spec = [
             ([], "count_all", out) if fn == "count" else (col, fn, out)
-            for out, (fn, col) in spec.aggregates.items()
+            for out, (fn, col) in aggregates.items()
         ]
-        grouped = table.group_by([spec.key, KEY_GROUP_COLUMN], use_threads=False).aggregate(
-            [(c, f) for c, f, _ in aggs]
+        self.dtype = np.dtype(
+            [(out, "<i8" if f == "count_all" else "<f8") for _, f, out in self.spec]
         )
-        keys = grouped.column(spec.key).combine_chunks()
-        groups = grouped.column(KEY_GROUP_COLUMN).to_numpy()
-        kbytes = key_bytes(keys, spec.key_type)
-        old = store.get_many(spec.name, groups, kbytes)
+
+    def arrow_aggregations(self) -> list[tuple]:
+        return [(c, f) for c, f, _ in self.spec]
+
+    def fields(self) -> list[pa.Field]:
+        return [
+            pa.field(out, pa.int64() if f == "count_all" else pa.float64())
+            for _, f, out in self.spec
+        ]
+
+    def merge(self, old: list[bytes | None], grouped: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        """New packed values, and which keys had state before."""
         present = np.fromiter((v is not None for v in old), bool, len(old))
         state = np.zeros(len(old), self.dtype)
         if present.any():
             state[present] = np.frombuffer(b"".join(v for v in old if v is not None), self.dtype)
         new = np.empty(len(old), self.dtype)
-        for c, f, out in aggs:
+        for c, f, out in self.spec:
             batch = grouped.column(f"{c}_{f}" if c else f).to_numpy().astype(self.dtype[out])
             prev = state[out]
             if f in ("count_all", "sum"):
@@ -78,11 +89,195 @@ class KeyedAggregateOperator:
                 new[out] = np.where(present, np.minimum(prev, batch), batch)
             else:
                 new[out] = np.where(present, np.maximum(prev, batch), batch)
-        raw = new.tobytes()
-        size = self.dtype.itemsize
-        txn.put(spec.name, groups, kbytes, [raw[i : i + size] for i in range(0, len(raw), size)])
-        columns = [keys] + [pa.array(new[out]) for out in self.outputs]
-        return pa.Table.from_arrays(columns, schema=self.output_schema(keys.type))
+        return new, present
+
+
+class KeyedAggregateOperator:
+    """Running aggregates per key; emits the new aggregates of every touched key."""
+
+    def __init__(self, spec: KeyedAggregate) -> None:
+        self.spec = spec
+        self.aggs = _Aggregates(spec.aggregates)
+
+    def apply(self, store: RocksDBStore, table: pa.Table, watermark: int | None) -> OperatorResult:
+        spec = self.spec
+        if table.num_rows == 0:
+            key_field = table.schema.field(spec.key)
+            return OperatorResult(pa.schema([key_field, *self.aggs.fields()]).empty_table())
+        _check_keys(spec.name, table, spec.key)
+        grouped = table.group_by([spec.key, KEY_GROUP_COLUMN], use_threads=False).aggregate(
+            self.aggs.arrow_aggregations()
+        )
+        keys = grouped.column(spec.key).combine_chunks()
+        groups = grouped.column(KEY_GROUP_COLUMN).to_numpy()
+        kbytes = key_bytes(keys, spec.key_type)
+        new, _ = self.aggs.merge(store.get_many(spec.name, groups, kbytes), grouped)
+        txn = store.begin()
+        txn.put(spec.name, groups, kbytes, _split(new.tobytes(), self.aggs.dtype.itemsize))
+        txn.commit()
+        columns = [keys] + [pa.array(new[f.name]) for f in self.aggs.fields()]
+        schema = pa.schema([pa.field(spec.key, keys.type), *self.aggs.fields()])
+        return OperatorResult(pa.Table.from_arrays(columns, schema=schema))
+
+
+class WindowedAggregateOperator:
+    """Tumbling event-time windows per key, fired by timers when the watermark passes."""
+
+    def __init__(self, spec: WindowedAggregate) -> None:
+        self.spec = spec
+        self.aggs = _Aggregates(spec.aggregates)
+        self.schema = pa.schema(
+            [
+                pa.field(spec.key, pa.string() if spec.key_type == "string" else pa.int64()),
+                pa.field("window_start", pa.int64()),
+                pa.field("window_end", pa.int64()),
+                *self.aggs.fields(),
+            ]
+        )
+
+    def _state_keys(self, kbytes: list[bytes], starts: np.ndarray) -> list[bytes]:
+        # Sign bit flipped: big-endian bytes then sort like the signed values.
+        flipped = starts.astype(np.int64).view(np.uint64) ^ np.uint64(1 << 63)
+        starts_raw = _split(flipped.astype(">u8").tobytes(), 8)
+        return [len(k).to_bytes(4, "big") + k + s for k, s in zip(kbytes, starts_raw, strict=True)]
+
+    def _fire(self, store: RocksDBStore, watermark: int | None) -> pa.Table:
+        spec = self.spec
+        due = store.due_timers(watermark) if watermark is not None else []
+        if not due:
+            return self.schema.empty_table()
+        groups = [kg for _, kg, _ in due]
+        skeys = [k for _, _, k in due]
+        values = store.get_many(spec.name, groups, skeys)
+        packed = np.frombuffer(b"".join(v or b"" for v in values), self.aggs.dtype)
+        keys, starts = [], []
+        for k in skeys:
+            n = int.from_bytes(k[:4], "big")
+            keys.append(k[4 : 4 + n])
+            starts.append(int.from_bytes(k[4 + n :], "big") - (1 << 63))
+        key_col = (
+            pa.array(keys, pa.binary()).cast(pa.string())
+            if spec.key_type == "string"
+            else pa.array([int.from_bytes(k, "big", signed=True) for k in keys], pa.int64())
+        )
+        starts_arr = np.asarray(starts, np.int64)
+        txn = store.begin()
+        txn.delete(spec.name, groups, skeys)
+        txn.delete_timers(groups, skeys, [ts for ts, _, _ in due])
+        txn.commit()
+        columns = [key_col, pa.array(starts_arr), pa.array(starts_arr + spec.window_ms)]
+        columns += [pa.array(packed[f.name]) for f in self.aggs.fields()]
+        return pa.Table.from_arrays(columns, schema=self.schema)
+
+    def apply(self, store: RocksDBStore, table: pa.Table, watermark: int | None) -> OperatorResult:
+        spec = self.spec
+        fired = self._fire(store, watermark)  # windows complete as of the previous cut
+        if table.num_rows == 0:
+            return OperatorResult(fired)
+        _check_keys(spec.name, table, spec.key)
+        ts = table.column(spec.event_time).to_numpy(zero_copy_only=False).astype(np.int64)
+        starts = ts - np.mod(ts, spec.window_ms)
+        on_time = (
+            np.ones(len(ts), bool)
+            if watermark is None
+            else (starts + spec.window_ms - 1) > watermark
+        )
+        late = int((~on_time).sum())
+        table = table.append_column("_window", pa.array(starts)).filter(pa.array(on_time))
+        result = OperatorResult(fired, late, int(ts.max()))
+        if table.num_rows == 0:
+            return result
+        grouped = table.group_by(
+            [spec.key, KEY_GROUP_COLUMN, "_window"], use_threads=False
+        ).aggregate(self.aggs.arrow_aggregations())
+        groups = grouped.column(KEY_GROUP_COLUMN).to_numpy()
+        wstarts = grouped.column("_window").to_numpy()
+        skeys = self._state_keys(key_bytes(grouped.column(spec.key), spec.key_type), wstarts)
+        new, present = self.aggs.merge(store.get_many(spec.name, groups, skeys), grouped)
+        txn = store.begin()
+        txn.put(spec.name, groups, skeys, _split(new.tobytes(), self.aggs.dtype.itemsize))
+        fresh = ~present
+        if fresh.any():
+            txn.register_timers(
+                groups[fresh],
+                [k for k, f in zip(skeys, fresh, strict=True) if f],
+                (wstarts[fresh] + spec.window_ms - 1).tolist(),
+            )
+        txn.commit()
+        return result
+
+
+class EnrichOperator:
+    """Stream records joined with the latest table record of their key."""
+
+    def __init__(self, spec: EnrichWithLatest) -> None:
+        self.spec = spec
+
+    def apply(self, store: RocksDBStore, table: pa.Table, watermark: int | None) -> OperatorResult:
+        spec = self.spec
+        if table.num_rows == 0:
+            return OperatorResult(pa.table({}))
+        _check_keys(spec.name, table, spec.key)
+        source = table.column(SOURCE_COLUMN)
+        updates = table.filter(pc.equal(source, spec.table))
+        stream = table.filter(pc.equal(source, spec.stream))
+        if updates.num_rows:
+            self._apply_updates(store, updates)
+        if stream.num_rows == 0:
+            return OperatorResult(stream.slice(0, 0))
+        stored = store.get_many(
+            spec.name,
+            stream.column(KEY_GROUP_COLUMN).to_numpy(),
+            key_bytes(stream.column(spec.key), spec.key_type),
+        )
+        parts = pc.split_pattern(pa.array(stored, pa.binary()).cast(pa.string()), _SEP)
+        # The union of both inputs carries the table's columns (null on stream records).
+        types = {f: stream.schema.field(f).type for f in spec.fields if f in stream.column_names}
+        out = stream.drop_columns(list(types))
+        for i, name in enumerate(spec.fields):
+            value = pc.list_element(parts, i)
+            out = out.append_column(name, value.cast(types[name]) if name in types else value)
+        return OperatorResult(out)
+
+    def _apply_updates(self, store: RocksDBStore, updates: pa.Table) -> None:
+        spec = self.spec
+        # The latest record per key: by event time, then by log position (deterministic).
+        order = pc.sort_indices(
+            updates,
+            [
+                (spec.key, "ascending"),
+                (spec.table_time, "ascending"),
+                ("_partition", "ascending"),
+                ("_next_offset", "ascending"),
+            ],
+        )
+        updates = updates.take(order)
+        rows = pa.array(np.arange(updates.num_rows))
+        last = (
+            updates.append_column("_row", rows)
+            .group_by(spec.key, use_threads=False)
+            .aggregate([("_row", "max")])
+        )
+        latest = updates.take(last.column("_row_max"))
+        values = pc.binary_join_element_wise(
+            *[pc.fill_null(pc.cast(latest.column(f), pa.string()), "") for f in spec.fields], _SEP
+        )
+        txn = store.begin()
+        txn.put(
+            spec.name,
+            latest.column(KEY_GROUP_COLUMN).to_numpy(),
+            key_bytes(latest.column(spec.key), spec.key_type),
+            [v.encode() for v in values.to_pylist()],
+        )
+        txn.commit()
+
+
+def make_operator(spec: Operator):
+    if isinstance(spec, KeyedAggregate):
+        return KeyedAggregateOperator(spec)
+    if isinstance(spec, WindowedAggregate):
+        return WindowedAggregateOperator(spec)
+    return EnrichOperator(spec)
 
 
 def drop_markers(table: pa.Table, marker_column: str) -> pa.Table:

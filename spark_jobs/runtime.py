@@ -26,14 +26,16 @@ from typing import Any
 
 from spark_jobs.delta_catalog import DeltaCatalog, now_ms
 from spark_jobs.delta_sink import DeltaSinkWriter
-from spark_jobs.job import JobDefinition
+from spark_jobs.job import JobDefinition, WindowedAggregate
 from spark_jobs.local_log import (
     NEXT_OFFSET_COLUMN,
     PARTITION_COLUMN,
     register_data_source,
     topic_partitions,
 )
+from spark_jobs.operators import KEY_GROUP_COLUMN, SOURCE_COLUMN
 from spark_jobs.subtask import (
+    KEY_COLUMN,
     MARKER_COLUMN,
     STATS_SCHEMA,
     SUBTASK_COLUMN,
@@ -88,6 +90,7 @@ class RunSummary:
     checkpoints: list[int] = field(default_factory=list)
     restore_reports: list[dict[str, Any]] = field(default_factory=list)
     positions: dict[str, dict[str, int]] = field(default_factory=dict)
+    late_records: int = 0
     failure: str | None = None
 
 
@@ -232,14 +235,19 @@ class StreamingRun:
         self.summary.restore_reports = self._restore_reports
         self._known_shared = {f.path for f in manifest.files() if f.shared} if manifest else set()
         self.epoch = manifest.batch_id if manifest else -1
-        source = job.source(job.operator.source)
-        partitions = topic_partitions(self.paths.log_root, source.topic)
-        if not partitions:
-            raise ValueError(
-                f"source {source.name!r}: no partitions under {self.paths.log_root}/{source.topic}"
-            )
-        start = (manifest.source_positions.get(source.name) if manifest else None) or {}
-        self.positions = {str(p): int(start.get(str(p), 0)) for p in partitions}
+        self.partitions: dict[str, list[int]] = {}
+        self.positions: dict[str, dict[str, int]] = {}
+        for name in job.operator.inputs:
+            source = job.source(name)
+            parts = topic_partitions(self.paths.log_root, source.topic)
+            if not parts:
+                raise ValueError(
+                    f"source {name!r}: no partitions under {self.paths.log_root}/{source.topic}"
+                )
+            start = (manifest.source_positions.get(name) if manifest else None) or {}
+            self.partitions[name] = parts
+            self.positions[name] = {str(p): int(start.get(str(p), 0)) for p in parts}
+        self.watermark = manifest.watermarks.get(job.operator.name) if manifest else None
         self.coordinator = CheckpointCoordinator(
             job.name,
             self.attempt,
@@ -256,7 +264,7 @@ class StreamingRun:
         query = None
         spark_checkpoint = tempfile.mkdtemp(prefix=f"cutline-{job.name}-query-")
         try:
-            query = self._start_query(source, partitions, spark_checkpoint)
+            query = self._start_query(spark_checkpoint)
             self._last_progress = time.monotonic()
             while not self._stop.wait(0.2):
                 if query.exception() is not None:
@@ -285,7 +293,7 @@ class StreamingRun:
             shutil.rmtree(spark_checkpoint, ignore_errors=True)
             status = "FAILED" if self._failure else "FINISHED"
             self.summary.failure = self._failure
-            self.summary.positions = {source.name: dict(self.positions)}
+            self.summary.positions = {k: dict(v) for k, v in self.positions.items()}
             self.catalog.set_job_status(job.name, self.attempt, status, self._failure or "")
         if self._failure:
             raise RuntimeError(f"{job.name} attempt {self.attempt} failed: {self._failure}")
@@ -352,21 +360,42 @@ class StreamingRun:
 
     # -- micro-batches -----------------------------------------------------------------------
 
-    def _start_query(self, source, partitions: list[int], spark_checkpoint: str):
+    def _source_ddl(self, name: str) -> str:
+        return f"{self.job.source(name).schema}, {PARTITION_COLUMN} int, {NEXT_OFFSET_COLUMN} long"
+
+    def _tag_and_union(self, frames: dict[str, Any]):
+        """One DataFrame of all operator inputs, each record tagged with its source and key."""
+        from pyspark.sql import functions as F
+
+        tagged = [
+            df.withColumn(SOURCE_COLUMN, F.lit(name)).withColumn(
+                KEY_COLUMN, F.col(self.job.operator.inputs[name])
+            )
+            for name, df in frames.items()
+        ]
+        union = tagged[0]
+        for df in tagged[1:]:
+            union = union.unionByName(df, allowMissingColumns=True)
+        return union
+
+    def _start_query(self, spark_checkpoint: str):
         register_data_source(self.spark)
-        schema = f"{source.schema}, {PARTITION_COLUMN} int, {NEXT_OFFSET_COLUMN} long"
-        df = (
-            self.spark.readStream.format("cutline_log")
-            .schema(schema)
-            .option("path", self.paths.log_root)
-            .option("topic", source.topic)
-            .option("partitions", json.dumps(partitions))
-            .option("startingOffsets", json.dumps(self.positions))
-            .option("maxRecordsPerPartition", str(source.max_records_per_partition))
-            .load()
-        )
+        frames = {}
+        for name in self.job.operator.inputs:
+            source = self.job.source(name)
+            frames[name] = (
+                self.spark.readStream.format("cutline_log")
+                .schema(self._source_ddl(name))
+                .option("path", self.paths.log_root)
+                .option("topic", source.topic)
+                .option("partitions", json.dumps(self.partitions[name]))
+                .option("startingOffsets", json.dumps(self.positions[name]))
+                .option("maxRecordsPerPartition", str(source.max_records_per_partition))
+                .load()
+            )
         return (
-            df.writeStream.foreachBatch(self._process_batch)
+            self._tag_and_union(frames)
+            .writeStream.foreachBatch(self._process_batch)
             .option("checkpointLocation", spark_checkpoint)
             .queryName(f"cutline-{self.job.name}-{self.attempt}")
             .start()
@@ -386,6 +415,7 @@ class StreamingRun:
                 if checkpoint_id is not None and self.job.checkpoint.incremental
             },
             confirmed_checkpoint=latest.checkpoint_id if latest else None,
+            watermark=self.watermark,
         )
 
     def _execute(self, df, plan: BatchPlan) -> list:
@@ -393,8 +423,10 @@ class StreamingRun:
 
         job = self.job
         p, m = job.parallelism, job.max_parallelism
-        keyed = df.withColumn("_kg", F.expr(spark_key_group_sql(job.operator.key, m)))
-        keyed = keyed.withColumn(SUBTASK_COLUMN, F.expr(f"CAST(_kg * {p} DIV {m} AS INT)"))
+        keyed = df.withColumn(KEY_GROUP_COLUMN, F.expr(spark_key_group_sql(KEY_COLUMN, m)))
+        keyed = keyed.withColumn(
+            SUBTASK_COLUMN, F.expr(f"CAST({KEY_GROUP_COLUMN} * {p} DIV {m} AS INT)")
+        )
         keyed = keyed.withColumn(MARKER_COLUMN, F.lit(False))
         markers = self.spark.range(p).select(
             F.col("id").cast("int").alias(SUBTASK_COLUMN), F.lit(True).alias(MARKER_COLUMN)
@@ -421,15 +453,23 @@ class StreamingRun:
     def _after_batch(self, epoch: int, checkpoint_id: int | None, stats: list) -> None:
         records = sum(r["records"] for r in stats)
         for r in stats:
-            for part, end in json.loads(r["positions"]).items():
-                self.positions[part] = max(self.positions.get(part, 0), end)
-        source = self.job.operator.source
+            for source, parts in json.loads(r["positions"]).items():
+                current = self.positions[source]
+                for part, end in parts.items():
+                    current[part] = max(current.get(part, 0), end)
+        op = self.job.operator
+        event_times = [r["max_event_time"] for r in stats if r["max_event_time"] is not None]
+        if isinstance(op, WindowedAggregate) and event_times:
+            candidate = max(event_times) - op.out_of_orderness_ms
+            self.watermark = candidate if self.watermark is None else max(self.watermark, candidate)
+        self.summary.late_records += sum(r["late_records"] for r in stats)
         if checkpoint_id is not None:
             self.coordinator.record_cut(
                 checkpoint_id,
-                {source: dict(self.positions)},
+                {k: dict(v) for k, v in self.positions.items()},
                 now_ms(),
                 sink_epochs={self.job.sink.name: epoch},
+                watermarks={op.name: self.watermark} if self.watermark is not None else {},
             )
         if not self.exactly_once:
             self.sink.append_now(epoch)
@@ -452,7 +492,12 @@ class StreamingRun:
             self.fail("no final checkpoint could be triggered")
             return
         cid = pending.checkpoint_id
-        empty = self.spark.createDataFrame([], self._source_schema())
+        empty = self._tag_and_union(
+            {
+                n: self.spark.createDataFrame([], self._source_ddl(n))
+                for n in self.job.operator.inputs
+            }
+        )
         stats = self._execute(empty, self._plan(self.epoch, cid))
         self._after_batch(self.epoch, cid, stats)
         while time.monotonic() < deadline:
@@ -461,10 +506,6 @@ class StreamingRun:
             time.sleep(0.1)
         if cid not in self.summary.checkpoints:
             self.fail(f"final checkpoint {cid} did not complete")
-
-    def _source_schema(self) -> str:
-        source = self.job.source(self.job.operator.source)
-        return f"{source.schema}, {PARTITION_COLUMN} int, {NEXT_OFFSET_COLUMN} long"
 
     # -- acks --------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from spark_jobs.job import JobDefinition
 from spark_jobs.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
-from spark_jobs.operators import KeyedAggregateOperator, drop_markers
+from spark_jobs.operators import SOURCE_COLUMN, drop_markers, make_operator
 from state.handles import SubtaskStateHandle
 from state.keygroups import key_group_range
 from state.local_copies import LocalCopies
@@ -34,9 +34,11 @@ from state.storage import open_storage
 
 MARKER_COLUMN = "_marker"
 SUBTASK_COLUMN = "_subtask"
+KEY_COLUMN = "_key"
 PROGRESS = "__progress__"
 STATS_SCHEMA = (
-    "subtask int, host string, records long, output_rows long, positions string, sync_ms double"
+    "subtask int, host string, records long, output_rows long, positions string, "
+    "sync_ms double, late_records long, max_event_time long"
 )
 _STATS_ARROW = pa.schema(
     [
@@ -46,6 +48,8 @@ _STATS_ARROW = pa.schema(
         ("output_rows", pa.int64()),
         ("positions", pa.string()),
         ("sync_ms", pa.float64()),
+        ("late_records", pa.int64()),
+        ("max_event_time", pa.int64()),
     ]
 )
 
@@ -79,6 +83,7 @@ class BatchPlan:
     checkpoint_id: int | None = None
     base_handles: dict[int, SubtaskStateHandle | None] = field(default_factory=dict)
     confirmed_checkpoint: int | None = None
+    watermark: int | None = None
 
 
 def ack_path(job_id: str, checkpoint_id: int, operator: str, subtask: int) -> str:
@@ -102,13 +107,22 @@ def write_progress(txn, store: RocksDBStore, attempt: int, epoch: int) -> None:
     txn.put(PROGRESS, [store.key_group_range.start], [b"p"], [payload.encode()])
 
 
-def _positions(table: pa.Table) -> dict[str, int]:
+def _positions(table: pa.Table) -> dict[str, dict[str, int]]:
+    """Per source and partition, the position after the last record of this batch."""
     if table.num_rows == 0:
         return {}
-    grouped = table.group_by(PARTITION_COLUMN).aggregate([(NEXT_OFFSET_COLUMN, "max")])
-    parts = grouped.column(PARTITION_COLUMN).to_pylist()
-    ends = grouped.column(f"{NEXT_OFFSET_COLUMN}_max").to_pylist()
-    return {str(p): int(e) for p, e in zip(parts, ends, strict=True)}
+    grouped = table.group_by([SOURCE_COLUMN, PARTITION_COLUMN]).aggregate(
+        [(NEXT_OFFSET_COLUMN, "max")]
+    )
+    out: dict[str, dict[str, int]] = {}
+    for src, part, end in zip(
+        grouped.column(SOURCE_COLUMN).to_pylist(),
+        grouped.column(PARTITION_COLUMN).to_pylist(),
+        grouped.column(f"{NEXT_OFFSET_COLUMN}_max").to_pylist(),
+        strict=True,
+    ):
+        out.setdefault(src, {})[str(part)] = int(end)
+    return out
 
 
 def _stage_output(plan: BatchPlan, subtask: int, output: pa.Table) -> None:
@@ -117,6 +131,7 @@ def _stage_output(plan: BatchPlan, subtask: int, output: pa.Table) -> None:
     if output.num_rows == 0:
         return
     ctx = plan.ctx
+    output = output.select([c for c in output.column_names if not c.startswith("_")])
     output = output.append_column("_epoch", pa.array([plan.epoch] * output.num_rows, pa.int64()))
     directory = staging_dir(ctx.staging_root, ctx.job.name, ctx.job.sink.name, plan.epoch)
     directory.mkdir(parents=True, exist_ok=True)
@@ -183,10 +198,11 @@ def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
                 f"subtask {subtask} of {ctx.job.name} on {socket.gethostname()}: working state is "
                 f"at {progress}, expected {expected}; restore from a checkpoint"
             )
+        result = make_operator(op).apply(store, table, plan.watermark)
         txn = store.begin()
-        output = KeyedAggregateOperator(op).apply(store, txn, table)
         write_progress(txn, store, ctx.attempt, plan.epoch)
         txn.commit()
+        output = result.output
         _stage_output(plan, subtask, output)
         if plan.checkpoint_id is not None:
             started = time.perf_counter()
@@ -216,6 +232,8 @@ def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
                 "output_rows": output.num_rows,
                 "positions": json.dumps(_positions(table)),
                 "sync_ms": sync_ms,
+                "late_records": result.late_records,
+                "max_event_time": result.max_event_time,
             }
         ],
     )

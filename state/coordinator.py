@@ -67,6 +67,7 @@ class PendingCheckpoint:
     source_positions: dict[str, dict[str, int]]
     sink_epochs: dict[str, int]
     waiting: set[TaskId]
+    watermarks: dict[str, int] = field(default_factory=dict)
     acks: dict[TaskId, SubtaskStateHandle | None] = field(default_factory=dict)
     savepoint: bool = False
     cut_recorded: bool = True
@@ -209,14 +210,16 @@ class CheckpointCoordinator:
         now_ms: int,
         *,
         sink_epochs: dict[str, int] | None = None,
+        watermarks: dict[str, int] | None = None,
     ) -> AckResult:
-        """Record the source positions (and sink epochs) at checkpoint ``checkpoint_id``'s cut."""
+        """Record the source positions (sink epochs, watermarks) at ``checkpoint_id``'s cut."""
         with self._lock:
             pending = self._pending.get(checkpoint_id)
             if pending is None:
                 return AckResult.LATE if checkpoint_id in self._finished else AckResult.UNKNOWN
             pending.source_positions = {s: dict(p) for s, p in source_positions.items()}
             pending.sink_epochs.update(sink_epochs or {})
+            pending.watermarks.update(watermarks or {})
             pending.cut_recorded = True
             if pending.waiting:
                 return AckResult.ACCEPTED
@@ -326,6 +329,7 @@ class CheckpointCoordinator:
             trigger_time_ms=pending.trigger_time_ms,
             source_positions=pending.source_positions,
             sink_epochs=pending.sink_epochs,
+            watermarks=pending.watermarks,
             subtasks=tuple(
                 sorted((h for h in pending.acks.values() if h is not None), key=lambda h: h.task)
             ),

@@ -32,6 +32,7 @@ class CheckpointManifest:
     source_positions: dict[str, dict[str, int]]
     subtasks: tuple[SubtaskStateHandle, ...]
     sink_epochs: dict[str, int] = field(default_factory=dict)
+    watermarks: dict[str, int] = field(default_factory=dict)
     savepoint: bool = False
     version: int = MANIFEST_VERSION
 
@@ -81,6 +82,7 @@ class CheckpointManifest:
             "savepoint": self.savepoint,
             "source_positions": self.source_positions,
             "sink_epochs": self.sink_epochs,
+            "watermarks": self.watermarks,
             "subtasks": [h.to_dict() for h in self.subtasks],
         }
         return json.dumps(doc, indent=1, sort_keys=True).encode()
@@ -114,6 +116,7 @@ class CheckpointManifest:
                     for src, parts in dict(doc["source_positions"]).items()
                 },
                 sink_epochs={str(k): int(v) for k, v in dict(doc.get("sink_epochs", {})).items()},
+                watermarks={str(k): int(v) for k, v in dict(doc.get("watermarks", {})).items()},
                 subtasks=tuple(SubtaskStateHandle.from_dict(h) for h in doc["subtasks"]),
             )
         except PathEscapeError as e:

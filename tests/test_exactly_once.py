@@ -24,31 +24,54 @@ from tests.e2e_util import (
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 JOB = "clicks_per_user"
-RECORDS_PER_PARTITION = 200_000  # 10 micro-batches of 20,000 records per partition
 IDLE = "8"
+# Input per job: (kind, records per partition); sources read 20,000 orders or clicks (5,000
+# profiles) per partition and micro-batch.
+INPUTS = {
+    "clicks_per_user": [("clicks", 200_000)],
+    "windowed_revenue": [("orders", 120_000)],
+    "enriched_orders": [("orders", 120_000), ("profiles", 30_000)],
+}
+TABLES = {
+    "clicks_per_user": "clicks_per_user",
+    "windowed_revenue": "windowed_revenue",
+    "enriched_orders": "enriched_orders",
+}
 
 
-def make_home(base: Path, name: str) -> Path:
+def make_home(base: Path, name: str, job: str = JOB) -> Path:
     home = base / name
-    generate(home / "log", "clicks", "clicks", count=RECORDS_PER_PARTITION, seed=7, users=20_000)
+    for kind, count in INPUTS[job]:
+        generate(home / "log", kind, kind, count=count, seed=7, users=20_000)
     return home
 
 
-def output(home: Path) -> list[tuple]:
-    return table_rows(home / "warehouse" / "tables" / JOB)
+def output(home: Path, job: str = JOB) -> list[tuple]:
+    return table_rows(home / "warehouse" / "tables" / TABLES[job])
+
+
+_references: dict[str, list[tuple]] = {}
+
+
+def reference_output(job: str, base: Path) -> list[tuple]:
+    """Output of an uninterrupted run of ``job`` (computed once per test session)."""
+    if job not in _references:
+        home = make_home(base, f"reference-{job}", job)
+        run_to_end(home, "run", job, "--idle-timeout", IDLE)
+        _references[job] = output(home, job)
+        assert _references[job], f"the reference run of {job} wrote output"
+    return _references[job]
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> list[tuple]:
-    home = make_home(tmp_path_factory.mktemp("reference"), "home")
-    run_to_end(home, "run", JOB, "--idle-timeout", IDLE)
-    rows = output(home)
-    assert rows, "the reference run wrote output"
-    return rows
+    return reference_output(JOB, tmp_path_factory.mktemp("reference"))
 
 
-def test_driver_killed_twice_gives_exactly_the_reference_output(reference, tmp_path):
-    home = make_home(tmp_path, "home")
+@pytest.mark.parametrize("job", list(INPUTS))
+def test_driver_killed_twice_gives_exactly_the_reference_output(job, tmp_path_factory, tmp_path):
+    reference = reference_output(job, tmp_path_factory.mktemp("reference"))
+    home = make_home(tmp_path, "home", job)
     # 1st attempt: killed once two checkpoints have completed.
     proc = cutline(home, "run", JOB, "--idle-timeout", IDLE)
     wait_for(lambda: len(completed_checkpoints(home, JOB)) >= 2, 300, "2 checkpoints", proc)
