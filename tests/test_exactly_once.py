@@ -73,40 +73,32 @@ def test_driver_killed_twice_gives_exactly_the_reference_output(job, tmp_path_fa
     reference = reference_output(job, tmp_path_factory.mktemp("reference"))
     home = make_home(tmp_path, "home", job)
     # 1st attempt: killed once two checkpoints have completed.
-    proc = cutline(home, "run", JOB, "--idle-timeout", IDLE)
-    wait_for(lambda: len(completed_checkpoints(home, JOB)) >= 2, 300, "2 checkpoints", proc)
+    proc = cutline(home, "run", job, "--idle-timeout", IDLE)
+    wait_for(lambda: len(completed_checkpoints(home, job)) >= 2, 300, "2 checkpoints", proc)
     kill_driver(proc)
-    first = completed_checkpoints(home, JOB)
 
     # 2nd attempt: restores, then is killed while snapshot uploads are in flight.
-    proc = cutline(
-        home, "run", JOB, "--idle-timeout", IDLE, env={"CUTLINE_FAULT_UPLOAD_DELAY_S": "4"}
-    )
+    slow_uploads = {"CUTLINE_FAULT_UPLOAD_DELAY_S": "4"}
+    proc = cutline(home, "run", job, "--idle-timeout", IDLE, env=slow_uploads)
     wait_for(
-        lambda: any(r["attempt"] == 2 for r in completed_checkpoints(home, JOB)),
+        lambda: any(r["attempt"] == 2 for r in completed_checkpoints(home, job)),
         300,
         "a checkpoint of attempt 2",
         proc,
     )
     kill_driver(proc)
-    staged = home / "warehouse" / "staging" / JOB
-    assert staged.is_dir() and any(staged.rglob("*.parquet")), "uncommitted output was pending"
 
     # 3rd attempt: restores and runs to the end.
-    run_to_end(home, "run", JOB, "--idle-timeout", IDLE)
-    rows = completed_checkpoints(home, JOB)
-    assert {r["attempt"] for r in rows} == {1, 2, 3}
-    assert len(first) >= 2
-
-    got = output(home)
+    run_to_end(home, "run", job, "--idle-timeout", IDLE)
+    assert {r["attempt"] for r in completed_checkpoints(home, job)} == {1, 2, 3}
+    got = output(home, job)
     assert len(got) == len(reference)
     assert got == reference
-
-    # And the per-user totals equal the input: nothing lost, nothing counted twice.
-    latest = {}
-    for user, clicks, _last_ts, _epoch in got:
-        latest[user] = max(latest.get(user, 0), clicks)
-    assert sum(latest.values()) == 2 * RECORDS_PER_PARTITION
+    if job == "clicks_per_user":  # per-user totals equal the input: none lost, none twice
+        latest = {}
+        for user, clicks, _last_ts, _epoch in got:
+            latest[user] = max(latest.get(user, 0), clicks)
+        assert sum(latest.values()) == 2 * INPUTS[job][0][1]
     shutil.rmtree(home / "local-state", ignore_errors=True)
 
 
