@@ -1,0 +1,57 @@
+"""Job definitions fail at definition time with a message that names the field."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from spark_jobs.job import (
+    JobDefinitionError,
+    KeyedAggregate,
+    LogSource,
+    WindowedAggregate,
+    get_job,
+    job_names,
+)
+
+
+def test_example_jobs_are_registered():
+    assert job_names() == ["clicks_per_user", "enriched_orders", "windowed_revenue"]
+    job = get_job("enriched_orders")
+    assert set(job.operator.inputs) == {"orders", "profiles"}
+    with pytest.raises(JobDefinitionError, match="no job named 'nope'"):
+        get_job("nope")
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (dict(parallelism=0), "job.parallelism"),
+        (dict(parallelism=300), "job.parallelism"),
+        (dict(max_parallelism=0), "job.max_parallelism"),
+        (dict(name="Bad Name"), "job.name"),
+        (dict(sources=()), "job.sources"),
+    ],
+)
+def test_bad_job_fields(change, field):
+    job = get_job("clicks_per_user")
+    with pytest.raises(JobDefinitionError, match=field.replace(".", r"\.")):
+        dataclasses.replace(job, **change)
+
+
+def test_bad_operator_and_source_fields():
+    with pytest.raises(JobDefinitionError, match=r"operator\.key_type"):
+        KeyedAggregate("a", "s", "k", "float", {"n": ("count", None)})
+    with pytest.raises(JobDefinitionError, match=r"operator\.aggregates\['n'\] function"):
+        KeyedAggregate("a", "s", "k", "string", {"n": ("median", "v")})
+    with pytest.raises(JobDefinitionError, match="needs an input column"):
+        KeyedAggregate("a", "s", "k", "string", {"n": ("sum", None)})
+    with pytest.raises(JobDefinitionError, match=r"operator\.window_ms"):
+        WindowedAggregate("w", "s", "k", "string", "ts", 0, 0, {"n": ("count", None)})
+    with pytest.raises(JobDefinitionError, match=r"source\.max_records_per_partition"):
+        LogSource("s", "t", "a string", max_records_per_partition=0)
+    job = get_job("clicks_per_user")
+    other = dataclasses.replace(job.operator, source="missing")
+    with pytest.raises(JobDefinitionError, match="operator input 'missing'"):
+        dataclasses.replace(job, operator=other)

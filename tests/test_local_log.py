@@ -1,0 +1,105 @@
+"""The replayable local log and the generator (no Spark), plus the Spark data source."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from spark_jobs.generate import _records, generate, records_in
+from spark_jobs.local_log import (
+    MalformedRecordError,
+    append_records,
+    complete_size,
+    offset_after_records,
+    partition_path,
+    read_range,
+    topic_partitions,
+)
+
+SCHEMA = pa.schema([("user", pa.string()), ("n", pa.int64())])
+
+
+def lines(n, start=0):
+    return [json.dumps({"user": f"u{i}", "n": i}).encode() for i in range(start, start + n)]
+
+
+def test_append_read_and_positions(tmp_path):
+    end = append_records(tmp_path, "t", 0, lines(5))
+    path = partition_path(tmp_path, "t", 0)
+    assert complete_size(path) == end == path.stat().st_size
+    mid = offset_after_records(path, 0, 2, end)
+    table = read_range(path, 0, 0, mid, SCHEMA)
+    assert table.column("user").to_pylist() == ["u0", "u1"]
+    assert table.column("_partition").to_pylist() == [0, 0]
+    assert table.column("_next_offset").to_pylist()[-1] == mid
+    rest = read_range(path, 0, mid, end, SCHEMA)
+    assert rest.column("n").to_pylist() == [2, 3, 4]
+    assert offset_after_records(path, mid, 100, end) == end
+    assert offset_after_records(path, end, 5, end) == end
+    assert topic_partitions(tmp_path, "t") == [0]
+
+
+def test_a_torn_last_line_is_not_read(tmp_path):
+    end = append_records(tmp_path, "t", 0, lines(3))
+    path = partition_path(tmp_path, "t", 0)
+    with open(path, "ab") as f:
+        f.write(b'{"user": "half')
+    assert complete_size(path) == end
+    assert offset_after_records(path, 0, 10, complete_size(path)) == end
+
+
+def test_malformed_record_is_a_clear_error_naming_file_and_offsets(tmp_path):
+    append_records(tmp_path, "t", 1, lines(2))
+    end = append_records(tmp_path, "t", 1, [b'{"user": "x", "n": "not a number"}'])
+    path = partition_path(tmp_path, "t", 1)
+    with pytest.raises(MalformedRecordError, match=r"partition-1\.jsonl between byte offsets 0"):
+        read_range(path, 1, 0, end, SCHEMA)
+    assert complete_size(path) == end, "nothing was consumed or lost"
+
+
+def test_generator_is_deterministic_and_chunk_aligned(tmp_path):
+    assert _records("orders", 3, 0, 0, 25_000, 50) == (
+        _records("orders", 3, 0, 0, 12_345, 50) + _records("orders", 3, 0, 12_345, 12_655, 50)
+    )
+    generate(tmp_path / "a", "clicks", "clicks", count=15_000, partitions=2, seed=9)
+    generate(tmp_path / "b", "clicks", "clicks", count=10_000, partitions=2, seed=9)
+    generate(tmp_path / "b", "clicks", "clicks", count=5_000, partitions=2, seed=9)
+    for p in (0, 1):
+        a = partition_path(tmp_path / "a", "clicks", p).read_bytes()
+        assert a == partition_path(tmp_path / "b", "clicks", p).read_bytes()
+        assert records_in(tmp_path / "a", "clicks", p) == 15_000
+    with pytest.raises(ValueError, match="kind must be one of"):
+        generate(tmp_path, "x", "tweets", count=1)
+
+
+@pytest.mark.spark
+def test_spark_stream_reads_bounded_batches_from_recorded_positions(spark, tmp_path):
+    from spark_jobs.local_log import register_data_source
+
+    for p in (0, 1):
+        append_records(tmp_path, "t", p, lines(25, start=100 * p))
+    register_data_source(spark)
+    ends = [complete_size(partition_path(tmp_path, "t", p)) for p in (0, 1)]
+    start = {"0": offset_after_records(partition_path(tmp_path, "t", 0), 0, 5, ends[0]), "1": 0}
+    batches = []
+    query = (
+        spark.readStream.format("cutline_log")
+        .schema("user string, n long, _partition int, _next_offset long")
+        .option("path", str(tmp_path))
+        .option("topic", "t")
+        .option("partitions", "[0, 1]")
+        .option("startingOffsets", json.dumps(start))
+        .option("maxRecordsPerPartition", "10")
+        .load()
+        .writeStream.foreachBatch(lambda df, i: batches.append(sorted(r.n for r in df.collect())))
+        .option("checkpointLocation", str(tmp_path / "spark-chk"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert [len(b) for b in batches] == [20, 20, 5]
+    assert sorted(n for b in batches for n in b) == list(range(5, 25)) + list(range(100, 125))
