@@ -9,7 +9,6 @@ import os
 import sys
 from pathlib import Path
 
-from state.catalog import CheckpointStatus
 from state.manifest import CheckpointManifest, ManifestError
 from state.paths import JobLayout
 from state.restore import validate_checkpoint
@@ -21,42 +20,94 @@ def default_home() -> Path:
     return Path(os.environ.get("CUTLINE_HOME", ".cutline")).resolve()
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _core_demo(args: argparse.Namespace) -> int:
     from spark_jobs.local_demo import main_demo
 
-    return main_demo(Path(args.home) / "demo")
+    return main_demo(Path(args.home) / "core-demo")
 
 
 def _checkpoints(args: argparse.Namespace) -> int:
-    """List a job's checkpoints from their manifests in storage (no catalog needed)."""
-    storage = open_storage(args.root)
-    layout = JobLayout(args.job)
-    ids = sorted(
-        {
-            cid
-            for info in storage.list(args.job)
-            if info.path.endswith("/" + JobLayout.METADATA)
-            and (cid := JobLayout.checkpoint_id_of(info.path.split("/", 1)[1])) is not None
-        }
+    """A job's checkpoints from the catalog (read with delta-rs; no Spark)."""
+    from spark_jobs.delta_catalog import CatalogReader
+    from spark_jobs.runtime import RuntimePaths
+
+    JobLayout(args.job)  # validates the name
+    rows = CatalogReader(RuntimePaths.under(Path(args.home)).warehouse).checkpoints(args.job)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in rows], indent=1))
+        return 0
+    if not rows:
+        print(f"no checkpoints of job {args.job!r} in the catalog under {args.home}")
+        return 1
+    print(
+        f"{'id':>5} {'attempt':>7} {'batch':>6} {'status':9} {'full B':>13} {'uploaded B':>13} "
+        f"{'files':>5} {'sync ms':>8} {'async ms':>9}"
     )
+    for r in rows:
+        print(
+            f"{r.checkpoint_id:>5} {r.attempt:>7} {r.batch_id:>6} {r.status.value:9} "
+            f"{r.full_size:>13,} {r.incremental_size:>13,} {r.file_count:>5} "
+            f"{r.sync_ms:>8.1f} {r.async_ms:>9.1f}"
+        )
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    """Check manifests and every file they name (presence, size, checksum)."""
+    from spark_jobs.runtime import RuntimePaths
+
+    root = args.checkpoint_root or RuntimePaths.under(Path(args.home)).checkpoint_root
+    storage = open_storage(root)
+    layout = JobLayout(args.job)
+    if args.checkpoint_id is not None:
+        ids = [args.checkpoint_id]
+    else:
+        ids = sorted(
+            {
+                cid
+                for info in storage.list(args.job)
+                if info.path.endswith("/" + JobLayout.METADATA)
+                and (cid := JobLayout.checkpoint_id_of(info.path.split("/", 1)[1])) is not None
+            }
+        )
     if not ids:
         print(f"no checkpoints of job {args.job!r} under {storage.url}")
         return 1
+    bad = 0
     for cid in ids:
         path = layout.job_path(layout.metadata(cid))
         try:
             m = CheckpointManifest.from_json(storage.get_bytes(path), source=path)
+            problems = validate_checkpoint(m, storage, checksums=True)
         except (ManifestError, StorageError) as e:
-            print(f"chk-{cid}: {CheckpointStatus.CORRUPT.value}: {e}")
-            continue
-        problems = validate_checkpoint(m, storage) if args.validate else []
-        state = "ok" if not problems else f"{len(problems)} problem(s): {problems[0]}"
-        print(
-            f"chk-{cid}: attempt {m.attempt} batch {m.batch_id} files {m.file_count} "
-            f"full {m.full_size:,} B uploaded {m.uploaded_bytes:,} B "
-            f"sources {m.source_positions}" + (f" [{state}]" if args.validate else "")
-        )
-    return 0
+            problems = [str(e)]
+        bad += bool(problems)
+        verdict = "ok" if not problems else f"{len(problems)} problem(s): {problems[0]}"
+        print(f"chk-{cid}: {verdict}")
+    return 1 if bad else 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """The main job on the embedded default: generate clicks, run clicks_per_user to the end."""
+    from spark_jobs.generate import generate, records_in
+    from spark_jobs.runtime import RuntimePaths
+
+    paths = RuntimePaths.under(Path(args.home))
+    if records_in(paths.log_root, "clicks", 0) == 0:
+        generate(paths.log_root, "clicks", "clicks", count=100_000, seed=42)
+    args.job, args.restore, args.hints, args.max_batches = "clicks_per_user", "latest", None, None
+    args.idle_timeout, args.master, args.run_id, args.mode, args.interval_ms = (
+        10.0,
+        None,
+        "",
+        None,
+        None,
+    )
+    rc = _run(args)
+    args.json = False
+    _checkpoints(args)
+    print(f"output: Delta table {paths.warehouse}/tables/clicks_per_user")
+    return rc
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -112,8 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cutline", description=__doc__)
     parser.add_argument("--home", default=str(default_home()), help="embedded-default home")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the checkpoint/restore demo on the embedded default")
+    demo = sub.add_parser("demo", help="run the main job (clicks_per_user) on the embedded default")
     demo.set_defaults(func=_demo)
+    core = sub.add_parser("core-demo", help="checkpoint, crash and restore with state/ alone")
+    core.set_defaults(func=_core_demo)
     run = sub.add_parser("run", help="run a registered streaming job (one attempt)")
     run.add_argument("job")
     run.add_argument(
@@ -137,11 +190,15 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--rate", type=float, help="records per second (default: as fast as possible)")
     gen.add_argument("--log-root", help="default: <home>/log")
     gen.set_defaults(func=_generate)
-    chk = sub.add_parser("checkpoints", help="list a job's checkpoints from their manifests")
-    chk.add_argument("root", help="checkpoint root: a directory, file:// or s3://bucket/prefix")
+    chk = sub.add_parser("checkpoints", help="a job's checkpoints, from the catalog")
     chk.add_argument("job")
-    chk.add_argument("--validate", action="store_true", help="check every file is present")
+    chk.add_argument("--json", action="store_true")
     chk.set_defaults(func=_checkpoints)
+    ver = sub.add_parser("verify", help="verify manifests and the files they name (checksums)")
+    ver.add_argument("job")
+    ver.add_argument("checkpoint_id", nargs="?", type=int)
+    ver.add_argument("--checkpoint-root", help="default: <home>/checkpoints; or s3://bucket/prefix")
+    ver.set_defaults(func=_verify)
     return parser
 
 

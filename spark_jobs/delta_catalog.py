@@ -50,17 +50,53 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class DeltaCatalog(CheckpointCatalog):
-    """The four catalog tables under ``<warehouse>/catalog/``. Thread-safe."""
+class CatalogReader:
+    """Read-only access to the catalog tables with delta-rs: no Spark needed (CLI, sensors)."""
 
-    def __init__(self, spark, warehouse: str | Path) -> None:
-        self.spark = spark
+    def __init__(self, warehouse: str | Path) -> None:
         self.root = Path(warehouse) / "catalog"
-        self._lock = threading.RLock()
-        self._ensure_tables()
 
     def path(self, table: str) -> str:
         return str(self.root / table)
+
+    def _read(self, table: str, job_id: str) -> list[dict[str, Any]]:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            data = DeltaTable(self.path(table)).to_pyarrow_table(filters=[("job_id", "=", job_id)])
+        except TableNotFoundError:
+            return []
+        return data.to_pylist()
+
+    def jobs(self, job_id: str) -> list[dict[str, Any]]:
+        return sorted(self._read("streaming_jobs", job_id), key=lambda r: r["attempt"])
+
+    def recoveries(self, job_id: str) -> list[dict[str, Any]]:
+        return sorted(self._read("recoveries", job_id), key=lambda r: r["recovered_at_ms"])
+
+    def checkpoints(
+        self, job_id: str, statuses: tuple[CheckpointStatus, ...] | None = None
+    ) -> list[CompletedCheckpoint]:
+        out = []
+        for r in self._read("completed_checkpoints", job_id):
+            status = CheckpointStatus(r.pop("status"))
+            if statuses is not None and status not in statuses:
+                continue
+            r["source_positions"] = json.loads(r["source_positions"] or "{}")
+            out.append(CompletedCheckpoint(status=status, **r))
+        return sorted(out, key=lambda c: c.checkpoint_id)
+
+
+class DeltaCatalog(CatalogReader, CheckpointCatalog):
+    """The four catalog tables under ``<warehouse>/catalog/``, written with delta-spark.
+    Thread-safe."""
+
+    def __init__(self, spark, warehouse: str | Path) -> None:
+        super().__init__(warehouse)
+        self.spark = spark
+        self._lock = threading.RLock()
+        self._ensure_tables()
 
     def _ensure_tables(self) -> None:
         for name, ddl in TABLES.items():
@@ -166,29 +202,3 @@ class DeltaCatalog(CheckpointCatalog):
     def record_shared_files(self, rows: list[dict[str, Any]]) -> None:
         with self._lock:
             self._append("shared_state_files", rows)
-
-    # -- reads -------------------------------------------------------------------------------
-
-    def _read(self, table: str, job_id: str) -> list[dict[str, Any]]:
-        from deltalake import DeltaTable
-
-        data = DeltaTable(self.path(table)).to_pyarrow_table(filters=[("job_id", "=", job_id)])
-        return data.to_pylist()
-
-    def jobs(self, job_id: str) -> list[dict[str, Any]]:
-        return sorted(self._read("streaming_jobs", job_id), key=lambda r: r["attempt"])
-
-    def recoveries(self, job_id: str) -> list[dict[str, Any]]:
-        return sorted(self._read("recoveries", job_id), key=lambda r: r["recovered_at_ms"])
-
-    def checkpoints(
-        self, job_id: str, statuses: tuple[CheckpointStatus, ...] | None = None
-    ) -> list[CompletedCheckpoint]:
-        out = []
-        for r in self._read("completed_checkpoints", job_id):
-            status = CheckpointStatus(r.pop("status"))
-            if statuses is not None and status not in statuses:
-                continue
-            r["source_positions"] = json.loads(r["source_positions"] or "{}")
-            out.append(CompletedCheckpoint(status=status, **r))
-        return sorted(out, key=lambda c: c.checkpoint_id)

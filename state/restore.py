@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,21 +119,29 @@ def restore_subtask(
     return report
 
 
-def validate_checkpoint(manifest: CheckpointManifest, storage: DurableStorage) -> list[str]:
-    """Problems that would make ``manifest`` unrestorable: missing or wrongly sized files.
+def validate_checkpoint(
+    manifest: CheckpointManifest, storage: DurableStorage, *, checksums: bool = False
+) -> list[str]:
+    """Problems that would make ``manifest`` unrestorable: missing or wrongly sized files, and
+    with ``checksums`` (which reads every byte) files whose contents do not match.
 
-    Checks presence and size in durable storage (not checksums, which would read every byte).
     An empty list means the checkpoint is restorable as far as storage can tell.
     """
     layout = JobLayout(manifest.job_id)
     problems: list[str] = []
-    for f in manifest.files():
-        path = layout.job_path(f.path)
-        try:
-            info = storage.stat(path)
-        except MissingFileError:
-            problems.append(f"missing {path}")
-            continue
-        if info.size != f.size:
-            problems.append(f"{path}: size {info.size} != {f.size}")
+    with tempfile.TemporaryDirectory(prefix="cutline-verify-") as scratch:
+        for f in manifest.files():
+            path = layout.job_path(f.path)
+            try:
+                info = storage.stat(path)
+            except MissingFileError:
+                problems.append(f"missing {path}")
+                continue
+            if info.size != f.size:
+                problems.append(f"{path}: size {info.size} != {f.size}")
+            elif checksums:
+                local = Path(scratch) / "file"
+                storage.get_file(path, local, expected_size=f.size)
+                if file_checksum(local) != f.checksum:
+                    problems.append(f"{path}: checksum mismatch (expected {f.checksum})")
     return problems

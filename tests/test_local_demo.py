@@ -30,12 +30,19 @@ def test_crash_and_restore_gives_exact_counts(tmp_path, lose_local_copies):
     assert {c.attempt for c in result.completed} == {1, 2}
 
 
-def test_cli_lists_and_validates_checkpoints(tmp_path, capsys):
+def test_cli_verify_checks_every_file(tmp_path, capsys):
     run_demo(tmp_path / "home", batches=8, batch_size=1_000, crash_after=6, log=lambda *_: None)
-    root = str(tmp_path / "home" / "checkpoints")
-    assert main(["checkpoints", root, "demo_counts", "--validate"]) == 0
+    root = tmp_path / "home" / "checkpoints"
+    assert main(["verify", "demo_counts", "--checkpoint-root", str(root)]) == 0
     out = capsys.readouterr().out
-    assert "chk-1: attempt 1 batch 0" in out and "[ok]" in out
-    assert main(["checkpoints", root, "no_such_job"]) == 1
-    assert main(["checkpoints", root, "../escape"]) == 2
+    assert "chk-1: ok" in out
+    # A flipped byte in a shared file is found by its checksum.
+    victim = sorted((root / "demo_counts" / "shared").rglob("*.sst"))[-1]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    assert main(["verify", "demo_counts", "--checkpoint-root", str(root)]) == 1
+    assert "checksum mismatch" in capsys.readouterr().out
+    assert main(["verify", "no_such_job", "--checkpoint-root", str(root)]) == 1
+    assert main(["verify", "../escape", "--checkpoint-root", str(root)]) == 2
     assert "escapes" in capsys.readouterr().err
