@@ -92,6 +92,8 @@ class RunSummary:
     positions: dict[str, dict[str, int]] = field(default_factory=dict)
     late_records: int = 0
     failure: str | None = None
+    batch_ms: list[float] = field(default_factory=list)  # wall time of each micro-batch
+    batch_checkpointing: list[bool] = field(default_factory=list)  # a checkpoint was in flight
 
 
 def select_checkpoint(
@@ -440,13 +442,17 @@ class StreamingRun:
         if self._stop.is_set():
             return
         self._last_progress = time.monotonic()
+        started = time.perf_counter()
         self.epoch += 1
         epoch = self.epoch
         now = now_ms()
         pending = self.coordinator.trigger(epoch, None, now)
         cid = pending.checkpoint_id if pending else None
+        in_flight = bool(self.coordinator.pending_ids())
         stats = self._execute(df, self._plan(epoch, cid))
         self._after_batch(epoch, cid, stats)
+        self.summary.batch_ms.append((time.perf_counter() - started) * 1000)
+        self.summary.batch_checkpointing.append(in_flight)
         if self.max_batches is not None and self.summary.batches >= self.max_batches:
             self._stop.set()
 

@@ -30,16 +30,10 @@ def delta_package() -> str:
 
 
 def kafka_packages() -> list[str]:
-    """Spark's Kafka connector. Maven Central lacks spark-token-provider-kafka for Spark 4.2
-    (only 4.0.0 is published), so that dependency is excluded and pinned to 4.0.0 instead."""
-    return [
-        f"org.apache.spark:spark-sql-kafka-0-10_{SCALA}:{pyspark.__version__}",
-        f"org.apache.spark:spark-token-provider-kafka-0-10_{SCALA}:{KAFKA_TOKEN_PROVIDER}",
-    ]
-
-
-KAFKA_EXCLUDES = f"org.apache.spark:spark-token-provider-kafka-0-10_{SCALA}"
-KAFKA_TOKEN_PROVIDER = "4.0.0"
+    """Spark's Kafka connector. Not resolvable from Maven Central as of this writing: it depends
+    on spark-token-provider-kafka 4.2.0, which Central lacks (only 4.0.0 is published); the Kafka
+    source must bring that dependency another way before ``kafka=True`` can work."""
+    return [f"org.apache.spark:spark-sql-kafka-0-10_{SCALA}:{pyspark.__version__}"]
 
 
 def ivy_dir() -> Path:
@@ -50,7 +44,7 @@ def ivy_dir() -> Path:
 def session_conf(
     master: str | None = None,
     *,
-    kafka: bool = True,
+    kafka: bool = False,
     shuffle_partitions: int = 4,
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
@@ -78,8 +72,6 @@ def session_conf(
         conf["spark.driver.host"] = "127.0.0.1"
         conf["spark.driver.bindAddress"] = "127.0.0.1"
         conf["spark.ui.enabled"] = "false"
-    if kafka:
-        conf["spark.jars.excludes"] = KAFKA_EXCLUDES
     repo = os.environ.get("CUTLINE_MAVEN_REPO")
     if repo:
         conf["spark.jars.repositories"] = repo
@@ -91,7 +83,7 @@ def build_spark(
     master: str | None = None,
     app_name: str = "cutline",
     *,
-    kafka: bool = True,
+    kafka: bool = False,
     shuffle_partitions: int = 4,
     extra: Mapping[str, str] | None = None,
 ) -> SparkSession:
