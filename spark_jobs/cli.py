@@ -206,9 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, StorageError) as e:
+    except (ValueError, StorageError) as e:  # bad input or configuration
         print(f"cutline: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # a failed run (the catalog records why), or no Java
+        print(f"cutline: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -13,13 +13,16 @@ subtask's progress last, and a task that dies in between is recovered from a che
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.job import EnrichWithLatest, KeyedAggregate, Operator, WindowedAggregate
-from state.rocksdb_store import RocksDBStore
+
+if TYPE_CHECKING:  # rocksdict is loaded only where state lives: in the executors' tasks
+    from state.rocksdb_store import RocksDBStore
 
 KEY_GROUP_COLUMN = "_kg"
 SOURCE_COLUMN = "_source"

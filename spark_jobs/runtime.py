@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import tempfile
 import threading
@@ -173,6 +174,8 @@ class StreamingRun:
         self._failure: str | None = None
         self._stop = threading.Event()  # stop taking micro-batches
         self._shutdown = threading.Event()  # stop the ack poller (after the final checkpoint)
+        self._batch_lock = threading.Lock()
+        self._cuts: queue.Queue = queue.Queue()  # cuts recorded by micro-batches, for the poller
         self._last_progress = time.monotonic()
         self.aborted: set[int] = set()
 
@@ -236,7 +239,7 @@ class StreamingRun:
         )
         self.summary.restore_reports = self._restore_reports
         self._known_shared = {f.path for f in manifest.files() if f.shared} if manifest else set()
-        self.epoch = manifest.batch_id if manifest else -1
+        self.epoch = self._start_epoch
         self.partitions: dict[str, list[int]] = {}
         self.positions: dict[str, dict[str, int]] = {}
         for name in job.operator.inputs:
@@ -279,6 +282,8 @@ class StreamingRun:
                 ):
                     self.log(f"no new input for {self.idle_timeout_s} s: stopping")
                     self._stop.set()
+            with self._batch_lock:  # let a running micro-batch finish; later ones are skipped
+                pass
             query.stop()
             query = None
             if self._failure is None:
@@ -321,11 +326,16 @@ class StreamingRun:
                 self.log(f"sink: discarded staged epochs {dropped} (recomputed after restore)")
         else:
             self.sink.discard_after(-1)
+        # Epochs continue above what the sink already committed, even on a fresh start
+        # (--restore none): Delta would silently skip a reused transaction version.
+        self._start_epoch = max(
+            manifest.batch_id if manifest else -1, self.sink.committed_version()
+        )
         handles: dict[int, SubtaskStateHandle | None] = {
             i: manifest.handle(job.operator.name, i) if manifest else None
             for i in range(job.parallelism)
         }
-        ctx, epoch = self.ctx, manifest.batch_id if manifest else -1
+        ctx, epoch = self.ctx, self._start_epoch
         reports = (
             self.spark.sparkContext.parallelize(range(job.parallelism), job.parallelism)
             .mapPartitionsWithIndex(
@@ -439,8 +449,11 @@ class StreamingRun:
         return routed.mapInArrow(lambda it: run_subtask(plan, it), STATS_SCHEMA).collect()
 
     def _process_batch(self, df, spark_batch_id: int) -> None:
-        if self._stop.is_set():
-            return
+        with self._batch_lock:  # a graceful stop waits for a running micro-batch
+            if not self._stop.is_set():
+                self._run_batch(df)
+
+    def _run_batch(self, df) -> None:
         self._last_progress = time.monotonic()
         started = time.perf_counter()
         self.epoch += 1
@@ -470,12 +483,15 @@ class StreamingRun:
             self.watermark = candidate if self.watermark is None else max(self.watermark, candidate)
         self.summary.late_records += sum(r["late_records"] for r in stats)
         if checkpoint_id is not None:
-            self.coordinator.record_cut(
-                checkpoint_id,
-                {k: dict(v) for k, v in self.positions.items()},
-                now_ms(),
-                sink_epochs={self.job.sink.name: epoch},
-                watermarks={op.name: self.watermark} if self.watermark is not None else {},
+            # Completion commits Delta transactions: it runs on the ack poller's thread, never on
+            # Spark's stream thread, which a stopping query interrupts.
+            self._cuts.put(
+                (
+                    checkpoint_id,
+                    {k: dict(v) for k, v in self.positions.items()},
+                    {self.job.sink.name: epoch},
+                    {op.name: self.watermark} if self.watermark is not None else {},
+                )
             )
         if not self.exactly_once:
             self.sink.append_now(epoch)
@@ -521,6 +537,11 @@ class StreamingRun:
         seen: set[tuple[int, int]] = set()
         while not self._shutdown.is_set():
             try:
+                while not self._cuts.empty():
+                    cid, positions, epochs, watermarks = self._cuts.get_nowait()
+                    self.coordinator.record_cut(
+                        cid, positions, now_ms(), sink_epochs=epochs, watermarks=watermarks
+                    )
                 self.coordinator.expire(now_ms())
                 for cid in self.coordinator.pending_ids():
                     for subtask in range(self.job.parallelism):

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -28,9 +29,13 @@ from state.handles import SubtaskStateHandle
 from state.keygroups import key_group_range
 from state.local_copies import LocalCopies
 from state.paths import JobLayout
-from state.rocksdb_store import RocksDBStore
-from state.snapshot import SubtaskSnapshotter
 from state.storage import open_storage
+
+if TYPE_CHECKING:
+    from state.rocksdb_store import RocksDBStore
+
+# rocksdict is imported inside the task functions only: the driver never opens state, and
+# rocksdict loaded beside deltalake's runtime aborts the interpreter at exit.
 
 MARKER_COLUMN = "_marker"
 SUBTASK_COLUMN = "_subtask"
@@ -175,6 +180,9 @@ def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
     """The mapInArrow body for one partition (= one subtask) of one micro-batch."""
     from pyspark import TaskContext
 
+    from state.rocksdb_store import RocksDBStore
+    from state.snapshot import SubtaskSnapshotter
+
     subtask = TaskContext.get().partitionId()
     ctx = plan.ctx
     op = ctx.job.operator
@@ -250,6 +258,7 @@ def prepare_subtask(
     import shutil
 
     from state.restore import restore_subtask
+    from state.rocksdb_store import RocksDBStore
 
     copies = ctx.copies(subtask)
     report = {"subtask": subtask, "host": socket.gethostname(), "source": "empty"}
