@@ -14,6 +14,19 @@ from spark_jobs.job import (
 from state.config import CheckpointConfig
 
 CLICKS_SCHEMA = "user string, url string, ts long"
+ORDERS_SCHEMA = "order_id string, user string, amount double, ts long"
+PROFILES_SCHEMA = "user string, country string, tier int, ts long"
+
+# Every example: a checkpoint every 3 s, incremental, with local recovery; two retained so that a
+# corrupt latest checkpoint can fall back to the previous one.
+CHECKPOINTS = CheckpointConfig(
+    interval_ms=3_000,
+    num_retained=2,
+    max_concurrent=2,
+    tolerable_failed_checkpoints=3,
+    incremental=True,
+    local_recovery=True,
+)
 
 
 @register_job
@@ -31,20 +44,9 @@ def clicks_per_user() -> JobDefinition:
             aggregates={"clicks": ("count", None), "last_ts": ("max", "ts")},
         ),
         sink=DeltaSink("clicks_out", "clicks_per_user"),
-        checkpoint=CheckpointConfig(
-            interval_ms=3_000,
-            num_retained=2,
-            max_concurrent=2,
-            tolerable_failed_checkpoints=3,
-            incremental=True,
-            local_recovery=True,
-        ),
+        checkpoint=CHECKPOINTS,
         parallelism=2,
     )
-
-
-ORDERS_SCHEMA = "order_id string, user string, amount double, ts long"
-PROFILES_SCHEMA = "user string, country string, tier int, ts long"
 
 
 @register_job
@@ -65,14 +67,7 @@ def windowed_revenue() -> JobDefinition:
             aggregates={"orders": ("count", None), "revenue": ("sum", "amount")},
         ),
         sink=DeltaSink("revenue_out", "windowed_revenue"),
-        checkpoint=CheckpointConfig(
-            interval_ms=3_000,
-            num_retained=2,
-            max_concurrent=2,
-            tolerable_failed_checkpoints=3,
-            incremental=True,
-            local_recovery=True,
-        ),
+        checkpoint=CHECKPOINTS,
         parallelism=2,
     )
 
@@ -97,13 +92,6 @@ def enriched_orders() -> JobDefinition:
             table_time="ts",
         ),
         sink=DeltaSink("enriched_out", "enriched_orders"),
-        checkpoint=CheckpointConfig(
-            interval_ms=3_000,
-            num_retained=2,
-            max_concurrent=2,
-            tolerable_failed_checkpoints=3,
-            incremental=True,
-            local_recovery=True,
-        ),
+        checkpoint=CHECKPOINTS,
         parallelism=2,
     )

@@ -221,15 +221,9 @@ class CheckpointCoordinator:
             pending.sink_epochs.update(sink_epochs or {})
             pending.watermarks.update(watermarks or {})
             pending.cut_recorded = True
-            if pending.waiting:
+            if not self._take_if_ready_locked(pending):
                 return AckResult.ACCEPTED
-            del self._pending[checkpoint_id]
-            self._finished.add(checkpoint_id)
-        try:
-            self._complete(pending, now_ms)
-        finally:
-            self._deliver()
-        return AckResult.COMPLETED
+        return self._complete_and_notify(pending, now_ms)
 
     # -- acks --------------------------------------------------------------------------------
 
@@ -256,15 +250,9 @@ class CheckpointCoordinator:
                 )
             pending.acks[task] = handle
             pending.waiting.discard(task)
-            if pending.waiting or not pending.cut_recorded:
+            if not self._take_if_ready_locked(pending):
                 return AckResult.ACCEPTED
-            del self._pending[checkpoint_id]
-            self._finished.add(checkpoint_id)
-        try:
-            self._complete(pending, now_ms)
-        finally:
-            self._deliver()
-        return AckResult.COMPLETED
+        return self._complete_and_notify(pending, now_ms)
 
     def decline(self, checkpoint_id: int, task: TaskId, reason: str) -> None:
         """A task could not take its snapshot: abort the checkpoint."""
@@ -293,6 +281,21 @@ class CheckpointCoordinator:
         self._deliver()
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _take_if_ready_locked(self, pending: PendingCheckpoint) -> bool:
+        """Remove ``pending`` for completion once all acks and its cut are in."""
+        if pending.waiting or not pending.cut_recorded:
+            return False
+        del self._pending[pending.checkpoint_id]
+        self._finished.add(pending.checkpoint_id)
+        return True
+
+    def _complete_and_notify(self, pending: PendingCheckpoint, now_ms: int) -> AckResult:
+        try:
+            self._complete(pending, now_ms)
+        finally:
+            self._deliver()
+        return AckResult.COMPLETED
 
     def _abort_locked(self, checkpoint_id: int, reason: str, *, count_failure: bool = True) -> None:
         if self._pending.pop(checkpoint_id, None) is None:
