@@ -111,7 +111,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from spark_jobs.job import get_job
+    from spark_jobs.job import KafkaSource, get_job
     from spark_jobs.runtime import RuntimePaths, run_job
     from spark_jobs.session import build_spark
 
@@ -121,7 +121,8 @@ def _run(args: argparse.Namespace) -> int:
         job = dataclasses.replace(job, checkpoint=dataclasses.replace(job.checkpoint, **overrides))
     hints = json.loads(Path(args.hints).read_text()) if args.hints else None
     restore = None if args.restore == "none" else args.restore
-    spark = build_spark(args.master, f"cutline-{job.name}", kafka=False)
+    kafka = any(isinstance(s, KafkaSource) for s in job.sources)
+    spark = build_spark(args.master, f"cutline-{job.name}", kafka=kafka)
     summary = run_job(
         spark,
         job,

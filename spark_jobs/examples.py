@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from spark_jobs.job import (
     DeltaSink,
     EnrichWithLatest,
     JobDefinition,
+    KafkaSource,
     KeyedAggregate,
     LogSource,
     WindowedAggregate,
@@ -46,6 +49,23 @@ def clicks_per_user() -> JobDefinition:
         sink=DeltaSink("clicks_out", "clicks_per_user"),
         checkpoint=CHECKPOINTS,
         parallelism=2,
+    )
+
+
+@register_job
+def clicks_per_user_kafka() -> JobDefinition:
+    """clicks_per_user reading a Kafka topic (brokers from $CUTLINE_KAFKA_BOOTSTRAP)."""
+    base = clicks_per_user()
+    return dataclasses.replace(
+        base,
+        name="clicks_per_user_kafka",
+        description="Running count of clicks per user, from Kafka",
+        sources=(
+            KafkaSource(
+                "clicks", "clicks", CLICKS_SCHEMA, partitions=2, max_records_per_partition=20_000
+            ),
+        ),
+        sink=DeltaSink("clicks_out", "clicks_per_user_kafka"),
     )
 
 

@@ -7,6 +7,7 @@ naming the field.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,6 +50,41 @@ class LogSource:
         _check_name("source.topic", self.topic)
         if self.max_records_per_partition < 1:
             raise JobDefinitionError("source.max_records_per_partition must be >= 1")
+
+
+@dataclass(frozen=True)
+class KafkaSource:
+    """A Kafka topic of JSON records, read with Spark's Kafka connector; positions are offsets
+    per partition. ``bootstrap_servers`` defaults to ``$CUTLINE_KAFKA_BOOTSTRAP``;
+    ``max_records_per_partition`` bounds a micro-batch (``maxOffsetsPerTrigger`` is this times
+    ``partitions``)."""
+
+    name: str
+    topic: str
+    schema: str
+    partitions: int
+    max_records_per_partition: int = 10_000
+    bootstrap_servers: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_name("source.name", self.name)
+        if not self.topic:
+            raise JobDefinitionError("source.topic must not be empty")
+        if self.partitions < 1:
+            raise JobDefinitionError("source.partitions must be >= 1")
+        if self.max_records_per_partition < 1:
+            raise JobDefinitionError("source.max_records_per_partition must be >= 1")
+
+    def servers(self) -> str:
+        servers = self.bootstrap_servers or os.environ.get("CUTLINE_KAFKA_BOOTSTRAP")
+        if not servers:
+            raise JobDefinitionError(
+                f"source {self.name!r}: set bootstrap_servers or $CUTLINE_KAFKA_BOOTSTRAP"
+            )
+        return servers
+
+
+Source = LogSource | KafkaSource
 
 
 def _check_aggregates(where: str, aggregates: dict[str, tuple[str, str | None]]) -> None:
@@ -167,7 +203,7 @@ class DeltaSink:
 @dataclass(frozen=True)
 class JobDefinition:
     name: str
-    sources: tuple[LogSource, ...]
+    sources: tuple[Source, ...]
     operator: Operator
     sink: DeltaSink
     checkpoint: CheckpointConfig
@@ -193,7 +229,7 @@ class JobDefinition:
                     f"operator input {source!r} is not one of the job's sources {names}"
                 )
 
-    def source(self, name: str) -> LogSource:
+    def source(self, name: str) -> Source:
         return next(s for s in self.sources if s.name == name)
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from spark_jobs.delta_catalog import DeltaCatalog, now_ms
 from spark_jobs.delta_sink import DeltaSinkWriter
-from spark_jobs.job import JobDefinition, WindowedAggregate
+from spark_jobs.job import JobDefinition, KafkaSource, WindowedAggregate
 from spark_jobs.local_log import (
     NEXT_OFFSET_COLUMN,
     PARTITION_COLUMN,
@@ -244,14 +244,19 @@ class StreamingRun:
         self.positions: dict[str, dict[str, int]] = {}
         for name in job.operator.inputs:
             source = job.source(name)
-            parts = topic_partitions(self.paths.log_root, source.topic)
+            if isinstance(source, KafkaSource):
+                parts = list(range(source.partitions))
+                unread = -2  # Kafka's "earliest"
+            else:
+                parts = topic_partitions(self.paths.log_root, source.topic)
+                unread = 0
             if not parts:
                 raise ValueError(
                     f"source {name!r}: no partitions under {self.paths.log_root}/{source.topic}"
                 )
             start = (manifest.source_positions.get(name) if manifest else None) or {}
             self.partitions[name] = parts
-            self.positions[name] = {str(p): int(start.get(str(p), 0)) for p in parts}
+            self.positions[name] = {str(p): int(start.get(str(p), unread)) for p in parts}
         self.watermark = manifest.watermarks.get(job.operator.name) if manifest else None
         self.coordinator = CheckpointCoordinator(
             job.name,
@@ -395,6 +400,9 @@ class StreamingRun:
         frames = {}
         for name in self.job.operator.inputs:
             source = self.job.source(name)
+            if isinstance(source, KafkaSource):
+                frames[name] = self._kafka_frame(name, source)
+                continue
             frames[name] = (
                 self.spark.readStream.format("cutline_log")
                 .schema(self._source_ddl(name))
@@ -412,6 +420,28 @@ class StreamingRun:
             .queryName(f"cutline-{self.job.name}-{self.attempt}")
             .start()
         )
+
+    def _kafka_frame(self, name: str, source: KafkaSource):
+        """JSON records of a Kafka topic from the recorded offsets, with the log source's
+        position columns (partition, offset of the next record)."""
+        from pyspark.sql import functions as F
+
+        raw = (
+            self.spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", source.servers())
+            .option("subscribe", source.topic)
+            .option("startingOffsets", json.dumps({source.topic: self.positions[name]}))
+            .option(
+                "maxOffsetsPerTrigger", str(source.max_records_per_partition * source.partitions)
+            )
+            .option("failOnDataLoss", "true")
+            .load()
+        )
+        return raw.select(
+            F.from_json(F.col("value").cast("string"), source.schema).alias("_v"),
+            F.col("partition").alias(PARTITION_COLUMN),
+            (F.col("offset") + 1).alias(NEXT_OFFSET_COLUMN),
+        ).select("_v.*", PARTITION_COLUMN, NEXT_OFFSET_COLUMN)
 
     def _plan(self, epoch: int, checkpoint_id: int | None) -> BatchPlan:
         latest = self.coordinator.latest_completed

@@ -30,10 +30,44 @@ def delta_package() -> str:
 
 
 def kafka_packages() -> list[str]:
-    """Spark's Kafka connector. Not resolvable from Maven Central as of this writing: it depends
-    on spark-token-provider-kafka 4.2.0, which Central lacks (only 4.0.0 is published); the Kafka
-    source must bring that dependency another way before ``kafka=True`` can work."""
+    """Spark's Kafka connector (its token-provider dependency is handled by
+    :func:`token_provider_jar`)."""
     return [f"org.apache.spark:spark-sql-kafka-0-10_{SCALA}:{pyspark.__version__}"]
+
+
+TOKEN_PROVIDER = f"org.apache.spark:spark-token-provider-kafka-0-10_{SCALA}"
+TOKEN_PROVIDER_VERSION = "4.0.0"
+
+
+def maven_repo() -> str:
+    return os.environ.get("CUTLINE_MAVEN_REPO", "https://repo1.maven.org/maven2").rstrip("/")
+
+
+def token_provider_jar() -> Path:
+    """The Kafka connector needs spark-token-provider-kafka, which Maven Central does not publish
+    for Spark 4.2 (only 4.0.0). Ivy excludes it and this 4.0.0 jar, fetched once from the same
+    repository and checked against its SHA-1, is put on the classpath instead. (Only Kerberos
+    delegation tokens reach the two log keys 4.0.0 names that 4.2 no longer has.)"""
+    import hashlib
+    import urllib.request
+
+    group, artifact = TOKEN_PROVIDER.split(":")
+    name = f"{artifact}-{TOKEN_PROVIDER_VERSION}.jar"
+    target = ivy_dir() / "extra" / name
+    if target.exists():
+        return target
+    url = f"{maven_repo()}/{group.replace('.', '/')}/{artifact}/{TOKEN_PROVIDER_VERSION}/{name}"
+    with urllib.request.urlopen(url, timeout=120) as r:
+        data = r.read()
+    with urllib.request.urlopen(url + ".sha1", timeout=60) as r:
+        expected = r.read().decode().split()[0].strip()
+    if hashlib.sha1(data).hexdigest() != expected:
+        raise RuntimeError(f"{url}: SHA-1 mismatch, not using it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, target)
+    return target
 
 
 def ivy_dir() -> Path:
@@ -72,6 +106,9 @@ def session_conf(
         conf["spark.driver.host"] = "127.0.0.1"
         conf["spark.driver.bindAddress"] = "127.0.0.1"
         conf["spark.ui.enabled"] = "false"
+    if kafka:
+        conf["spark.jars.excludes"] = TOKEN_PROVIDER
+        conf["spark.jars"] = str(token_provider_jar())
     repo = os.environ.get("CUTLINE_MAVEN_REPO")
     if repo:
         conf["spark.jars.repositories"] = repo

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def cutline(home: Path, *args: str, env: dict[str, str] | None = None, log: Path | None = None):
     """Start ``cutline --home HOME ARGS`` in its own process group (driver and its JVM)."""
+    home.mkdir(parents=True, exist_ok=True)
     out = open(log or home / "driver.log", "ab")  # noqa: SIM115 - owned by the process
     return subprocess.Popen(
         [sys.executable, "-m", "spark_jobs.cli", "--home", str(home), *args],

@@ -17,7 +17,12 @@ from spark_jobs.job import (
 
 
 def test_example_jobs_are_registered():
-    assert job_names() == ["clicks_per_user", "enriched_orders", "windowed_revenue"]
+    assert job_names() == [
+        "clicks_per_user",
+        "clicks_per_user_kafka",
+        "enriched_orders",
+        "windowed_revenue",
+    ]
     job = get_job("enriched_orders")
     assert set(job.operator.inputs) == {"orders", "profiles"}
     with pytest.raises(JobDefinitionError, match="no job named 'nope'"):
