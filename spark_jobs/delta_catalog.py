@@ -195,6 +195,17 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
                 },
             )
 
+    def set_allocation(self, job_id: str, attempt: int, allocation: dict[str, str]) -> None:
+        """Record which host holds each subtask's state (allocation-preserving restores)."""
+        from delta.tables import DeltaTable
+
+        doc = json.dumps(allocation, sort_keys=True).replace("'", "''")
+        with self._lock:
+            DeltaTable.forPath(self.spark, self.path("streaming_jobs")).update(
+                condition=f"job_id = '{job_id}' AND attempt = {int(attempt)}",
+                set={"allocation": f"'{doc}'", "last_heartbeat_ms": str(now_ms())},
+            )
+
     def record_recovery(self, row: dict[str, Any]) -> None:
         with self._lock:
             self._append("recoveries", [row])

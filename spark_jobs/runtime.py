@@ -350,6 +350,7 @@ class StreamingRun:
         )
         self._restore_reports = [json.loads(r) for r in reports]
         self.allocation = {str(r["subtask"]): r["host"] for r in self._restore_reports}
+        self.catalog.set_allocation(job.name, self.attempt, self.allocation)
         if manifest is not None:
             local = [r for r in self._restore_reports if r["source"] == "local"]
             row = {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from spark_jobs.delta_catalog import DeltaCatalog
@@ -58,3 +60,5 @@ def test_commit_status_and_fencing(spark, tmp_path):
     assert catalog.checkpoints("other") == []
     catalog.set_job_status("clicks", 1, "FAILED", "driver killed")
     assert catalog.jobs("clicks")[0]["status"] == "FAILED"
+    catalog.set_allocation("clicks", 2, {"0": "host-a", "1": "host-b"})
+    assert json.loads(catalog.jobs("clicks")[1]["allocation"]) == {"0": "host-a", "1": "host-b"}

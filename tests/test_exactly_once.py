@@ -4,7 +4,9 @@ uninterrupted run: no record lost, none duplicated."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import socket
 from collections import Counter
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from tests.e2e_util import (
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 JOB = "clicks_per_user"
+HOST = socket.gethostname()
 IDLE = "8"
 # Input per job: (kind, records per partition); sources read 20,000 orders or clicks (5,000
 # profiles) per partition and micro-batch.
@@ -91,6 +94,8 @@ def test_driver_killed_twice_gives_exactly_the_reference_output(job, tmp_path_fa
     # 3rd attempt: restores and runs to the end.
     run_to_end(home, "run", job, "--idle-timeout", IDLE)
     assert {r["attempt"] for r in completed_checkpoints(home, job)} == {1, 2, 3}
+    jobs = table_rows(home / "warehouse" / "catalog" / "streaming_jobs", ["attempt", "allocation"])
+    assert all(json.loads(a) == {"0": HOST, "1": HOST} for _, a in jobs), jobs
     got = output(home, job)
     assert len(got) == len(reference)
     assert got == reference
