@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +46,6 @@ class DemoResult:
     exact: bool
     counted: int
     expected: int
-    notes: list[str] = field(default_factory=list)
 
 
 class _Confirm:

@@ -13,7 +13,6 @@ to write it is logged and the copy dropped, never failing the checkpoint.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -94,12 +93,3 @@ class LocalCopies:
         for i in dropped:
             self.discard(i)
         return dropped
-
-    def local_bytes(self) -> int:
-        """Bytes under this subtask's root (hard links counted once per name)."""
-        total = 0
-        for dirpath, _, names in os.walk(self.root):
-            for n in names:
-                with contextlib.suppress(FileNotFoundError):
-                    total += os.stat(os.path.join(dirpath, n)).st_size
-        return total

@@ -234,9 +234,6 @@ class RocksDBStore(KeyedStateBackend):
         """Compact the whole database into few files (bounds the files a restore must read)."""
         self.db.compact_range(None, None)
 
-    def live_file_count(self) -> int:
-        return len(self.db.live_files())
-
     # -- snapshots ---------------------------------------------------------------------------
 
     def snapshot_to(self, directory: Path) -> None:
