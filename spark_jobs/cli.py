@@ -9,9 +9,9 @@ import os
 import sys
 from pathlib import Path
 
-from state.manifest import CheckpointManifest, ManifestError
+from state.manifest import ManifestError
 from state.paths import JobLayout
-from state.restore import validate_checkpoint
+from state.restore import read_manifest, validate_checkpoint
 from state.storage import StorageError, open_storage
 
 
@@ -29,10 +29,9 @@ def _core_demo(args: argparse.Namespace) -> int:
 def _checkpoints(args: argparse.Namespace) -> int:
     """A job's checkpoints from the catalog (read with delta-rs; no Spark)."""
     from spark_jobs.delta_catalog import CatalogReader
-    from spark_jobs.runtime import RuntimePaths
 
     JobLayout(args.job)  # validates the name
-    rows = CatalogReader(RuntimePaths.under(Path(args.home)).warehouse).checkpoints(args.job)
+    rows = CatalogReader(_paths(args).warehouse).checkpoints(args.job)
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=1))
         return 0
@@ -54,10 +53,7 @@ def _checkpoints(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     """Check manifests and every file they name (presence, size, checksum)."""
-    from spark_jobs.runtime import RuntimePaths
-
-    root = args.checkpoint_root or RuntimePaths.under(Path(args.home)).checkpoint_root
-    storage = open_storage(root)
+    storage = open_storage(_paths(args).checkpoint_root)
     layout = JobLayout(args.job)
     if args.checkpoint_id is not None:
         ids = [args.checkpoint_id]
@@ -77,7 +73,7 @@ def _verify(args: argparse.Namespace) -> int:
     for cid in ids:
         path = layout.job_path(layout.metadata(cid))
         try:
-            m = CheckpointManifest.from_json(storage.get_bytes(path), source=path)
+            m = read_manifest(storage, path)
             problems = validate_checkpoint(m, storage, checksums=True)
         except (ManifestError, StorageError) as e:
             problems = [str(e)]
@@ -90,9 +86,8 @@ def _verify(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     """The main job on the embedded default: generate clicks, run clicks_per_user to the end."""
     from spark_jobs.generate import generate, records_in
-    from spark_jobs.runtime import RuntimePaths
 
-    paths = RuntimePaths.under(Path(args.home))
+    paths = _paths(args)
     if records_in(paths.log_root, "clicks", 0) == 0:
         generate(paths.log_root, "clicks", "clicks", count=100_000, seed=42)
     args.job, args.restore, args.hints, args.max_batches = "clicks_per_user", "latest", None, None
@@ -110,9 +105,23 @@ def _demo(args: argparse.Namespace) -> int:
     return rc
 
 
+def _paths(args: argparse.Namespace):
+    """The embedded-default paths under ``--home``, with any of them overridden."""
+    from spark_jobs.runtime import RuntimePaths
+
+    paths = RuntimePaths.under(Path(args.home))
+    overrides = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(paths)
+        if getattr(args, f.name, None)
+    }
+    return dataclasses.replace(paths, **overrides)
+
+
 def _run(args: argparse.Namespace) -> int:
+    from spark_jobs.events import open_events
     from spark_jobs.job import KafkaSource, get_job
-    from spark_jobs.runtime import RuntimePaths, run_job
+    from spark_jobs.runtime import run_job
     from spark_jobs.session import build_spark
 
     job = get_job(args.job)
@@ -122,17 +131,22 @@ def _run(args: argparse.Namespace) -> int:
     hints = json.loads(Path(args.hints).read_text()) if args.hints else None
     restore = None if args.restore == "none" else args.restore
     kafka = any(isinstance(s, KafkaSource) for s in job.sources)
-    spark = build_spark(args.master, f"cutline-{job.name}", kafka=kafka)
-    summary = run_job(
-        spark,
-        job,
-        RuntimePaths.under(Path(args.home)),
-        restore=restore,
-        hints=hints,
-        max_batches=args.max_batches,
-        idle_timeout_s=args.idle_timeout,
-        run_id=args.run_id,
-    )
+    watch = os.environ.get("CUTLINE_WATCH_PID")
+    with open_events() as events:
+        spark = build_spark(args.master, f"cutline-{job.name}", kafka=kafka)
+        summary = run_job(
+            spark,
+            job,
+            _paths(args),
+            restore=restore,
+            hints=hints,
+            max_batches=args.max_batches,
+            idle_timeout_s=args.idle_timeout,
+            run_id=args.run_id,
+            events=events,
+            watch_pid=int(watch) if watch else None,
+        )
+        events.emit("finished", {"attempt": summary.attempt, "batches": summary.batches})
     print(
         f"{job.name} attempt {summary.attempt}: {summary.batches} micro-batches, "
         f"{summary.records:,} records, checkpoints {summary.checkpoints}, "
@@ -143,9 +157,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     from spark_jobs.generate import generate
-    from spark_jobs.runtime import RuntimePaths
 
-    root = args.log_root or RuntimePaths.under(Path(args.home)).log_root
+    root = _paths(args).log_root
     n = generate(
         root,
         args.topic or args.kind,
@@ -180,6 +193,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--mode", choices=["exactly_once", "at_least_once"], help="override")
     run.add_argument("--interval-ms", type=int, help="override the checkpoint interval")
     run.add_argument("--run-id", default="", help="orchestrator run id, recorded in the catalog")
+    for name, default in (
+        ("checkpoint-root", "<home>/checkpoints; or s3://bucket/prefix"),
+        ("warehouse", "<home>/warehouse"),
+        ("local-state-root", "<home>/local-state"),
+        ("log-root", "<home>/log"),
+    ):
+        run.add_argument(f"--{name}", help=f"default: {default}")
     run.set_defaults(func=_run)
     gen = sub.add_parser("generate", help="append synthetic events to the local log")
     gen.add_argument("kind", choices=["clicks", "orders", "profiles"])

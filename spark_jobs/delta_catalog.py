@@ -50,6 +50,11 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _sql_str(value: str) -> str:
+    """A SQL string literal."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
 class CatalogReader:
     """Read-only access to the catalog tables with delta-rs: no Spark needed (CLI, sensors)."""
 
@@ -71,6 +76,9 @@ class CatalogReader:
 
     def jobs(self, job_id: str) -> list[dict[str, Any]]:
         return sorted(self._read("streaming_jobs", job_id), key=lambda r: r["attempt"])
+
+    def shared_files(self, job_id: str) -> list[dict[str, Any]]:
+        return sorted(self._read("shared_state_files", job_id), key=lambda r: r["path"])
 
     def recoveries(self, job_id: str) -> list[dict[str, Any]]:
         return sorted(self._read("recoveries", job_id), key=lambda r: r["recovered_at_ms"])
@@ -120,8 +128,19 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
         return f"cutline-{job_id}"
 
     def begin_attempt(self, job_id: str, run_id: str = "", restored_from: int | None = None) -> int:
+        """A new attempt that fences every older one; older attempts still marked RUNNING (their
+        driver died without saying so) become LOST."""
         with self._lock:
-            attempt = max((r["attempt"] for r in self.jobs(job_id)), default=0) + 1
+            previous = self.jobs(job_id)
+            attempt = max((r["attempt"] for r in previous), default=0) + 1
+            lost = [r["attempt"] for r in previous if r["status"] == "RUNNING"]
+            if lost:
+                self._update_jobs(
+                    f"job_id = '{job_id}' AND attempt IN ({','.join(map(str, lost))})",
+                    status="'LOST'",
+                    ended_ms=str(now_ms()),
+                    failure_reason=f"'superseded by attempt {attempt} while marked RUNNING'",
+                )
             self._append(
                 "completed_checkpoints",
                 [],
@@ -182,29 +201,42 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
     def mark_corrupt(self, job_id: str, checkpoint_id: int, reason: str) -> None:
         self._set_status(job_id, [checkpoint_id], CheckpointStatus.CORRUPT)
 
+    def _update_jobs(self, condition: str, **set_sql: str) -> None:
+        from delta.tables import DeltaTable
+
+        with self._lock:
+            DeltaTable.forPath(self.spark, self.path("streaming_jobs")).update(
+                condition=condition, set=set_sql
+            )
+
+    def _update_attempt(self, job_id: str, attempt: int, **set_sql: str) -> None:
+        self._update_jobs(f"job_id = '{job_id}' AND attempt = {int(attempt)}", **set_sql)
+
     def set_job_status(self, job_id: str, attempt: int, status: str, reason: str = "") -> None:
-        from delta.tables import DeltaTable
+        self._update_attempt(
+            job_id,
+            attempt,
+            status=_sql_str(status),
+            ended_ms=str(now_ms()),
+            failure_reason=_sql_str(reason[:2000]),
+        )
 
-        with self._lock:
-            DeltaTable.forPath(self.spark, self.path("streaming_jobs")).update(
-                condition=f"job_id = '{job_id}' AND attempt = {int(attempt)}",
-                set={
-                    "status": f"'{status}'",
-                    "ended_ms": str(now_ms()),
-                    "failure_reason": "'" + reason.replace("'", "''")[:2000] + "'",
-                },
-            )
+    def set_restored(
+        self, job_id: str, attempt: int, restored_from: int | None, allocation: dict[str, str]
+    ) -> None:
+        """Record what the attempt restored and which host holds each subtask's state (for
+        allocation-preserving restores)."""
+        self._update_attempt(
+            job_id,
+            attempt,
+            restored_from="NULL" if restored_from is None else str(int(restored_from)),
+            allocation=_sql_str(json.dumps(allocation, sort_keys=True)),
+            last_heartbeat_ms=str(now_ms()),
+        )
 
-    def set_allocation(self, job_id: str, attempt: int, allocation: dict[str, str]) -> None:
-        """Record which host holds each subtask's state (allocation-preserving restores)."""
-        from delta.tables import DeltaTable
-
-        doc = json.dumps(allocation, sort_keys=True).replace("'", "''")
-        with self._lock:
-            DeltaTable.forPath(self.spark, self.path("streaming_jobs")).update(
-                condition=f"job_id = '{job_id}' AND attempt = {int(attempt)}",
-                set={"allocation": f"'{doc}'", "last_heartbeat_ms": str(now_ms())},
-            )
+    def heartbeat(self, job_id: str, attempt: int) -> None:
+        """The attempt's driver is alive (``last_heartbeat_ms`` = now)."""
+        self._update_attempt(job_id, attempt, last_heartbeat_ms=str(now_ms()))
 
     def record_recovery(self, row: dict[str, Any]) -> None:
         with self._lock:

@@ -23,10 +23,9 @@ from state.config import CheckpointConfig
 from state.coordinator import CheckpointCoordinator
 from state.keygroups import key_group_range, key_groups, subtask_for_key_group
 from state.local_copies import LocalCopies
-from state.manifest import CheckpointManifest
 from state.memory_catalog import InMemoryCatalog
 from state.paths import JobLayout
-from state.restore import RestoreReport, restore_subtask
+from state.restore import RestoreReport, read_manifest, restore_subtask
 from state.rocksdb_store import RocksDBStore
 from state.snapshot import SubtaskSnapshotter
 from state.storage import LocalFileStorage
@@ -201,7 +200,7 @@ def run_demo(
             old = attempt
             attempt = None
             latest = catalog.checkpoints(JOB, (CheckpointStatus.COMPLETED,))[-1]
-            manifest = CheckpointManifest.from_json(old.storage.get_bytes(latest.metadata_path))
+            manifest = read_manifest(old.storage, latest.metadata_path)
             attempt = _Attempt(home, catalog, parallelism, restored=manifest)  # fences `old`
             wait(old.futures)
             old.pool.shutdown()

@@ -27,6 +27,7 @@ from typing import Any
 
 from spark_jobs.delta_catalog import DeltaCatalog, now_ms
 from spark_jobs.delta_sink import DeltaSinkWriter
+from spark_jobs.events import EventChannel
 from spark_jobs.job import JobDefinition, KafkaSource, WindowedAggregate
 from spark_jobs.local_log import (
     NEXT_OFFSET_COLUMN,
@@ -53,8 +54,10 @@ from state.handles import SubtaskStateHandle
 from state.keygroups import spark_key_group_sql
 from state.manifest import CheckpointManifest, ManifestError
 from state.paths import JobLayout
-from state.restore import validate_checkpoint
+from state.restore import read_manifest, validate_checkpoint
 from state.storage import StorageError, open_storage
+
+HEARTBEAT_S = 10.0
 
 
 class NoRestorableCheckpointError(RuntimeError):
@@ -109,9 +112,7 @@ def select_checkpoint(
     fallbacks: list[str] = []
     for row in sorted(rows, key=lambda r: r.checkpoint_id, reverse=True):
         try:
-            manifest = CheckpointManifest.from_json(
-                storage.get_bytes(row.metadata_path), source=row.metadata_path
-            )
+            manifest = read_manifest(storage, row.metadata_path)
             problems = validate_checkpoint(manifest, storage)
             if problems:
                 raise StorageError(f"checkpoint {row.checkpoint_id}: " + "; ".join(problems[:3]))
@@ -156,7 +157,10 @@ class StreamingRun:
         max_batches: int | None = None,
         idle_timeout_s: float | None = None,
         run_id: str = "",
-        log=print,
+        log=None,
+        events: EventChannel | None = None,
+        heartbeat_s: float = HEARTBEAT_S,
+        watch_pid: int | None = None,
     ) -> None:
         self.spark = spark
         self.job = job
@@ -166,7 +170,10 @@ class StreamingRun:
         self.max_batches = max_batches
         self.idle_timeout_s = idle_timeout_s
         self.run_id = run_id
-        self.log = log
+        self.events = events or EventChannel()
+        self.log = log or self.events.log
+        self.heartbeat_s = heartbeat_s
+        self.watch_pid = watch_pid
         self.storage = open_storage(paths.checkpoint_root)
         self.catalog = DeltaCatalog(spark, paths.warehouse)
         self.sink = DeltaSinkWriter(spark, job.name, job.sink, paths.warehouse)
@@ -216,12 +223,7 @@ class StreamingRun:
             f"full {manifest.full_size:,} B, uploaded {manifest.uploaded_bytes:,} B, "
             f"sink rows committed {committed}"
         )
-        self._emit("checkpoint", record.to_dict())
-
-    def _emit(self, kind: str, payload: dict[str, Any]) -> None:
-        """Hook for progress reporting (Dagster Pipes); a JSON line on stdout by default."""
-        if os.environ.get("CUTLINE_EVENTS") == "stdout":
-            print("CUTLINE_EVENT " + json.dumps({"kind": kind, **payload}, default=str), flush=True)
+        self.events.emit("checkpoint", record.to_dict())
 
     def run(self) -> RunSummary:
         job = self.job
@@ -271,6 +273,16 @@ class StreamingRun:
         )
         poller = threading.Thread(target=self._poll_acks, name="cutline-acks", daemon=True)
         poller.start()
+        threading.Thread(target=self._heartbeat, name="cutline-heartbeat", daemon=True).start()
+        self.events.emit(
+            "started",
+            {
+                "attempt": self.attempt,
+                "restored_from": self.summary.restored_from,
+                "allocation": self.allocation,
+                "restore_reports": self._restore_reports,
+            },
+        )
         query = None
         spark_checkpoint = tempfile.mkdtemp(prefix=f"cutline-{job.name}-query-")
         try:
@@ -350,7 +362,9 @@ class StreamingRun:
         )
         self._restore_reports = [json.loads(r) for r in reports]
         self.allocation = {str(r["subtask"]): r["host"] for r in self._restore_reports}
-        self.catalog.set_allocation(job.name, self.attempt, self.allocation)
+        self.catalog.set_restored(
+            job.name, self.attempt, manifest.checkpoint_id if manifest else None, self.allocation
+        )
         if manifest is not None:
             local = [r for r in self._restore_reports if r["source"] == "local"]
             row = {
@@ -529,7 +543,7 @@ class StreamingRun:
         self.summary.batches += 1
         self.summary.records += records
         self._last_progress = time.monotonic()
-        self._emit("batch", {"epoch": epoch, "records": records, "checkpoint": checkpoint_id})
+        self.events.emit("batch", {"epoch": epoch, "records": records, "checkpoint": checkpoint_id})
 
     def _final_checkpoint(self, timeout_s: float = 120.0) -> None:
         """A barrier with no records (Flink's stop-with-checkpoint): commits all output."""
@@ -559,6 +573,21 @@ class StreamingRun:
             time.sleep(0.1)
         if cid not in self.summary.checkpoints:
             self.fail(f"final checkpoint {cid} did not complete")
+
+    # -- liveness ----------------------------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        """Every ``heartbeat_s``: record a heartbeat in ``streaming_jobs`` (an orchestrator
+        that sees it stop fails the run) and stop if the orchestrator process that launched this
+        driver is gone (so an orphaned driver never runs beside the restore that replaces it)."""
+        while not self._shutdown.wait(self.heartbeat_s):
+            if self.watch_pid is not None and not _alive(self.watch_pid):
+                self.fail(f"the orchestrator process {self.watch_pid} is gone")
+                return
+            try:
+                self.catalog.heartbeat(self.job.name, self.attempt)
+            except Exception as e:  # a missed heartbeat is not a failure; many are
+                self.log(f"heartbeat: {type(e).__name__}: {e}")
 
     # -- acks --------------------------------------------------------------------------------
 
@@ -603,6 +632,16 @@ class StreamingRun:
         ]
         if stale:
             self.storage.delete_many(stale)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def run_job(

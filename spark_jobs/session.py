@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyspark
@@ -96,6 +97,7 @@ def session_conf(
         # (Flink's full restart), never a retry that could apply a micro-batch twice.
         "spark.task.maxFailures": "1",
         "spark.ui.showConsoleProgress": "false",
+        "spark.log.level": os.environ.get("CUTLINE_SPARK_LOG_LEVEL", "WARN"),
         "spark.databricks.delta.snapshotPartitions": "2",
         "spark.sql.session.timeZone": "UTC",
         # Python workers use this interpreter (the project's venv), not whatever is on PATH.
@@ -129,10 +131,43 @@ def build_spark(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
-    for key, value in session_conf(
-        master, kafka=kafka, shuffle_partitions=shuffle_partitions, extra=extra
-    ).items():
-        builder = builder.config(key, value)
+    if not launched_by_spark_submit():  # otherwise spark-submit applied submit_command()'s conf
+        for key, value in session_conf(
+            master, kafka=kafka, shuffle_partitions=shuffle_partitions, extra=extra
+        ).items():
+            builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(os.environ.get("CUTLINE_SPARK_LOG_LEVEL", "WARN"))
     return spark
+
+
+def launched_by_spark_submit() -> bool:
+    """True in a Python driver that ``spark-submit`` started (its JVM is already configured)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+@dataclass(frozen=True)
+class SubmitCommand:
+    """A ``spark-submit`` command line and the environment it needs on top of the caller's."""
+
+    argv: list[str]
+    env: dict[str, str]
+
+
+def submit_command(
+    app_args: list[str],
+    master: str | None = None,
+    *,
+    kafka: bool = False,
+    extra: Mapping[str, str] | None = None,
+) -> SubmitCommand:
+    """``spark-submit`` of the ``cutline`` CLI with ``app_args``, configured by
+    :func:`session_conf` (the same master, packages and conf as :func:`build_spark`), using the
+    installed PySpark's own Spark distribution."""
+    from spark_jobs import cli
+
+    spark_home = Path(pyspark.__file__).parent
+    argv = [str(spark_home / "bin" / "spark-submit")]
+    for key, value in session_conf(master, kafka=kafka, extra=extra).items():
+        argv += ["--conf", f"{key}={value}"]
+    env = {"SPARK_HOME": str(spark_home), "PYSPARK_PYTHON": sys.executable}
+    return SubmitCommand([*argv, cli.__file__, *app_args], env)

@@ -119,6 +119,12 @@ def restore_subtask(
     return report
 
 
+def read_manifest(storage: DurableStorage, path: str) -> CheckpointManifest:
+    """The manifest at ``path``; :class:`~state.manifest.ManifestError` or
+    :class:`~state.storage.StorageError` (e.g. missing) says why it cannot be used."""
+    return CheckpointManifest.from_json(storage.get_bytes(path), source=path)
+
+
 def validate_checkpoint(
     manifest: CheckpointManifest, storage: DurableStorage, *, checksums: bool = False
 ) -> list[str]:

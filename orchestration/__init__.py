@@ -1,0 +1,1 @@
+"""Dagster definitions for Cutline: assets, jobs, sensors, schedules, checks, resources."""

@@ -1,0 +1,116 @@
+"""Asset checks over every streaming job in the catalog: checkpoints are fresh while a job
+runs, no retained checkpoint references a missing file, and primary storage stays bounded."""
+
+
+import time
+
+from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
+
+from orchestration.assets.catalog import completed_checkpoints, shared_state_files
+from orchestration.resources import CutlinePaths, S3Resource
+from spark_jobs.job import get_job, job_names
+from state.catalog import CheckpointStatus
+from state.manifest import ManifestError
+from state.restore import read_manifest, validate_checkpoint
+from state.storage import StorageError
+
+FRESHNESS_INTERVALS = 10  # a running job's latest checkpoint is at most this many intervals old
+UPLOAD_GRACE_S = 600.0  # uploads of pending checkpoints that retention leaves alone this long
+
+
+def _jobs(cutline_paths: CutlinePaths):
+    """(name, attempts) of registered jobs that have run at least once."""
+    catalog = cutline_paths.catalog()
+    for name in job_names():
+        attempts = catalog.jobs(name)
+        if attempts:
+            yield name, attempts
+
+
+def _result(problems: dict[str, str], checked: int, **metadata) -> AssetCheckResult:
+    return AssetCheckResult(
+        passed=not problems,
+        severity=AssetCheckSeverity.ERROR,
+        metadata={
+            "jobs_checked": checked,
+            "problems": MetadataValue.json(problems),
+            **metadata,
+        },
+    )
+
+
+@asset_check(
+    asset=completed_checkpoints,
+    description=(
+        f"While a job runs, its latest completed checkpoint is at most {FRESHNESS_INTERVALS} "
+        "checkpoint intervals old (counted from the attempt's start for a new attempt)"
+    ),
+)
+def checkpoint_freshness(cutline_paths: CutlinePaths) -> AssetCheckResult:
+    catalog = cutline_paths.catalog()
+    now = int(time.time() * 1000)
+    problems, ages = {}, {}
+    jobs = list(_jobs(cutline_paths))
+    for name, attempts in jobs:
+        current = attempts[-1]
+        if current["status"] != "RUNNING":
+            continue
+        limit_ms = FRESHNESS_INTERVALS * get_job(name).checkpoint.interval_ms
+        done = catalog.checkpoints(name, (CheckpointStatus.COMPLETED,))
+        newest = max((c.complete_time_ms for c in done), default=0)
+        age_ms = now - max(newest, current["started_ms"])
+        ages[name] = round(age_ms / 1000, 1)
+        if age_ms > limit_ms:
+            problems[name] = (
+                f"latest checkpoint {age_ms / 1000:.0f} s old (limit {limit_ms / 1000:.0f} s)"
+            )
+    return _result(problems, len(jobs), checkpoint_age_s=MetadataValue.json(ages))
+
+
+@asset_check(
+    asset=shared_state_files,
+    description="Every file a retained (COMPLETED) checkpoint's manifest names exists, at its size",
+)
+def no_dangling_references(cutline_paths: CutlinePaths, s3: S3Resource) -> AssetCheckResult:
+    catalog, storage = cutline_paths.catalog(), cutline_paths.storage(s3)
+    problems, checked_checkpoints = {}, 0
+    jobs = list(_jobs(cutline_paths))
+    for name, _ in jobs:
+        for row in catalog.checkpoints(name, (CheckpointStatus.COMPLETED,)):
+            checked_checkpoints += 1
+            try:
+                found = validate_checkpoint(read_manifest(storage, row.metadata_path), storage)
+            except (ManifestError, StorageError) as e:
+                found = [str(e)]
+            if found:
+                problems[f"{name}/chk-{row.checkpoint_id}"] = "; ".join(found[:3])
+    return _result(problems, len(jobs), checkpoints_checked=checked_checkpoints)
+
+
+@asset_check(
+    asset=shared_state_files,
+    description=(
+        "Bytes under a job's root in primary storage stay within (num_retained + 1) x its "
+        f"largest retained checkpoint plus what it uploaded in the last {UPLOAD_GRACE_S:.0f} s"
+    ),
+)
+def storage_bounded(cutline_paths: CutlinePaths, s3: S3Resource) -> AssetCheckResult:
+    catalog, storage = cutline_paths.catalog(), cutline_paths.storage(s3)
+    now = int(time.time() * 1000)
+    problems, usage = {}, {}
+    jobs = list(_jobs(cutline_paths))
+    for name, _ in jobs:
+        rows = catalog.checkpoints(name)
+        retained = [r for r in rows if r.status == CheckpointStatus.COMPLETED]
+        if not retained:
+            continue
+        recent = sum(
+            r.incremental_size for r in rows if now - r.complete_time_ms < UPLOAD_GRACE_S * 1000
+        )
+        bound = (get_job(name).checkpoint.num_retained + 1) * max(r.full_size for r in retained)
+        bound += recent
+        used = sum(info.size for info in storage.list(name))
+        usage[name] = {"bytes": used, "bound": bound}
+        if used > bound:
+            problems[name] = f"{used:,} B in primary storage, bound {bound:,} B"
+    return _result(problems, len(jobs), usage=MetadataValue.json(usage))

@@ -1,0 +1,35 @@
+"""Everything Dagster loads (``workspace.yaml``): the catalog assets and their checks, the
+streaming job, the sensors that register jobs, restore failed runs and catch lost drivers, and
+the resources, which default to the embedded setup under ``$CUTLINE_HOME``."""
+
+from __future__ import annotations
+
+from dagster import Definitions
+from dagster_pyspark import PySparkResource
+
+from orchestration.assets.catalog import completed_checkpoints, shared_state_files, streaming_jobs
+from orchestration.assets.checks import (
+    checkpoint_freshness,
+    no_dangling_references,
+    storage_bounded,
+)
+from orchestration.maintenance import stop_streaming_job
+from orchestration.resources import CutlinePaths, S3Resource, SparkSubmit
+from orchestration.sensors.heartbeat import streaming_heartbeat
+from orchestration.sensors.partitions import register_streaming_jobs
+from orchestration.sensors.restore import restore_on_failure
+from orchestration.streaming import streaming_job
+from spark_jobs.session import session_conf
+
+defs = Definitions(
+    assets=[streaming_jobs, completed_checkpoints, shared_state_files],
+    asset_checks=[checkpoint_freshness, no_dangling_references, storage_bounded],
+    jobs=[streaming_job, stop_streaming_job],
+    sensors=[register_streaming_jobs, restore_on_failure, streaming_heartbeat],
+    resources={
+        "cutline_paths": CutlinePaths(),
+        "spark_submit": SparkSubmit(),
+        "s3": S3Resource(),
+        "pyspark": PySparkResource(spark_config=session_conf()),
+    },
+)

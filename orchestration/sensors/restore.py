@@ -1,0 +1,101 @@
+"""``restore_on_failure``: a failed streaming run is followed by a restore-from-latest run of the
+same streaming job, placed where the failed attempt's state lives (executor hints)."""
+
+
+import json
+from datetime import datetime, timedelta, timezone
+
+from dagster import (
+    DefaultSensorStatus,
+    RunFailureSensorContext,
+    RunRequest,
+    RunsFilter,
+    SkipReason,
+    run_failure_sensor,
+)
+
+from orchestration.maintenance import stop_streaming_job
+from orchestration.partitions import (
+    ATTEMPT_TAG,
+    EXIT_CODE_TAG,
+    JOB_TAG,
+    RESTART_TAG,
+    RESTORE_OF_TAG,
+)
+from orchestration.resources import CutlinePaths
+from orchestration.restart import RestartStrategy, decide
+from orchestration.streaming import streaming_job
+
+STRATEGY = RestartStrategy()
+
+
+def failed_attempt_hints(cutline_paths: CutlinePaths, job_name: str, run_id: str) -> dict:
+    """The subtask -> host allocation of the failed run's attempt (or, if its driver died
+    before recording one, of the latest attempt that did)."""
+    attempts = [r for r in cutline_paths.catalog().jobs(job_name) if r["allocation"]]
+    mine = [r for r in attempts if r["run_id"] == run_id] or attempts[-1:]
+    return json.loads(mine[-1]["allocation"]) if mine else {}
+
+
+def restores_in_window(context: RunFailureSensorContext, job_name: str) -> int:
+    since = datetime.now(timezone.utc) - timedelta(seconds=STRATEGY.window_s)
+    runs = context.instance.get_runs(
+        RunsFilter(job_name=streaming_job.name, tags={JOB_TAG: job_name}, created_after=since)
+    )
+    return sum(RESTORE_OF_TAG in r.tags for r in runs)
+
+
+@run_failure_sensor(
+    name="restore_on_failure",
+    monitored_jobs=[streaming_job],
+    request_jobs=[streaming_job, stop_streaming_job],
+    default_status=DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=5,
+    description=(
+        "Restores a failed streaming run from the latest completed checkpoint, with the failed "
+        "attempt's allocation as executor hints; exponential backoff, at most "
+        f"{STRATEGY.max_restores} restores per {STRATEGY.window_s:.0f} s, then it stops"
+    ),
+)
+def restore_on_failure(context: RunFailureSensorContext, cutline_paths: CutlinePaths):
+    failed = context.dagster_run
+    job_name = failed.tags.get(JOB_TAG)
+    if not job_name:
+        return SkipReason(f"run {failed.run_id} has no {JOB_TAG} tag")
+    code = failed.tags.get(EXIT_CODE_TAG)
+    decision = decide(STRATEGY, restores_in_window(context, job_name), int(code) if code else None)
+    if not decision.restart:
+        context.instance.add_run_tags(failed.run_id, {RESTART_TAG: "stopped: " + decision.reason})
+        return RunRequest(
+            run_key=f"stop-{failed.run_id}",
+            job_name=stop_streaming_job.name,
+            run_config={
+                "ops": {
+                    "record_stopped": {
+                        "config": {
+                            "job_name": job_name,
+                            "run_id": failed.run_id,
+                            "reason": decision.reason,
+                        }
+                    }
+                }
+            },
+            tags={RESTORE_OF_TAG: failed.run_id},
+        )
+    previous = failed.run_config.get("ops", {}).get("streaming_driver", {}).get("config", {})
+    config = {
+        **previous,
+        "restore": "latest",
+        "hints": failed_attempt_hints(cutline_paths, job_name, failed.run_id),
+        "delay_s": decision.delay_s,
+    }
+    context.instance.add_run_tags(
+        failed.run_id, {RESTART_TAG: f"{decision.reason}, after {decision.delay_s:.0f} s"}
+    )
+    return RunRequest(
+        run_key=f"restore-{failed.run_id}",
+        job_name=streaming_job.name,
+        partition_key=job_name,
+        run_config={"ops": {"streaming_driver": {"config": config}}},
+        tags={JOB_TAG: job_name, RESTORE_OF_TAG: failed.run_id, ATTEMPT_TAG: str(decision.number)},
+    )

@@ -1,0 +1,209 @@
+"""The streaming Dagster job: one run is one attempt of one streaming job (its partition).
+
+The op submits the Spark driver (``spark-submit ... cutline run JOB``) and talks to it through
+Dagster Pipes: the driver reports each completed checkpoint, which the op logs as a
+materialization of ``completed_checkpoints`` for the job's partition while the run goes on, and
+the start of processing as a materialization of ``streaming_jobs``. If the driver exits non-zero
+or is killed, the run fails (and ``restore_on_failure`` takes over).
+"""
+
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from dagster import (
+    AssetMaterialization,
+    Config,
+    DagsterRunStatus,
+    Failure,
+    MetadataValue,
+    OpExecutionContext,
+    PartitionedConfig,
+    PipesEnvContextInjector,
+    PipesTempFileMessageReader,
+    RunsFilter,
+    job,
+    op,
+    open_pipes_session,
+)
+from pydantic import Field
+
+from orchestration.partitions import (
+    DRIVER_PID_TAG,
+    EXIT_CODE_TAG,
+    JOB_TAG,
+    WORKER_PID_TAG,
+    streaming_job_partitions,
+)
+from orchestration.resources import CutlinePaths, S3Resource, SparkSubmit
+from spark_jobs.job import KafkaSource, get_job
+
+
+class StreamingRunConfig(Config):
+    """How this attempt starts; the defaults run the job from its latest checkpoint."""
+
+    restore: str = Field(default="latest", description="latest, none, or a checkpoint id")
+    hints: dict[str, str] = Field(
+        default_factory=dict,
+        description="executor hints: subtask -> host that holds its local state copy",
+    )
+    delay_s: float = Field(default=0.0, description="restart backoff before the driver starts")
+    max_batches: int | None = Field(default=None, description="stop after N micro-batches")
+    idle_timeout_s: float | None = Field(
+        default=None, description="stop after S seconds without input (None: run until stopped)"
+    )
+
+
+def checkpoint_metadata(event: dict[str, Any]) -> dict[str, Any]:
+    """Numeric metadata of a completed checkpoint, plotted by the Dagster UI."""
+    return {
+        "checkpoint_id": int(event["checkpoint_id"]),
+        "batch_id": int(event["batch_id"]),
+        "attempt": int(event["attempt"]),
+        "full_size_bytes": int(event["full_size"]),
+        "uploaded_bytes": int(event["incremental_size"]),
+        "file_count": int(event["file_count"]),
+        "sync_ms": float(event["sync_ms"]),
+        "async_ms": float(event["async_ms"]),
+        "duration_ms": float(event["complete_time_ms"] - event["trigger_time_ms"]),
+        "manifest": MetadataValue.path(event["metadata_path"]),
+    }
+
+
+def started_metadata(event: dict[str, Any], first_batch_ms: int) -> dict[str, Any]:
+    reports = event.get("restore_reports", [])
+    return {
+        "attempt": int(event["attempt"]),
+        "restored_from": event["restored_from"] if event["restored_from"] is not None else -1,
+        "subtasks_restored_locally": sum(r.get("source") == "local" for r in reports),
+        "subtasks_restored_remotely": sum(r.get("source") == "remote" for r in reports),
+        "allocation": MetadataValue.json(event.get("allocation", {})),
+        "first_batch_at": MetadataValue.timestamp(first_batch_ms / 1000),
+    }
+
+
+class _Forwarder:
+    """Turns the driver's Pipes messages into Dagster events as they arrive."""
+
+    def __init__(self, context: OpExecutionContext, job_name: str) -> None:
+        self.context, self.job_name = context, job_name
+        self.seen = 0
+        self.started: dict[str, Any] | None = None
+        self.first_batch_reported = False
+        self.checkpoints = 0
+
+    def __call__(self, messages) -> None:
+        for event in messages[self.seen :]:
+            self.seen += 1
+            kind = event.get("kind") if isinstance(event, dict) else None
+            if kind == "started":
+                self.started = event
+            elif kind == "batch" and self.started and not self.first_batch_reported:
+                self.first_batch_reported = True
+                self._materialize(
+                    "streaming_jobs", started_metadata(self.started, int(time.time() * 1000))
+                )
+            elif kind == "checkpoint":
+                self.checkpoints += 1
+                self._materialize("completed_checkpoints", checkpoint_metadata(event))
+
+    def _materialize(self, asset: str, metadata: dict[str, Any]) -> None:
+        self.context.log_event(
+            AssetMaterialization(asset_key=asset, partition=self.job_name, metadata=metadata)
+        )
+
+
+def _refuse_concurrent(context: OpExecutionContext, job_name: str) -> None:
+    """At most one active run per streaming job (the run queue enforces it by tag; this also
+    covers runs that bypassed the queue). The catalog's attempt fencing stands behind both."""
+    active = context.instance.get_runs(
+        RunsFilter(
+            tags={JOB_TAG: job_name},
+            statuses=[DagsterRunStatus.STARTED, DagsterRunStatus.STARTING],
+        )
+    )
+    others = [r.run_id for r in active if r.run_id != context.run_id]
+    if others:
+        raise Failure(
+            description=f"streaming job {job_name!r} already has an active run: {others[0]}",
+            allow_retries=False,
+        )
+
+
+@op(description="Submits the Spark driver of this partition's streaming job and follows it")
+def streaming_driver(
+    context: OpExecutionContext,
+    config: StreamingRunConfig,
+    cutline_paths: CutlinePaths,
+    spark_submit: SparkSubmit,
+    s3: S3Resource,
+) -> None:
+    job_name = context.partition_key
+    definition = get_job(job_name)  # unknown names fail here, clearly
+    _refuse_concurrent(context, job_name)
+    if config.delay_s > 0:
+        context.log.info(f"restart backoff: waiting {config.delay_s:.1f} s before the driver")
+        time.sleep(config.delay_s)
+    with tempfile.TemporaryDirectory(prefix="cutline-run-") as tmp:
+        args = ["--home", cutline_paths.home, "run", job_name, *cutline_paths.cli_args()]
+        args += ["--restore", config.restore]
+        args += ["--run-id", context.run_id]
+        if config.hints:
+            hints = Path(tmp) / "hints.json"
+            hints.write_text(json.dumps(config.hints))
+            args += ["--hints", str(hints)]
+        if config.max_batches is not None:
+            args += ["--max-batches", str(config.max_batches)]
+        if config.idle_timeout_s is not None:
+            args += ["--idle-timeout", str(config.idle_timeout_s)]
+        kafka = any(isinstance(s, KafkaSource) for s in definition.sources)
+        submit = spark_submit.command(args, kafka=kafka)
+        forward = _Forwarder(context, job_name)
+        with open_pipes_session(
+            context=context,
+            context_injector=PipesEnvContextInjector(),
+            message_reader=PipesTempFileMessageReader(),
+        ) as session:
+            env = {
+                **os.environ,
+                **session.get_bootstrap_env_vars(),
+                **s3.env(),
+                **submit.env,
+                "CUTLINE_WATCH_PID": str(os.getpid()),  # the driver stops if this worker dies
+            }
+            context.log.info("submitting: " + " ".join(submit.argv))
+            driver = subprocess.Popen(submit.argv, env=env)
+            context.instance.add_run_tags(
+                context.run_id, {WORKER_PID_TAG: str(os.getpid()), DRIVER_PID_TAG: str(driver.pid)}
+            )
+            while driver.poll() is None:
+                forward(session.get_custom_messages())
+                time.sleep(0.5)
+            forward(session.get_custom_messages())
+    code = driver.returncode
+    context.instance.add_run_tags(context.run_id, {EXIT_CODE_TAG: str(code)})
+    if code != 0:
+        why = "killed by signal " + str(-code) if code < 0 else f"exit code {code}"
+        raise Failure(
+            description=f"the driver of {job_name} failed ({why})",
+            metadata={"exit_code": code, "checkpoints_completed": forward.checkpoints},
+            allow_retries=False,
+        )
+
+
+@job(
+    name="streaming_job",
+    description="Runs a streaming job (the partition) from its latest completed checkpoint",
+    config=PartitionedConfig(
+        partitions_def=streaming_job_partitions,
+        run_config_for_partition_key_fn=lambda key: {},
+        tags_for_partition_key_fn=lambda key: {JOB_TAG: key},
+    ),
+)
+def streaming_job() -> None:
+    streaming_driver()

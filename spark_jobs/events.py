@@ -1,0 +1,49 @@
+"""Progress events of a driver, for whoever launched it.
+
+Under Dagster Pipes (the orchestrator put ``DAGSTER_PIPES_CONTEXT`` in the environment) every
+event is a Pipes custom message and every log line is forwarded to Dagster's event log; with
+``CUTLINE_EVENTS=stdout`` an event is a ``CUTLINE_EVENT {json}`` line; otherwise events are
+dropped. Log lines always go to stdout too. ``dagster_pipes`` is the orchestrator-neutral
+protocol package (no Dagster import).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR, PipesContext, open_dagster_pipes
+
+
+class EventChannel:
+    """``emit(kind, payload)`` for structured events, ``log(message)`` for text."""
+
+    def __init__(self, pipes: PipesContext | None = None) -> None:
+        self.pipes = pipes
+        self.stdout = os.environ.get("CUTLINE_EVENTS") == "stdout"
+
+    def emit(self, kind: str, payload: dict[str, Any]) -> None:
+        event = {"kind": kind, **payload}
+        if self.pipes is not None:
+            self.pipes.report_custom_message(json.loads(json.dumps(event, default=str)))
+        if self.stdout:
+            print("CUTLINE_EVENT " + json.dumps(event, default=str), flush=True)
+
+    def log(self, message: str) -> None:
+        print(message, flush=True)
+        if self.pipes is not None:
+            self.pipes.log.info(message)
+
+
+@contextmanager
+def open_events() -> Iterator[EventChannel]:
+    """The channel for this process; under Pipes the session is closed (or the exception
+    reported to the orchestrator) on exit."""
+    if DAGSTER_PIPES_CONTEXT_ENV_VAR not in os.environ:
+        yield EventChannel()
+        return
+    with open_dagster_pipes() as pipes:
+        yield EventChannel(pipes)
