@@ -1,6 +1,5 @@
 """Jobs that write to the catalog in-process, on a Spark session from dagster-pyspark."""
 
-
 from dagster import Config, OpExecutionContext, job, op
 from dagster_pyspark import PySparkResource
 

@@ -6,7 +6,6 @@ local state and the input log. Credentials for S3 never pass through here: boto3
 through its standard chain.
 """
 
-
 import os
 from pathlib import Path
 

@@ -7,7 +7,6 @@ the start of processing as a materialization of ``streaming_jobs``. If the drive
 or is killed, the run fails (and ``restore_on_failure`` takes over).
 """
 
-
 import json
 import os
 import subprocess

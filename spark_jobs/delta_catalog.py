@@ -44,6 +44,7 @@ TABLES: dict[str, str] = {
 }
 
 _ATTEMPT_SHIFT = 32
+_UPDATE_TRIES = 6
 
 
 def now_ms() -> int:
@@ -107,11 +108,20 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
         self._ensure_tables()
 
     def _ensure_tables(self) -> None:
+        """Create missing tables. Drivers of several jobs may race to create them on a fresh
+        warehouse: losing that race (Delta reports a concurrent protocol change) is fine as
+        long as the table exists afterwards."""
         for name, ddl in TABLES.items():
-            if not (Path(self.path(name)) / "_delta_log").is_dir():
-                self.spark.createDataFrame([], ddl).write.format("delta").mode("ignore").save(
-                    self.path(name)
-                )
+            log = Path(self.path(name)) / "_delta_log"
+            if log.is_dir():
+                continue
+            try:
+                self.spark.createDataFrame([], ddl).write.format("delta").mode(
+                    "ignore"
+                ).partitionBy("job_id").save(self.path(name))
+            except Exception:
+                if not any(log.glob("*.json")):
+                    raise
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -184,15 +194,12 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
             )
 
     def _set_status(self, job_id: str, ids: Iterable[int], status: CheckpointStatus) -> None:
-        from delta.tables import DeltaTable
-
         ids = sorted(set(ids))
-        if not ids:
-            return
-        with self._lock:
-            DeltaTable.forPath(self.spark, self.path("completed_checkpoints")).update(
-                condition=f"job_id = '{job_id}' AND checkpoint_id IN ({','.join(map(str, ids))})",
-                set={"status": f"'{status.value}'"},
+        if ids:
+            self._update(
+                "completed_checkpoints",
+                f"job_id = '{job_id}' AND checkpoint_id IN ({','.join(map(str, ids))})",
+                status=_sql_str(status.value),
             )
 
     def mark_subsumed(self, job_id: str, checkpoint_ids: list[int]) -> None:
@@ -201,13 +208,36 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
     def mark_corrupt(self, job_id: str, checkpoint_id: int, reason: str) -> None:
         self._set_status(job_id, [checkpoint_id], CheckpointStatus.CORRUPT)
 
-    def _update_jobs(self, condition: str, **set_sql: str) -> None:
+    def _update(self, table: str, condition: str, **set_sql: str) -> None:
+        """An UPDATE, retried when a concurrent writer's commit conflicts with it (Delta's
+        optimistic concurrency; tables are partitioned by job, so only writers of the same job
+        can conflict: a new attempt and its predecessor's last heartbeat)."""
+        from delta.exceptions import (
+            ConcurrentAppendException,
+            ConcurrentDeleteReadException,
+            ConcurrentTransactionException,
+        )
         from delta.tables import DeltaTable
 
-        with self._lock:
-            DeltaTable.forPath(self.spark, self.path("streaming_jobs")).update(
-                condition=condition, set=set_sql
-            )
+        conflicts = (
+            ConcurrentAppendException,
+            ConcurrentDeleteReadException,
+            ConcurrentTransactionException,
+        )
+        for attempt in range(_UPDATE_TRIES):
+            try:
+                with self._lock:
+                    DeltaTable.forPath(self.spark, self.path(table)).update(
+                        condition=condition, set=set_sql
+                    )
+                return
+            except conflicts:
+                if attempt == _UPDATE_TRIES - 1:
+                    raise
+                time.sleep(0.1 * 2**attempt)
+
+    def _update_jobs(self, condition: str, **set_sql: str) -> None:
+        self._update("streaming_jobs", condition, **set_sql)
 
     def _update_attempt(self, job_id: str, attempt: int, **set_sql: str) -> None:
         self._update_jobs(f"job_id = '{job_id}' AND attempt = {int(attempt)}", **set_sql)

@@ -56,9 +56,15 @@ def test_commit_status_and_fencing(spark, tmp_path):
         r.checkpoint_id for r in catalog.checkpoints("clicks", (CheckpointStatus.CORRUPT,))
     ] == [3]
     assert [j["attempt"] for j in catalog.jobs("clicks")] == [1, 2]
+    # attempt 1 was still marked RUNNING (its driver died without saying so): now LOST
+    assert [j["status"] for j in catalog.jobs("clicks")] == ["LOST", "RUNNING"]
     assert catalog.jobs("clicks")[1]["restored_from"] == 2
     assert catalog.checkpoints("other") == []
-    catalog.set_job_status("clicks", 1, "FAILED", "driver killed")
+    catalog.set_job_status("clicks", 1, "FAILED", "driver 'killed' \\ -9")
     assert catalog.jobs("clicks")[0]["status"] == "FAILED"
-    catalog.set_allocation("clicks", 2, {"0": "host-a", "1": "host-b"})
+    assert catalog.jobs("clicks")[0]["failure_reason"] == "driver 'killed' \\ -9"
+    catalog.set_restored("clicks", 2, 2, {"0": "host-a", "1": "host-b"})
     assert json.loads(catalog.jobs("clicks")[1]["allocation"]) == {"0": "host-a", "1": "host-b"}
+    before = catalog.jobs("clicks")[1]["last_heartbeat_ms"]
+    catalog.heartbeat("clicks", 2)
+    assert catalog.jobs("clicks")[1]["last_heartbeat_ms"] >= before

@@ -6,7 +6,6 @@ and ``completed_checkpoints`` (each checkpoint, with its figures) as they happen
 an asset here reads its table for the partition and reports a summary.
 """
 
-
 from collections import Counter
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset

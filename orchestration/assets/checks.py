@@ -1,7 +1,6 @@
 """Asset checks over every streaming job in the catalog: checkpoints are fresh while a job
 runs, no retained checkpoint references a missing file, and primary storage stays bounded."""
 
-
 import time
 
 from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check

@@ -2,7 +2,6 @@
 run process was killed, so nobody will mark it failed) is marked failed, which lets
 ``restore_on_failure`` restore it."""
 
-
 import time
 
 from dagster import (

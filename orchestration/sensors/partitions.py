@@ -1,6 +1,5 @@
 """``register_streaming_jobs``: one dynamic partition per registered streaming job."""
 
-
 from dagster import (
     DefaultSensorStatus,
     SensorEvaluationContext,

@@ -1,7 +1,6 @@
 """``restore_on_failure``: a failed streaming run is followed by a restore-from-latest run of the
 same streaming job, placed where the failed attempt's state lives (executor hints)."""
 
-
 import json
 from datetime import datetime, timedelta, timezone
 

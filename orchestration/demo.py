@@ -1,0 +1,200 @@
+"""``make demo``: Dagster's webserver and daemon on the embedded default, with example streaming
+jobs running and new input arriving.
+
+Everything lives under one home directory (``$CUTLINE_HOME``, default ``.cutline``): the Dagster
+instance in ``dagster/`` (configured from ``orchestration/instance/dagster.yaml``), checkpoints,
+warehouse, local state and the input log. Stop with Ctrl-C (the runs are stopped with it).
+"""
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster_graphql import DagsterGraphQLClient
+
+from orchestration.partitions import JOB_TAG, streaming_job_partitions
+from orchestration.resources import default_home
+from spark_jobs.job import job_names
+
+ROOT = Path(__file__).resolve().parent.parent
+INSTANCE_YAML = Path(__file__).parent / "instance" / "dagster.yaml"
+DEMO_JOBS = ("clicks_per_user", "windowed_revenue")
+INPUT = {"clicks_per_user": "clicks", "windowed_revenue": "orders"}
+
+
+def dagster_env(home: Path) -> dict[str, str]:
+    """The environment of the Dagster processes: their instance and Cutline's home."""
+    dagster_home = home / "dagster"
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    shutil.copy(INSTANCE_YAML, dagster_home / "dagster.yaml")
+    return {**os.environ, "DAGSTER_HOME": str(dagster_home), "CUTLINE_HOME": str(home)}
+
+
+class DagsterProcesses:
+    """``dagster-webserver`` and ``dagster-daemon`` for ``workspace.yaml``, on 127.0.0.1."""
+
+    def __init__(self, home: Path, port: int, env: dict[str, str] | None = None) -> None:
+        self.home, self.port = home, port
+        self.env = {**dagster_env(home), **(env or {})}
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, timeout_s: float = 180) -> "DagsterProcesses":
+        bin_dir = Path(sys.executable).parent
+        workspace = ["-w", str(ROOT / "workspace.yaml")]
+        logs = self.home / "dagster"
+        for name, argv in (
+            (
+                "webserver",
+                [
+                    bin_dir / "dagster-webserver",
+                    *workspace,
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.port),
+                ],
+            ),
+            ("daemon", [bin_dir / "dagster-daemon", "run", *workspace]),
+        ):
+            out = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
+            self.procs.append(
+                subprocess.Popen(
+                    [str(a) for a in argv],
+                    cwd=ROOT,
+                    env=self.env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in self.procs):
+                raise RuntimeError(f"a Dagster process exited; see {logs}/*.log")
+            try:
+                with urllib.request.urlopen(f"{self.url}/server_info", timeout=2):
+                    return self
+            except OSError:
+                time.sleep(1)
+        raise RuntimeError(f"the Dagster webserver did not come up on {self.url}")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self) -> DagsterGraphQLClient:
+        return DagsterGraphQLClient("127.0.0.1", port_number=self.port)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+def launch_streaming_run(
+    client: DagsterGraphQLClient, job_name: str, config: dict | None = None
+) -> str:
+    """Submit a run of ``streaming_job`` for one streaming job (queued: one active run per job)."""
+    return client.submit_job_execution(
+        "streaming_job",
+        run_config={"ops": {"streaming_driver": {"config": config or {}}}},
+        tags={"dagster/partition": job_name, JOB_TAG: job_name},
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestration.demo", description=__doc__)
+    parser.add_argument("--home", default=default_home())
+    parser.add_argument("--port", type=int, default=3000)
+    parser.add_argument("--rate", type=float, default=2000.0, help="input records/s per job")
+    args = parser.parse_args(argv)
+    home = Path(args.home).resolve()
+    dagster = DagsterProcesses(home, args.port).start()
+    register_partitions(home)
+    print(f"Dagster UI: {dagster.url}  (home {home})", flush=True)
+    generators = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "spark_jobs.cli",
+                "--home",
+                str(home),
+                "generate",
+                INPUT[job],
+                "--count",
+                "10000000",
+                "--rate",
+                str(args.rate),
+            ],
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        for job in DEMO_JOBS
+    ]
+    client = dagster.client()
+    try:
+        for job in DEMO_JOBS:
+            run_id = launch_streaming_run(client, job)
+            print(f"launched {job}: {dagster.url}/runs/{run_id}", flush=True)
+        print(
+            "Open the UI: Assets (lineage, completed_checkpoints' plots), Runs, Automation.\n"
+            "Kill a driver to watch restore_on_failure: kill -9 <the run's cutline/submit-pid>.\n"
+            "Ctrl-C stops everything.",
+            flush=True,
+        )
+        while all(p.poll() is None for p in dagster.procs):
+            time.sleep(2)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        for g in generators:
+            g.terminate()
+        for run_id in _active_runs(home):
+            with contextlib.suppress(Exception):  # best effort on the way out
+                client.terminate_run(run_id)
+        dagster.stop()
+
+
+def instance(home: Path) -> DagsterInstance:
+    """The demo's Dagster instance (the one its webserver and daemon use)."""
+    return DagsterInstance.from_config(str(home / "dagster"))
+
+
+def register_partitions(home: Path) -> None:
+    """A partition per registered job now (the register_streaming_jobs sensor would add them
+    on its next tick)."""
+    with instance(home) as inst:
+        known = set(inst.get_dynamic_partitions(streaming_job_partitions.name))
+        new = [n for n in job_names() if n not in known]
+        if new:
+            inst.add_dynamic_partitions(streaming_job_partitions.name, new)
+
+
+def _active_runs(home: Path) -> list[str]:
+    with instance(home) as inst:
+        runs = inst.get_runs(
+            RunsFilter(
+                job_name="streaming_job",
+                statuses=[DagsterRunStatus.STARTED, DagsterRunStatus.QUEUED],
+            )
+        )
+    return [r.run_id for r in runs]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

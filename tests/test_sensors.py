@@ -1,0 +1,179 @@
+"""The sensors against a real catalog (Delta tables written by delta-spark) and a test Dagster
+instance: restore_on_failure, streaming_heartbeat, register_streaming_jobs; and the job that
+records a stop in the catalog."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from dagster import (
+    DagsterRunStatus,
+    RunRequest,
+    build_run_status_sensor_context,
+    build_sensor_context,
+    instance_for_test,
+)
+
+import orchestration.sensors.heartbeat as heartbeat
+from orchestration.definitions import defs
+from orchestration.partitions import (
+    ATTEMPT_TAG,
+    EXIT_CODE_TAG,
+    JOB_TAG,
+    RESTART_TAG,
+    RESTORE_OF_TAG,
+)
+from orchestration.resources import CutlinePaths
+from orchestration.restart import Liveness
+from orchestration.sensors.partitions import register_streaming_jobs
+from orchestration.sensors.restore import STRATEGY, restore_on_failure
+from orchestration.streaming import streaming_job
+from spark_jobs.delta_catalog import DeltaCatalog
+from spark_jobs.job import job_names
+
+pytestmark = pytest.mark.spark
+
+JOB = "clicks_per_user"
+
+
+@pytest.fixture
+def instance():
+    with instance_for_test() as inst:
+        yield inst
+
+
+@pytest.fixture
+def paths(tmp_path) -> CutlinePaths:
+    return CutlinePaths(home=str(tmp_path / "home"))
+
+
+@pytest.fixture
+def catalog(spark, paths) -> DeltaCatalog:
+    return DeltaCatalog(spark, paths.paths().warehouse)
+
+
+def make_run(instance, status=None, config=None, **tags):
+    return instance.create_run_for_job(
+        job_def=streaming_job,
+        run_config={"ops": {"streaming_driver": {"config": config or {}}}},
+        tags={JOB_TAG: JOB, "dagster/partition": JOB, **tags},
+        status=status,
+    )
+
+
+def fail(instance, run):
+    event = instance.report_run_failed(run, "driver exited")
+    return instance.get_run_by_id(run.run_id), event
+
+
+def evaluate_restore(instance, run, event, paths):
+    context = build_run_status_sensor_context(
+        sensor_name="restore_on_failure",
+        dagster_instance=instance,
+        dagster_run=run,
+        dagster_event=event,
+        resources={"cutline_paths": paths},
+    ).for_run_failure()
+    return restore_on_failure(context)
+
+
+def test_a_failed_run_is_restored_from_latest_with_its_allocation_as_hints(
+    instance, paths, catalog
+):
+    run = make_run(instance, config={"idle_timeout_s": 5.0}, **{EXIT_CODE_TAG: "-9"})
+    attempt = catalog.begin_attempt(JOB, run_id=run.run_id)
+    catalog.set_restored(JOB, attempt, None, {"0": "host-a", "1": "host-b"})
+    run, event = fail(instance, run)
+
+    request = evaluate_restore(instance, run, event, paths)
+
+    assert isinstance(request, RunRequest)
+    assert request.run_key == f"restore-{run.run_id}"  # one restore per failed run
+    assert request.partition_key == JOB
+    config = request.run_config["ops"]["streaming_driver"]["config"]
+    assert config == {
+        "idle_timeout_s": 5.0,  # the failed run's own settings carry over
+        "restore": "latest",
+        "hints": {"0": "host-a", "1": "host-b"},
+        "delay_s": STRATEGY.initial_backoff_s,
+    }
+    assert request.tags[RESTORE_OF_TAG] == run.run_id
+    assert request.tags[JOB_TAG] == JOB and request.tags[ATTEMPT_TAG] == "1"
+    assert instance.get_run_by_id(run.run_id).tags[RESTART_TAG].startswith("restore 1 of")
+
+
+def test_restores_back_off_and_stop_after_the_limit_saying_so(instance, paths, catalog):
+    previous = None
+    delays = []
+    for _ in range(STRATEGY.max_restores + 1):
+        tags = {RESTORE_OF_TAG: previous.run_id} if previous else {}
+        run, event = fail(instance, make_run(instance, **tags))
+        request = evaluate_restore(instance, run, event, paths)
+        if request.job_name == streaming_job.name:
+            delays.append(request.run_config["ops"]["streaming_driver"]["config"]["delay_s"])
+        previous = run
+    assert delays == [1.0, 2.0, 4.0, 8.0, 16.0]
+    # the restores themselves failed, as the last one does: the strategy gives up
+    run, event = fail(instance, make_run(instance, **{RESTORE_OF_TAG: previous.run_id}))
+    request = evaluate_restore(instance, run, event, paths)
+    assert request.job_name == "stop_streaming_job"
+    assert request.run_config["ops"]["record_stopped"]["config"]["run_id"] == run.run_id
+    assert instance.get_run_by_id(run.run_id).tags[RESTART_TAG].startswith("stopped: ")
+
+
+def test_bad_configuration_is_not_restored(instance, paths, catalog):
+    run, event = fail(instance, make_run(instance, **{EXIT_CODE_TAG: "2"}))
+    request = evaluate_restore(instance, run, event, paths)
+    assert request.job_name == "stop_streaming_job"
+    reason = instance.get_run_by_id(run.run_id).tags[RESTART_TAG]
+    assert "configuration" in reason
+
+
+def test_the_stop_job_marks_the_attempt_stopped_in_the_catalog(instance, paths, catalog):
+    run = make_run(instance)
+    attempt = catalog.begin_attempt(JOB, run_id=run.run_id)
+    catalog.set_job_status(JOB, attempt, "FAILED", "driver exited 1")
+    result = defs.get_job_def("stop_streaming_job").execute_in_process(
+        instance=instance,
+        run_config={
+            "ops": {
+                "record_stopped": {
+                    "config": {"job_name": JOB, "run_id": run.run_id, "reason": "5 restores"}
+                }
+            }
+        },
+        resources={"cutline_paths": paths},
+    )
+    assert result.success
+    row = catalog.jobs(JOB)[-1]
+    assert row["status"] == "STOPPED"
+    assert "5 restores" in row["failure_reason"] and "driver exited 1" in row["failure_reason"]
+
+
+def test_heartbeat_sensor_fails_runs_whose_driver_went_silent(
+    instance, paths, catalog, monkeypatch
+):
+    monkeypatch.setattr(heartbeat, "LIVENESS", Liveness(heartbeat_timeout_s=1.5))
+    other = "windowed_revenue"
+    silent = make_run(instance, status=DagsterRunStatus.STARTED)
+    alive = make_run(
+        instance, status=DagsterRunStatus.STARTED, **{JOB_TAG: other, "dagster/partition": other}
+    )
+    catalog.begin_attempt(JOB, run_id=silent.run_id)
+    alive_attempt = catalog.begin_attempt(other, run_id=alive.run_id)
+    time.sleep(2.0)
+    catalog.heartbeat(other, alive_attempt)
+
+    context = build_sensor_context(instance=instance, resources={"cutline_paths": paths})
+    heartbeat.streaming_heartbeat.evaluate_tick(context)
+
+    assert instance.get_run_by_id(silent.run_id).status == DagsterRunStatus.FAILURE
+    assert instance.get_run_by_id(alive.run_id).status == DagsterRunStatus.STARTED
+
+
+def test_every_registered_job_gets_a_partition(instance):
+    instance.add_dynamic_partitions("streaming_jobs", [JOB])
+    data = register_streaming_jobs.evaluate_tick(build_sensor_context(instance=instance))
+    (request,) = data.dynamic_partitions_requests
+    assert sorted(request.partition_keys) == sorted(n for n in job_names() if n != JOB)
