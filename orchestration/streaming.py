@@ -26,6 +26,7 @@ from dagster import (
     PipesEnvContextInjector,
     PipesTempFileMessageReader,
     RunsFilter,
+    in_process_executor,
     job,
     op,
     open_pipes_session,
@@ -198,6 +199,8 @@ def streaming_driver(
 @job(
     name="streaming_job",
     description="Runs a streaming job (the partition) from its latest completed checkpoint",
+    # one process per run: the run worker is the op's process, which the driver watches
+    executor_def=in_process_executor,
     config=PartitionedConfig(
         partitions_def=streaming_job_partitions,
         run_config_for_partition_key_fn=lambda key: {},

@@ -1,0 +1,207 @@
+"""Automatic recovery through Dagster, end to end, with a real dagster-daemon and webserver.
+
+A streaming run of clicks_per_user reads input that keeps arriving. Its Spark driver is killed
+with SIGKILL: ``restore_on_failure`` launches a restore run that restores the latest checkpoint
+from the local copies, with the failed attempt's allocation as hints. Then that run's own Dagster
+process is killed: the driver notices and stops, ``streaming_heartbeat`` marks the run failed,
+and a third run restores and runs to the end. The output then equals what the input says it
+must be (counts and latest event time per user): nothing lost, nothing duplicated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.json as pj
+import pytest
+from dagster import AssetKey, DagsterRunStatus
+
+from orchestration.demo import DagsterProcesses, instance, launch_streaming_run, register_partitions
+from orchestration.partitions import DRIVER_PID_TAG, RESTORE_OF_TAG, WORKER_PID_TAG
+from spark_jobs.local_log import partition_path
+from tests.e2e_util import ROOT, completed_checkpoints, table_rows, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+JOB = "clicks_per_user"
+HOST = socket.gethostname()
+PER_PARTITION = 180_000  # clicks per partition, arriving at RATE records/s
+RATE = 2_400.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def expected_output(home: Path) -> dict[str, tuple[int, int]]:
+    """user -> (clicks, latest ts), computed from the input log alone."""
+    counts: Counter[str] = Counter()
+    latest: dict[str, int] = {}
+    for p in (0, 1):
+        table = pj.read_json(partition_path(home / "log", "clicks", p))
+        for user, ts in zip(table["user"].to_pylist(), table["ts"].to_pylist(), strict=True):
+            counts[user] += 1
+            latest[user] = max(latest.get(user, ts), ts)
+    return {u: (counts[u], latest[u]) for u in counts}
+
+
+def runs(home: Path) -> list:
+    with instance(home) as inst:
+        return list(reversed(inst.get_runs()))
+
+
+def run_where(home: Path, **tags) -> object | None:
+    for r in runs(home):
+        if all(r.tags.get(k) == v for k, v in tags.items()):
+            return r
+    return None
+
+
+def status(home: Path, run_id: str) -> DagsterRunStatus:
+    with instance(home) as inst:
+        return inst.get_run_by_id(run_id).status
+
+
+def first_batch_at(home: Path, run_id: str) -> float | None:
+    """When the run's driver finished its first micro-batch (its streaming_jobs report)."""
+    with instance(home) as inst:
+        records = inst.fetch_materializations(AssetKey("streaming_jobs"), limit=50).records
+    for record in records:
+        if record.run_id == run_id:
+            return record.asset_materialization.metadata["first_batch_at"].value
+    return None
+
+
+def failure_message(home: Path, run_id: str) -> str:
+    with instance(home) as inst:
+        return " ".join(
+            e.message or ""
+            for e in inst.all_logs(run_id)
+            if e.is_dagster_event and e.dagster_event.event_type_value == "PIPELINE_FAILURE"
+        )
+
+
+def parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def python_driver(submit_pid: int) -> int:
+    """The Python driver that spark-submit started (a child of its JVM)."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            parent = parent_pid(int(proc.name))
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+        if parent == submit_pid and any(a.endswith(b"spark_jobs/cli.py") for a in cmdline):
+            return int(proc.name)
+    raise AssertionError(f"no Python driver under spark-submit {submit_pid}")
+
+
+def attempts(home: Path) -> list[dict]:
+    return table_rows_dicts(home / "warehouse" / "catalog" / "streaming_jobs")
+
+
+def table_rows_dicts(path: Path) -> list[dict]:
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(path)).to_pyarrow_table(filters=[("job_id", "=", JOB)]).to_pylist()
+
+
+def test_dagster_restores_a_killed_driver_and_a_lost_run_process(tmp_path):
+    home = tmp_path / "home"
+    (home / "log").mkdir(parents=True)
+    generator = subprocess.Popen(
+        [sys.executable, "-m", "spark_jobs.cli", "--home", str(home), "generate", "clicks",
+         "--count", str(PER_PARTITION), "--rate", str(RATE), "--users", "5000"],
+        cwd=ROOT,
+    )  # fmt: skip
+    dagster = DagsterProcesses(home, free_port()).start()
+    try:
+        register_partitions(home)
+        first = launch_streaming_run(dagster.client(), JOB, {"idle_timeout_s": 20.0})
+
+        # 1. kill -9 the Spark driver once two checkpoints completed
+        wait_for(lambda: len(completed_checkpoints(home, JOB)) >= 2, 300, "2 checkpoints")
+        run = run_where(home, **{"cutline/job": JOB})
+        assert run.run_id == first
+        driver = python_driver(int(run.tags[DRIVER_PID_TAG]))
+        killed_at = time.time()
+        os.kill(driver, signal.SIGKILL)
+
+        wait_for(lambda: run_where(home, **{RESTORE_OF_TAG: first}), 120, "a restore run")
+        second = run_where(home, **{RESTORE_OF_TAG: first})
+        assert status(home, first) == DagsterRunStatus.FAILURE
+        config = second.run_config["ops"]["streaming_driver"]["config"]
+        assert config["hints"] == {"0": HOST, "1": HOST}  # the failed attempt's allocation
+        assert config["restore"] == "latest" and config["idle_timeout_s"] == 20.0
+        wait_for(lambda: first_batch_at(home, second.run_id), 180, "the restored first batch")
+        recovery_s = first_batch_at(home, second.run_id) - killed_at
+        print(
+            f"\nkill -9 of the driver -> first micro-batch of the restore run: {recovery_s:.1f} s"
+        )
+
+        recoveries = table_rows_dicts(home / "warehouse" / "catalog" / "recoveries")
+        (recovery,) = [r for r in recoveries if r["attempt"] == 2]
+        assert (recovery["subtasks_local"], recovery["subtasks_remote"]) == (2, 0)
+        assert json.loads(recovery["hints"]) == {"0": HOST, "1": HOST}
+
+        # 2. after a checkpoint, kill -9 the restore run's own process (the run worker) and the
+        # code server that launched it, which would otherwise report the death: as when the
+        # host goes away, nobody says the run ended; its driver stops heartbeating.
+        wait_for(
+            lambda: any(r["attempt"] == 2 for r in completed_checkpoints(home, JOB)),
+            180,
+            "a checkpoint of attempt 2",
+        )
+        killed_at = time.time()
+        worker = int(run_where(home, **{RESTORE_OF_TAG: first}).tags[WORKER_PID_TAG])
+        os.kill(parent_pid(worker), signal.SIGKILL)
+        os.kill(worker, signal.SIGKILL)
+        wait_for(
+            lambda: run_where(home, **{RESTORE_OF_TAG: second.run_id}), 300, "a second restore"
+        )
+        detected_s = time.time() - killed_at
+        print(f"run process killed -> marked failed, restore requested: {detected_s:.1f} s")
+        assert status(home, second.run_id) == DagsterRunStatus.FAILURE
+        assert "driver lost" in failure_message(home, second.run_id)  # streaming_heartbeat
+        third = run_where(home, **{RESTORE_OF_TAG: second.run_id})
+
+        # 3. the third run restores and runs to the end of the input
+        assert generator.wait(timeout=400) == 0
+        finished = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+        wait_for(lambda: status(home, third.run_id) in finished, 400, "the last run to finish")
+        assert status(home, third.run_id) == DagsterRunStatus.SUCCESS
+    finally:
+        if generator.poll() is None:
+            generator.kill()
+        dagster.stop()
+
+    rows = attempts(home)
+    assert [r["status"] for r in sorted(rows, key=lambda r: r["attempt"])] == [
+        "LOST",  # killed -9: nobody said it ended until attempt 2 started
+        "FAILED",  # its run process died: the driver stopped itself
+        "FINISHED",
+    ]
+    output = table_rows(home / "warehouse" / "tables" / JOB)
+    assert len(set(output)) == len(output)
+    final: dict[str, tuple[int, int]] = {}
+    seen_counts: Counter[tuple[str, int]] = Counter()
+    for user, clicks, last_ts, _epoch in output:
+        seen_counts[(user, clicks)] += 1
+        if clicks > final.get(user, (0, 0))[0]:
+            final[user] = (clicks, last_ts)
+    assert not [k for k, n in seen_counts.items() if n > 1], "an update was written twice"
+    expected = expected_output(home)
+    assert sum(c for c, _ in expected.values()) == 2 * PER_PARTITION
+    assert final == expected
