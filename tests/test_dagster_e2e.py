@@ -150,6 +150,7 @@ def test_dagster_restores_a_killed_driver_and_a_lost_run_process(tmp_path):
         print(
             f"\nkill -9 of the driver -> first micro-batch of the restore run: {recovery_s:.1f} s"
         )
+        assert recovery_s < 120  # 38-49 s measured on this machine (target: 60 s)
 
         recoveries = table_rows_dicts(home / "warehouse" / "catalog" / "recoveries")
         (recovery,) = [r for r in recoveries if r["attempt"] == 2]
