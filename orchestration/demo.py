@@ -26,8 +26,7 @@ from spark_jobs.job import job_names
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTANCE_YAML = Path(__file__).parent / "instance" / "dagster.yaml"
-DEMO_JOBS = ("clicks_per_user", "windowed_revenue")
-INPUT = {"clicks_per_user": "clicks", "windowed_revenue": "orders"}
+INPUT = {"clicks_per_user": "clicks", "windowed_revenue": "orders"}  # jobs the demo can feed
 
 
 def dagster_env(home: Path) -> dict[str, str]:
@@ -120,6 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--home", default=default_home())
     parser.add_argument("--port", type=int, default=3000)
     parser.add_argument("--rate", type=float, default=2000.0, help="input records/s per job")
+    parser.add_argument(
+        "--jobs",
+        nargs="+",
+        default=["clicks_per_user"],
+        choices=sorted(INPUT),
+        help="streaming jobs to launch (each is a Spark driver: mind the cores)",
+    )
     args = parser.parse_args(argv)
     home = Path(args.home).resolve()
     dagster = DagsterProcesses(home, args.port).start()
@@ -143,11 +149,11 @@ def main(argv: list[str] | None = None) -> int:
             cwd=ROOT,
             start_new_session=True,
         )
-        for job in DEMO_JOBS
+        for job in args.jobs
     ]
     client = dagster.client()
     try:
-        for job in DEMO_JOBS:
+        for job in args.jobs:
             run_id = launch_streaming_run(client, job)
             print(f"launched {job}: {dagster.url}/runs/{run_id}", flush=True)
         print(
