@@ -155,6 +155,27 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gc(args: argparse.Namespace) -> int:
+    """One retention GC pass over a job's checkpoints (see spark_jobs.gc)."""
+    from spark_jobs.gc import collect_garbage
+    from spark_jobs.session import build_spark
+
+    spark = build_spark(args.master, f"cutline-gc-{args.job}")
+    report = collect_garbage(
+        spark, args.job, _paths(args), dry_run=args.dry_run, grace_s=args.grace_s
+    )
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        verb = "would delete" if args.dry_run else "deleted"
+        print(
+            f"{args.job}: subsumed {report.subsumed}, retained {report.retained}; {verb} "
+            f"{report.files_deleted} files ({report.bytes_reclaimed:,} B); "
+            f"{report.stored_bytes:,} B stored; {report.local_copies_pruned} local copies pruned"
+        )
+    return 0
+
+
 def _generate(args: argparse.Namespace) -> int:
     from spark_jobs.generate import generate
 
@@ -171,6 +192,16 @@ def _generate(args: argparse.Namespace) -> int:
     )
     print(f"appended {n:,} {args.kind} records to {root}/{args.topic or args.kind}")
     return 0
+
+
+def _add_path_options(parser: argparse.ArgumentParser) -> None:
+    for name, default in (
+        ("checkpoint-root", "<home>/checkpoints; or s3://bucket/prefix"),
+        ("warehouse", "<home>/warehouse"),
+        ("local-state-root", "<home>/local-state"),
+        ("log-root", "<home>/log"),
+    ):
+        parser.add_argument(f"--{name}", help=f"default: {default}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -193,14 +224,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--mode", choices=["exactly_once", "at_least_once"], help="override")
     run.add_argument("--interval-ms", type=int, help="override the checkpoint interval")
     run.add_argument("--run-id", default="", help="orchestrator run id, recorded in the catalog")
-    for name, default in (
-        ("checkpoint-root", "<home>/checkpoints; or s3://bucket/prefix"),
-        ("warehouse", "<home>/warehouse"),
-        ("local-state-root", "<home>/local-state"),
-        ("log-root", "<home>/log"),
-    ):
-        run.add_argument(f"--{name}", help=f"default: {default}")
+    _add_path_options(run)
     run.set_defaults(func=_run)
+    gc = sub.add_parser("gc", help="retention GC of a job: subsume, delete what nothing needs")
+    gc.add_argument("job")
+    gc.add_argument("--dry-run", action="store_true", help="report what would go; delete nothing")
+    gc.add_argument("--grace-s", type=float, help="default: the job's checkpoint timeout")
+    gc.add_argument("--master", help="Spark master (default local[*] or $CUTLINE_SPARK_MASTER)")
+    gc.add_argument("--json", action="store_true")
+    _add_path_options(gc)
+    gc.set_defaults(func=_gc)
     gen = sub.add_parser("generate", help="append synthetic events to the local log")
     gen.add_argument("kind", choices=["clicks", "orders", "profiles"])
     gen.add_argument("--count", type=int, required=True, help="records per partition")

@@ -208,16 +208,16 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
     def mark_corrupt(self, job_id: str, checkpoint_id: int, reason: str) -> None:
         self._set_status(job_id, [checkpoint_id], CheckpointStatus.CORRUPT)
 
-    def _update(self, table: str, condition: str, **set_sql: str) -> None:
-        """An UPDATE, retried when a concurrent writer's commit conflicts with it (Delta's
-        optimistic concurrency; tables are partitioned by job, so only writers of the same job
-        can conflict: a new attempt and its predecessor's last heartbeat)."""
+    def _retrying(self, action) -> None:
+        """Run a read-modify-write ``action``, again when a concurrent writer's commit conflicts
+        with it (Delta's optimistic concurrency; tables are partitioned by job, so only writers
+        of the same job conflict: a new attempt and its predecessor's last heartbeat, or GC and
+        the running job)."""
         from delta.exceptions import (
             ConcurrentAppendException,
             ConcurrentDeleteReadException,
             ConcurrentTransactionException,
         )
-        from delta.tables import DeltaTable
 
         conflicts = (
             ConcurrentAppendException,
@@ -227,14 +227,21 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
         for attempt in range(_UPDATE_TRIES):
             try:
                 with self._lock:
-                    DeltaTable.forPath(self.spark, self.path(table)).update(
-                        condition=condition, set=set_sql
-                    )
+                    action()
                 return
             except conflicts:
                 if attempt == _UPDATE_TRIES - 1:
                     raise
                 time.sleep(0.1 * 2**attempt)
+
+    def _update(self, table: str, condition: str, **set_sql: str) -> None:
+        from delta.tables import DeltaTable
+
+        self._retrying(
+            lambda: DeltaTable.forPath(self.spark, self.path(table)).update(
+                condition=condition, set=set_sql
+            )
+        )
 
     def _update_jobs(self, condition: str, **set_sql: str) -> None:
         self._update("streaming_jobs", condition, **set_sql)
@@ -275,3 +282,28 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
     def record_shared_files(self, rows: list[dict[str, Any]]) -> None:
         with self._lock:
             self._append("shared_state_files", rows)
+
+    def update_shared_files(self, job_id: str, updates: list[dict[str, Any]]) -> None:
+        """Set refcount, last_used, status and deleted_at_ms of existing rows (by path), in one
+        MERGE. GC only updates rows: a row the runtime has not appended yet is left to it."""
+        from delta.tables import DeltaTable
+
+        if not updates:
+            return
+        source = self.spark.createDataFrame(
+            updates,
+            "path string, refcount int, last_used long, status string, deleted_at_ms long",
+        )
+
+        def merge() -> None:
+            (
+                DeltaTable.forPath(self.spark, self.path("shared_state_files"))
+                .alias("t")
+                .merge(source.alias("u"), f"t.job_id = '{job_id}' AND t.path = u.path")
+                .whenMatchedUpdate(
+                    set={c: f"u.{c}" for c in ("refcount", "last_used", "status", "deleted_at_ms")}
+                )
+                .execute()
+            )
+
+        self._retrying(merge)

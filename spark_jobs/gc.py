@@ -1,0 +1,162 @@
+"""Retention GC of one job (``cutline gc JOB``; the Dagster retention job runs the same).
+
+One pass: mark COMPLETED checkpoints beyond ``num_retained`` SUBSUMED, list the job's root in
+primary storage, delete what :func:`state.gc.plan_gc` says no checkpoint needs (unreferenced
+shared files, private files of subsumed checkpoints, orphans; all older than the grace period),
+prune local copies of checkpoints that are gone, and bring ``shared_state_files`` up to date
+with what is stored (refcount, last used, DELETED with time).
+
+Crash safety: every step is idempotent and recomputed from storage and the catalog, so a pass
+killed at any point leaves nothing referenced deleted, and the next pass finishes the work.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spark_jobs.delta_catalog import DeltaCatalog, now_ms
+from spark_jobs.job import get_job
+from spark_jobs.runtime import RuntimePaths
+from state.gc import plan_gc, select_retention
+from state.manifest import ManifestError
+from state.paths import JobLayout
+from state.registry import StoredFile
+from state.restore import read_manifest
+from state.storage import StorageError, open_storage
+
+
+@dataclass
+class GcReport:
+    job: str
+    dry_run: bool
+    subsumed: list[int] = field(default_factory=list)
+    retained: list[int] = field(default_factory=list)
+    protected: list[int] = field(default_factory=list)
+    files_deleted: int = 0
+    bytes_reclaimed: int = 0
+    shared_files_live: int = 0
+    shared_bytes_live: int = 0
+    stored_bytes: int = 0  # under the job's root after the pass
+    catalog_rows_updated: int = 0
+    local_copies_pruned: int = 0
+    duration_ms: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def default_grace_s(job_name: str) -> float:
+    """The grace period: a pending checkpoint lives at most its timeout, so its uploads are safe
+    for that long."""
+    return get_job(job_name).checkpoint.timeout_ms / 1000
+
+
+def collect_garbage(
+    spark,
+    job_name: str,
+    paths: RuntimePaths,
+    *,
+    dry_run: bool = False,
+    grace_s: float | None = None,
+    log=print,
+) -> GcReport:
+    """One GC pass over ``job_name`` (see the module docstring)."""
+    started = time.perf_counter()
+    job = get_job(job_name)
+    grace = default_grace_s(job_name) if grace_s is None else grace_s
+    catalog = DeltaCatalog(spark, paths.warehouse)
+    storage = open_storage(paths.checkpoint_root)
+    layout = JobLayout(job_name)
+    now = now_ms()
+    report = GcReport(job_name, dry_run)
+
+    rows = catalog.checkpoints(job_name)
+    attempts = catalog.jobs(job_name)
+    current = attempts[-1] if attempts else None
+    running = current is not None and current["status"] == "RUNNING"
+    restored_from = current["restored_from"] if current else None
+    restored_done = restored_from is None or any(
+        r.attempt == current["attempt"] and r.checkpoint_id > restored_from for r in rows
+    )
+    retention = select_retention(
+        rows,
+        num_retained=job.checkpoint.num_retained,
+        now_ms=now,
+        grace_s=grace,
+        restored_from=restored_from,
+        restored_done=restored_done,
+    )
+    report.subsumed, report.retained = retention.subsume, retention.retained
+    report.protected = retention.protected
+    if retention.subsume and not dry_run:
+        catalog.mark_subsumed(job_name, retention.subsume)
+
+    by_id = {r.checkpoint_id: r for r in rows}
+    manifests = {}
+    for cid in retention.protected:
+        try:
+            manifests[cid] = read_manifest(storage, by_id[cid].metadata_path)
+        except (ManifestError, StorageError) as e:
+            raise RuntimeError(
+                f"{job_name}: checkpoint {cid} is protected but its manifest is unreadable ({e});"
+                " GC deletes nothing until it is repaired or a restore marks it CORRUPT"
+            ) from e
+    prefix = job_name + "/"
+    listing = [
+        StoredFile(info.path[len(prefix) :], info.size, info.modified)
+        for info in storage.list(job_name)
+    ]
+    latest = max(retention.retained, default=0)
+    plan = plan_gc(
+        retention, manifests, listing, latest_completed=latest, now_ms=now, grace_s=grace,
+        running=running,
+    )  # fmt: skip
+    report.files_deleted = len(plan.delete)
+    report.bytes_reclaimed = plan.bytes_reclaimed
+    gone = {f.path for f in plan.delete}
+    report.stored_bytes = sum(f.size for f in listing if f.path not in gone)
+    if dry_run:
+        log(f"{job_name}: would delete {len(plan.delete)} files ({plan.bytes_reclaimed:,} B)")
+    elif plan.delete:
+        storage.delete_many(layout.job_path(f.path) for f in plan.delete)
+
+    present = {f.path for f in listing} - gone
+    updates = []
+    for row in catalog.shared_files(job_name):
+        if row["status"] != "LIVE":
+            continue
+        path = row["path"]
+        if path not in present:
+            update = {"status": "DELETED", "deleted_at_ms": now, "refcount": 0}
+        else:
+            update = {"status": "LIVE", "deleted_at_ms": None}
+            update["refcount"] = plan.refcounts.get(path, 0)
+            report.shared_files_live += 1
+            report.shared_bytes_live += row["size"]
+        update["last_used"] = max(row["last_used"] or 0, plan.last_used.get(path, 0))
+        if any(update[k] != row[k] for k in update):
+            updates.append({"path": path, **update})
+    report.catalog_rows_updated = len(updates)
+    if not dry_run:
+        catalog.update_shared_files(job_name, updates)
+        report.local_copies_pruned = prune_local_copies(
+            paths.local_state_root, job_name, set(retention.protected), latest
+        )
+    report.duration_ms = (time.perf_counter() - started) * 1000
+    return report
+
+
+def prune_local_copies(root: str, job_name: str, keep: set[int], latest: int) -> int:
+    """Delete this host's local copies of checkpoints that are neither kept nor possibly pending
+    (ids above ``latest``). Returns how many were deleted."""
+    pruned = 0
+    for copy in Path(root, job_name).glob("*/*/chk-*"):
+        cid = JobLayout.checkpoint_id_of(copy.name)
+        if cid is not None and cid not in keep and cid <= latest and copy.is_dir():
+            shutil.rmtree(copy, ignore_errors=True)
+            pruned += 1
+    return pruned
