@@ -1,6 +1,7 @@
 """Everything Dagster loads (``workspace.yaml``): the catalog assets and their checks, the
-streaming job, the sensors that register jobs, restore failed runs and catch lost drivers, and
-the resources, which default to the embedded setup under ``$CUTLINE_HOME``."""
+streaming job, the sensors that register jobs, restore failed runs and catch lost drivers, the
+scheduled retention GC and catalog compaction, and the resources, which default to the embedded
+setup under ``$CUTLINE_HOME``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ from orchestration.assets.checks import (
     no_dangling_references,
     storage_bounded,
 )
-from orchestration.maintenance import stop_streaming_job
+from orchestration.maintenance import (
+    compaction_job,
+    compaction_schedule,
+    retention_job,
+    retention_schedule,
+    stop_streaming_job,
+)
 from orchestration.resources import CutlinePaths, S3Resource, SparkSubmit
 from orchestration.sensors.heartbeat import streaming_heartbeat
 from orchestration.sensors.partitions import register_streaming_jobs
@@ -24,8 +31,9 @@ from spark_jobs.session import session_conf
 defs = Definitions(
     assets=[streaming_jobs, completed_checkpoints, shared_state_files],
     asset_checks=[checkpoint_freshness, no_dangling_references, storage_bounded],
-    jobs=[streaming_job, stop_streaming_job],
+    jobs=[streaming_job, retention_job, compaction_job, stop_streaming_job],
     sensors=[register_streaming_jobs, restore_on_failure, streaming_heartbeat],
+    schedules=[retention_schedule, compaction_schedule],
     resources={
         "cutline_paths": CutlinePaths(),
         "spark_submit": SparkSubmit(),

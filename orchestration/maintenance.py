@@ -1,10 +1,23 @@
-"""Jobs that write to the catalog in-process, on a Spark session from dagster-pyspark."""
+"""Jobs that work on the catalog and primary storage in-process, on a Spark session from
+dagster-pyspark: retention GC, catalog compaction, and recording a stopped job."""
 
-from dagster import Config, OpExecutionContext, job, op
+from dagster import (
+    AssetMaterialization,
+    Config,
+    DefaultScheduleStatus,
+    MetadataValue,
+    OpExecutionContext,
+    ScheduleDefinition,
+    job,
+    op,
+)
 from dagster_pyspark import PySparkResource
+from pydantic import Field
 
 from orchestration.resources import CutlinePaths
 from spark_jobs.delta_catalog import DeltaCatalog
+from spark_jobs.gc import collect_garbage
+from spark_jobs.job import job_names
 
 
 class StopConfig(Config):
@@ -36,3 +49,95 @@ def record_stopped(
 @job(description="Marks a streaming job STOPPED in the catalog (restart strategy gave up)")
 def stop_streaming_job() -> None:
     record_stopped()
+
+
+class RetentionConfig(Config):
+    jobs: list[str] = Field(
+        default_factory=list, description="streaming jobs to collect (default: all that ran)"
+    )
+    dry_run: bool = Field(default=False, description="report what would go; delete nothing")
+    grace_s: float | None = Field(default=None, description="default: the checkpoint timeout")
+
+
+@op(description="Retention GC of each streaming job: subsume, delete what no checkpoint needs")
+def retention_gc(
+    context: OpExecutionContext,
+    config: RetentionConfig,
+    pyspark: PySparkResource,
+    cutline_paths: CutlinePaths,
+) -> None:
+    reader = cutline_paths.catalog()
+    names = config.jobs or [n for n in job_names() if reader.jobs(n)]
+    for name in names:
+        report = collect_garbage(
+            pyspark.spark_session,
+            name,
+            cutline_paths.paths(),
+            dry_run=config.dry_run,
+            grace_s=config.grace_s,
+            log=context.log.info,
+        )
+        context.log_event(
+            AssetMaterialization(
+                asset_key="shared_state_files",
+                partition=name,
+                description="dry run: nothing deleted" if config.dry_run else "retention GC",
+                metadata={
+                    "files_deleted": report.files_deleted,
+                    "bytes_reclaimed": report.bytes_reclaimed,
+                    "live_files": report.shared_files_live,
+                    "live_bytes": report.shared_bytes_live,
+                    "stored_bytes": report.stored_bytes,
+                    "subsumed": MetadataValue.json(report.subsumed),
+                    "retained": MetadataValue.json(report.retained),
+                    "local_copies_pruned": report.local_copies_pruned,
+                    "dry_run": config.dry_run,
+                    "duration_ms": report.duration_ms,
+                },
+            )
+        )
+
+
+@job(description="Refcount-based retention GC of every streaming job's checkpoints")
+def retention_job() -> None:
+    retention_gc()
+
+
+class CompactionConfig(Config):
+    vacuum_retention_hours: float = Field(
+        default=168.0, description="VACUUM keeps files any version of this age needs"
+    )
+
+
+@op(description="OPTIMIZE, VACUUM and a log checkpoint on each catalog table")
+def compact_catalog(
+    context: OpExecutionContext,
+    config: CompactionConfig,
+    pyspark: PySparkResource,
+    cutline_paths: CutlinePaths,
+) -> None:
+    catalog = DeltaCatalog(pyspark.spark_session, cutline_paths.paths().warehouse)
+    counts = catalog.maintain(config.vacuum_retention_hours)
+    context.add_output_metadata({f"{t}_files": n for t, n in counts.items()})
+    context.log.info(f"catalog tables compacted: data files {counts}")
+
+
+@job(description="Keeps the catalog's Delta tables compact (they grow by a commit per checkpoint)")
+def compaction_job() -> None:
+    compact_catalog()
+
+
+retention_schedule = ScheduleDefinition(
+    name="retention_schedule",
+    job=retention_job,
+    cron_schedule="*/10 * * * *",
+    default_status=DefaultScheduleStatus.RUNNING,
+    description="Retention GC every 10 minutes",
+)
+compaction_schedule = ScheduleDefinition(
+    name="compaction_schedule",
+    job=compaction_job,
+    cron_schedule="17 * * * *",
+    default_status=DefaultScheduleStatus.RUNNING,
+    description="Catalog compaction hourly",
+)

@@ -283,6 +283,23 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
         with self._lock:
             self._append("shared_state_files", rows)
 
+    def maintain(self, vacuum_retention_hours: float = 168.0) -> dict[str, int]:
+        """Keep the catalog tables healthy as they grow by commits: compact small files
+        (OPTIMIZE), remove files no version within the retention needs (VACUUM), and write a log
+        checkpoint so readers replay a short log. Returns each table's data file count after."""
+        from delta.tables import DeltaTable
+
+        counts = {}
+        for name in TABLES:
+            with self._lock:
+                table = DeltaTable.forPath(self.spark, self.path(name))
+                self._retrying(lambda t=table: t.optimize().executeCompaction())
+                table.vacuum(vacuum_retention_hours)
+                jvm = self.spark._jvm.org.apache.spark.sql.delta.DeltaLog
+                jvm.forTable(self.spark._jsparkSession, self.path(name)).checkpoint()
+                counts[name] = len(table.toDF().inputFiles())
+        return counts
+
     def update_shared_files(self, job_id: str, updates: list[dict[str, Any]]) -> None:
         """Set refcount, last_used, status and deleted_at_ms of existing rows (by path), in one
         MERGE. GC only updates rows: a row the runtime has not appended yet is left to it."""
