@@ -33,7 +33,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
 demo: $(STAMP) check-java
-	$(BIN)/cutline demo
+	$(BIN)/python -m orchestration.demo
 
 bench: $(STAMP)
 	$(BIN)/python bench/snapshot_bench.py --state-mib 100 --churn 0.01 --checkpoints 20

@@ -12,6 +12,7 @@ killed at any point leaves nothing referenced deleted, and the next pass finishe
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -21,12 +22,13 @@ from typing import Any
 from spark_jobs.delta_catalog import DeltaCatalog, now_ms
 from spark_jobs.job import get_job
 from spark_jobs.runtime import RuntimePaths
-from state.gc import plan_gc, select_retention
+from state.gc import ACKS_DIR, plan_gc, select_retention
+from state.handles import SubtaskStateHandle
 from state.manifest import ManifestError
 from state.paths import JobLayout
 from state.registry import StoredFile
 from state.restore import read_manifest
-from state.storage import StorageError, open_storage
+from state.storage import MissingFileError, StorageError, open_storage
 
 
 @dataclass
@@ -71,9 +73,16 @@ def collect_garbage(
     catalog = DeltaCatalog(spark, paths.warehouse)
     storage = open_storage(paths.checkpoint_root)
     layout = JobLayout(job_name)
-    now = now_ms()
     report = GcReport(job_name, dry_run)
 
+    # First what is stored, with the acks of pending checkpoints; then the catalog (see plan_gc)
+    prefix = job_name + "/"
+    listing = [
+        StoredFile(info.path[len(prefix) :], info.size, info.modified)
+        for info in storage.list(job_name)
+    ]
+    pending_paths = _acked_paths(storage, layout, listing)
+    now = now_ms()
     rows = catalog.checkpoints(job_name)
     attempts = catalog.jobs(job_name)
     current = attempts[-1] if attempts else None
@@ -105,15 +114,10 @@ def collect_garbage(
                 f"{job_name}: checkpoint {cid} is protected but its manifest is unreadable ({e});"
                 " GC deletes nothing until it is repaired or a restore marks it CORRUPT"
             ) from e
-    prefix = job_name + "/"
-    listing = [
-        StoredFile(info.path[len(prefix) :], info.size, info.modified)
-        for info in storage.list(job_name)
-    ]
     latest = max(retention.retained, default=0)
     plan = plan_gc(
         retention, manifests, listing, latest_completed=latest, now_ms=now, grace_s=grace,
-        running=running,
+        running=running, pending_paths=pending_paths,
     )  # fmt: skip
     report.files_deleted = len(plan.delete)
     report.bytes_reclaimed = plan.bytes_reclaimed
@@ -125,12 +129,18 @@ def collect_garbage(
         storage.delete_many(layout.job_path(f.path) for f in plan.delete)
 
     present = {f.path for f in listing} - gone
+    rows_now = catalog.shared_files(job_name)
+    missing = _missing_rows(job_name, manifests, latest, {r["path"] for r in rows_now}, present)
+    for row in missing:
+        row["refcount"] = plan.refcounts.get(row["path"], 0)
     updates = []
-    for row in catalog.shared_files(job_name):
+    for row in rows_now:
         if row["status"] != "LIVE":
             continue
         path = row["path"]
-        if path not in present:
+        # absent from the listing: deleted (now or by a killed pass), or uploaded after the
+        # listing was taken; names are never reused, so storage decides
+        if path in gone or (path not in present and not storage.exists(layout.job_path(path))):
             update = {"status": "DELETED", "deleted_at_ms": now, "refcount": 0}
         else:
             update = {"status": "LIVE", "deleted_at_ms": None}
@@ -140,14 +150,55 @@ def collect_garbage(
         update["last_used"] = max(row["last_used"] or 0, plan.last_used.get(path, 0))
         if any(update[k] != row[k] for k in update):
             updates.append({"path": path, **update})
-    report.catalog_rows_updated = len(updates)
+    report.catalog_rows_updated = len(updates) + len(missing)
     if not dry_run:
         catalog.update_shared_files(job_name, updates)
+        catalog.record_shared_files(missing)
         report.local_copies_pruned = prune_local_copies(
             paths.local_state_root, job_name, set(retention.protected), latest
         )
     report.duration_ms = (time.perf_counter() - started) * 1000
     return report
+
+
+def _missing_rows(
+    job_name: str, manifests: dict, latest: int, known: set[str], present: set[str]
+) -> list[dict[str, Any]]:
+    """Rows for stored shared files that checkpoints before the latest reference but the catalog
+    lacks (a driver killed between a checkpoint's commit and recording its new files). Files
+    of the latest checkpoint are left to the driver, which may be recording them right now."""
+    rows: dict[str, dict[str, Any]] = {}
+    for cid in sorted(manifests):
+        m = manifests[cid]
+        for h in m.subtasks:
+            for f in h.files:
+                if not f.shared or f.path in known or f.path not in present:
+                    continue
+                row = rows.get(f.path)
+                if row is None and cid < latest:
+                    rows[f.path] = {
+                        "job_id": job_name, "path": f.path, "operator": h.operator,
+                        "subtask": h.subtask, "size": f.size, "created_by": cid,
+                        "last_used": cid, "refcount": 0, "status": "LIVE",
+                    }  # fmt: skip
+                elif row is not None:
+                    row["last_used"] = cid
+    return list(rows.values())
+
+
+def _acked_paths(storage, layout: JobLayout, listing: list[StoredFile]) -> set[str]:
+    """Files referenced by the acks of pending checkpoints (subtasks that finished uploading)."""
+    paths: set[str] = set()
+    for f in listing:
+        if not (f.path.startswith(ACKS_DIR + "/") and f.path.endswith(".json")):
+            continue
+        try:
+            doc = json.loads(storage.get_bytes(layout.job_path(f.path)))
+        except MissingFileError:  # its checkpoint completed meanwhile: the catalog has it
+            continue
+        if "handle" in doc:
+            paths |= {sf.path for sf in SubtaskStateHandle.from_dict(doc["handle"]).files}
+    return paths
 
 
 def prune_local_copies(root: str, job_name: str, keep: set[int], latest: int) -> int:

@@ -77,12 +77,18 @@ def plan_gc(
     now_ms: int,
     grace_s: float,
     running: bool,
+    pending_paths: Iterable[str] = (),
 ) -> GcPlan:
     """The files to delete among ``files`` (a listing of the job's root, paths relative to it).
 
     ``manifests`` must hold every protected checkpoint's manifest. ``running``: an attempt is
     running, so checkpoint directories above ``latest_completed`` may belong to pending
-    checkpoints and are kept whatever their age.
+    checkpoints and are kept whatever their age. ``pending_paths``: files that acknowledged
+    subtasks of pending checkpoints reference (their acks' handles).
+
+    The listing must be taken before the catalog is read, with the acks read at that moment:
+    then a listed file is either referenced by a checkpoint in the catalog, or by an ack, or is
+    an upload still in flight (fresh, kept by the grace period).
     """
     missing = [cid for cid in retention.protected if cid not in manifests]
     if missing:
@@ -98,7 +104,14 @@ def plan_gc(
         if running
         else set()
     )
-    delete = deletable(stored, kept, now=now_ms / 1000, grace_s=grace_s, pending_ids=pending)
+    delete = deletable(
+        stored,
+        kept,
+        now=now_ms / 1000,
+        grace_s=grace_s,
+        pending_ids=pending,
+        pending_paths=pending_paths,
+    )
     last_used: dict[str, int] = {}
     for m in kept:
         for path in m.shared_paths():
