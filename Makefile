@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.cutline-installed
 
-.PHONY: install test test-fast lint format demo bench clean
+.PHONY: install test test-fast lint format demo screenshots bench clean
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ test-fast: $(STAMP)
 
 demo: $(STAMP) check-java
 	$(BIN)/python -m orchestration.demo
+
+# Screenshots of the UI of a running `make demo` (needs Chromium: apt-get install chromium).
+screenshots: $(STAMP)
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[docs]'
+	$(BIN)/python docs/screenshots.py --url http://127.0.0.1:3000 --out docs
 
 bench: $(STAMP)
 	$(BIN)/python bench/snapshot_bench.py --state-mib 100 --churn 0.01 --checkpoints 20
