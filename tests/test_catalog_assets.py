@@ -63,7 +63,7 @@ def test_assets_report_each_table_for_the_partition(finished):
     chk = metadata("completed_checkpoints")
     assert chk["latest_checkpoint_id"] == summary.checkpoints[-1]
     assert chk["completed"] + chk["subsumed"] == len(summary.checkpoints)
-    assert chk["completed"] == get_job(JOB).checkpoint.num_retained
+    assert chk["completed"] == min(get_job(JOB).checkpoint.num_retained, len(summary.checkpoints))
     files = metadata("shared_state_files")
     assert files["live_files"] > 0 and files["live_bytes"] > 0
 
