@@ -15,6 +15,7 @@ from dagster_pyspark import PySparkResource
 from pydantic import Field
 
 from orchestration.resources import CutlinePaths
+from spark_jobs.compaction import request_compaction
 from spark_jobs.delta_catalog import DeltaCatalog
 from spark_jobs.gc import collect_garbage
 from spark_jobs.job import job_names
@@ -122,9 +123,39 @@ def compact_catalog(
     context.log.info(f"catalog tables compacted: data files {counts}")
 
 
-@job(description="Keeps the catalog's Delta tables compact (they grow by a commit per checkpoint)")
+class StateCompactionConfig(Config):
+    jobs: list[str] = Field(
+        default_factory=list, description="streaming jobs to measure (default: all that ran)"
+    )
+    force: bool = Field(default=False, description="request compaction of every subtask")
+
+
+@op(description="Asks each streaming job whose checkpointed state is a long chain of files to "
+    "compact its RocksDB at its next barrier")  # fmt: skip
+def request_state_compaction(
+    context: OpExecutionContext, config: StateCompactionConfig, cutline_paths: CutlinePaths
+) -> None:
+    reader = cutline_paths.catalog()
+    names = config.jobs or [n for n in job_names() if reader.jobs(n)]
+    requested = {}
+    for name in names:
+        d = request_compaction(name, cutline_paths.paths(), force=config.force)
+        if d.requested:
+            requested[name] = d.requested
+            context.log.info(f"{name}: compaction of subtasks {d.requested} requested ({d.reason})")
+        else:
+            context.log.info(
+                f"{name}: checkpoint {d.latest_checkpoint} within the limits (files per subtask "
+                f"{d.files}, from {d.source_checkpoints} checkpoints)"
+            )
+    context.add_output_metadata({"requested": MetadataValue.json(requested)})
+
+
+@job(description="Keeps the catalog's Delta tables compact (they grow by a commit per checkpoint) "
+     "and bounds the chain of files a restore reads (state compaction requests)")  # fmt: skip
 def compaction_job() -> None:
     compact_catalog()
+    request_state_compaction()
 
 
 retention_schedule = ScheduleDefinition(
@@ -139,5 +170,5 @@ compaction_schedule = ScheduleDefinition(
     job=compaction_job,
     cron_schedule="17 * * * *",
     default_status=DefaultScheduleStatus.RUNNING,
-    description="Catalog compaction hourly",
+    description="Catalog compaction and state compaction requests, hourly",
 )

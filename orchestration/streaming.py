@@ -82,6 +82,7 @@ def started_metadata(event: dict[str, Any], first_batch_ms: int) -> dict[str, An
         "restored_from": event["restored_from"] if event["restored_from"] is not None else -1,
         "subtasks_restored_locally": sum(r.get("source") == "local" for r in reports),
         "subtasks_restored_remotely": sum(r.get("source") == "remote" for r in reports),
+        "files_restored": sum(r.get("files_local", 0) + r.get("files_remote", 0) for r in reports),
         "allocation": MetadataValue.json(event.get("allocation", {})),
         "first_batch_at": MetadataValue.timestamp(first_batch_ms / 1000),
     }
@@ -111,6 +112,11 @@ class _Forwarder:
             elif kind == "checkpoint":
                 self.checkpoints += 1
                 self._materialize("completed_checkpoints", checkpoint_metadata(event))
+            elif kind == "compacted":
+                self.context.log.info(
+                    f"{self.job_name}: state compacted at checkpoint {event['checkpoint_id']}; a "
+                    f"restore reads {event['files_after']} files (before: {event['files_before']})"
+                )
 
     def _materialize(self, asset: str, metadata: dict[str, Any]) -> None:
         self.context.log_event(

@@ -176,6 +176,36 @@ def _gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compact(args: argparse.Namespace) -> int:
+    """Ask a job to compact its state at its next barrier if its chain of files is too long."""
+    from spark_jobs.compaction import request_compaction
+
+    d = request_compaction(
+        args.job,
+        _paths(args),
+        force=args.force,
+        max_files=args.max_files,
+        max_checkpoints=args.max_checkpoints,
+        dry_run=args.dry_run,
+    )
+    if args.json:
+        print(json.dumps(d.to_dict()))
+    elif d.latest_checkpoint is None:
+        print(f"{args.job}: no completed checkpoint to measure")
+    else:
+        verb = "would request" if args.dry_run else "requested"
+        print(
+            f"{args.job}: checkpoint {d.latest_checkpoint} references files per subtask "
+            f"{d.files}, uploaded by {d.source_checkpoints} checkpoints; "
+            + (
+                f"{verb} compaction of subtasks {d.requested} ({d.reason})"
+                if d.requested
+                else "within the limits, nothing requested"
+            )
+        )
+    return 0
+
+
 def _generate(args: argparse.Namespace) -> int:
     from spark_jobs.generate import generate
 
@@ -234,6 +264,19 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--json", action="store_true")
     _add_path_options(gc)
     gc.set_defaults(func=_gc)
+    comp = sub.add_parser(
+        "compact", help="ask a job to compact its RocksDB state at its next barrier"
+    )
+    comp.add_argument("job")
+    comp.add_argument("--force", action="store_true", help="every subtask, whatever its chain")
+    comp.add_argument("--max-files", type=int, help="default: checkpoint.compaction_max_files")
+    comp.add_argument(
+        "--max-checkpoints", type=int, help="default: checkpoint.compaction_max_checkpoints"
+    )
+    comp.add_argument("--dry-run", action="store_true", help="measure; request nothing")
+    comp.add_argument("--json", action="store_true")
+    _add_path_options(comp)
+    comp.set_defaults(func=_compact)
     gen = sub.add_parser("generate", help="append synthetic events to the local log")
     gen.add_argument("kind", choices=["clicks", "orders", "profiles"])
     gen.add_argument("--count", type=int, required=True, help="records per partition")

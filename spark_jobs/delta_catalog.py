@@ -39,7 +39,7 @@ TABLES: dict[str, str] = {
     "recoveries": (
         "job_id string, attempt int, checkpoint_id long, subtasks_local int, subtasks_remote int, "
         "bytes_local long, bytes_remote long, duration_ms double, fallbacks string, hints string, "
-        "recovered_at_ms long"
+        "recovered_at_ms long, files_local int, files_remote int"
     ),
 }
 
@@ -277,7 +277,7 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
 
     def record_recovery(self, row: dict[str, Any]) -> None:
         with self._lock:
-            self._append("recoveries", [row])
+            self._append("recoveries", [row], mergeSchema="true")  # file counts came later
 
     def record_shared_files(self, rows: list[dict[str, Any]]) -> None:
         with self._lock:

@@ -48,6 +48,13 @@ from spark_jobs.subtask import (
     run_subtask,
 )
 from state.catalog import CheckpointStatus
+from state.compaction import (
+    COMPACT_REQUEST,
+    CompactionRequest,
+    CompactionRequestError,
+    clear_request,
+    read_request,
+)
 from state.config import EXACTLY_ONCE
 from state.coordinator import CheckpointCoordinator
 from state.handles import SubtaskStateHandle
@@ -136,7 +143,7 @@ class _Listener:
         self.run.on_complete(record, manifest)
 
     def on_checkpoint_aborted(self, checkpoint_id: int, reason: str) -> None:
-        self.run.aborted.add(checkpoint_id)
+        self.run.on_aborted(checkpoint_id)
         self.run.log(f"checkpoint {checkpoint_id} aborted: {reason}")
 
     def on_job_failed(self, error: BaseException) -> None:
@@ -185,6 +192,9 @@ class StreamingRun:
         self._cuts: queue.Queue = queue.Queue()  # cuts recorded by micro-batches, for the poller
         self._last_progress = time.monotonic()
         self.aborted: set[int] = set()
+        self.layout = JobLayout(job.name)
+        # a compaction request being served: (checkpoint id, request, compaction ms)
+        self._compaction: tuple[int, CompactionRequest, float] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -217,6 +227,8 @@ class StreamingRun:
         self._known_shared.update(f.path for f in manifest.files() if f.shared)
         if new_files:
             self.catalog.record_shared_files(new_files)
+        self._compaction_done(manifest)
+        self._latest_manifest = manifest
         self.summary.checkpoints.append(manifest.checkpoint_id)
         self.log(
             f"checkpoint {manifest.checkpoint_id} complete: batch {manifest.batch_id}, "
@@ -241,6 +253,7 @@ class StreamingRun:
         )
         self.summary.restore_reports = self._restore_reports
         self._known_shared = {f.path for f in manifest.files() if f.shared} if manifest else set()
+        self._latest_manifest = manifest
         self.epoch = self._start_epoch
         self.partitions: dict[str, list[int]] = {}
         self.positions: dict[str, dict[str, int]] = {}
@@ -381,11 +394,14 @@ class StreamingRun:
                 ),
                 "hints": json.dumps(self.hints),
                 "recovered_at_ms": now_ms(),
+                "files_local": sum(r.get("files_local", 0) for r in self._restore_reports),
+                "files_remote": sum(r.get("files_remote", 0) for r in self._restore_reports),
             }
             self.catalog.record_recovery(row)
             self.log(
                 f"restored checkpoint {manifest.checkpoint_id} (batch {manifest.batch_id}): "
                 f"{row['subtasks_local']} subtasks local, {row['subtasks_remote']} remote, "
+                f"{row['files_local'] + row['files_remote']} files: "
                 f"{row['bytes_local']:,} B local, {row['bytes_remote']:,} B remote"
             )
         return manifest
@@ -473,6 +489,7 @@ class StreamingRun:
             },
             confirmed_checkpoint=latest.checkpoint_id if latest else None,
             watermark=self.watermark,
+            compact=self._compact_at(checkpoint_id),
         )
 
     def _execute(self, df, plan: BatchPlan) -> list:
@@ -527,6 +544,9 @@ class StreamingRun:
             candidate = max(event_times) - op.out_of_orderness_ms
             self.watermark = candidate if self.watermark is None else max(self.watermark, candidate)
         self.summary.late_records += sum(r["late_records"] for r in stats)
+        served = self._compaction
+        if checkpoint_id is not None and served is not None and served[0] == checkpoint_id:
+            self._compaction = (*served[:2], max(r["compact_ms"] for r in stats))
         if checkpoint_id is not None:
             # Completion commits Delta transactions: it runs on the ack poller's thread, never on
             # Spark's stream thread, which a stopping query interrupts.
@@ -573,6 +593,63 @@ class StreamingRun:
             time.sleep(0.1)
         if cid not in self.summary.checkpoints:
             self.fail(f"final checkpoint {cid} did not complete")
+
+    # -- state compaction --------------------------------------------------------------------
+
+    def _compact_at(self, checkpoint_id: int | None) -> frozenset[int]:
+        """The subtasks that compact RocksDB before this checkpoint's snapshot: those of the
+        pending compaction request, if no earlier checkpoint is serving it already."""
+        if checkpoint_id is None or self._compaction is not None:
+            return frozenset()
+        try:
+            request = read_request(self.storage, self.layout)
+        except CompactionRequestError as e:
+            self.log(f"{e}: removed")
+            self.storage.delete(self.layout.job_path(COMPACT_REQUEST))
+            return frozenset()
+        except StorageError as e:  # tried again at the next barrier
+            self.log(f"compaction request unreadable: {e}")
+            return frozenset()
+        if request is None:
+            return frozenset()
+        everyone = range(self.job.parallelism)
+        subtasks = frozenset(s for s in request.subtasks if s in everyone) or frozenset(everyone)
+        self._compaction = (checkpoint_id, request, 0.0)
+        self.log(
+            f"checkpoint {checkpoint_id}: subtasks {sorted(subtasks)} compact their state first"
+            f" ({request.reason or 'requested'})"
+        )
+        return subtasks
+
+    def _compaction_done(self, manifest: CheckpointManifest) -> None:
+        """Once a checkpoint that holds the compacted state completes, the request is served."""
+        served = self._compaction
+        if served is None or manifest.checkpoint_id < served[0]:
+            return
+        self._compaction = None
+        cid, request, compact_ms = served
+        clear_request(self.storage, self.layout, request)
+        before = self._latest_manifest.file_count if self._latest_manifest else 0
+        self.log(
+            f"state compacted at checkpoint {cid} in {compact_ms:.0f} ms: a restore now reads "
+            f"{manifest.file_count} files (before: {before})"
+        )
+        self.events.emit(
+            "compacted",
+            {
+                "checkpoint_id": manifest.checkpoint_id,
+                "subtasks": sorted(request.subtasks),
+                "files_before": before,
+                "files_after": manifest.file_count,
+                "compact_ms": compact_ms,
+            },
+        )
+
+    def on_aborted(self, checkpoint_id: int) -> None:
+        self.aborted.add(checkpoint_id)
+        served = self._compaction
+        if served is not None and served[0] == checkpoint_id:
+            self._compaction = None  # the next barrier serves the request
 
     # -- liveness ----------------------------------------------------------------------------
 

@@ -30,6 +30,9 @@ class CheckpointConfig:
     incremental: upload only new SST files (Flink: false).
     local_recovery: keep a secondary copy on local disk, restore from it first (Flink: false).
     mode: ``exactly_once`` (two-phase-commit sinks) or ``at_least_once`` (Flink: exactly once).
+    compaction_max_files / compaction_max_checkpoints: a subtask whose latest checkpoint
+    references more files than this, or files uploaded by more checkpoints than this, is asked
+    to compact its RocksDB at the next barrier (``cutline compact``; Flink has no equivalent).
     """
 
     interval_ms: int
@@ -41,6 +44,8 @@ class CheckpointConfig:
     incremental: bool = False
     local_recovery: bool = False
     mode: str = EXACTLY_ONCE
+    compaction_max_files: int = 64
+    compaction_max_checkpoints: int = 16
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -54,6 +59,8 @@ class CheckpointConfig:
         _at_least(self, "timeout_ms", 1)
         _at_least(self, "tolerable_failed_checkpoints", 0)
         _at_least(self, "num_retained", 1)
+        _at_least(self, "compaction_max_files", 1)
+        _at_least(self, "compaction_max_checkpoints", 1)
         if self.mode not in (EXACTLY_ONCE, AT_LEAST_ONCE):
             raise ConfigError(
                 f"checkpoint.mode must be {EXACTLY_ONCE!r} or {AT_LEAST_ONCE!r}, got {self.mode!r}"

@@ -13,11 +13,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from state.catalog import CheckpointStatus, CompletedCheckpoint
+from state.compaction import REQUESTS_DIR
 from state.manifest import CheckpointManifest
 from state.paths import JobLayout
 from state.registry import StoredFile, deletable, refcounts, select_subsumed
 
 ACKS_DIR = "_acks"  # the running driver's ack inbox: never GC's to touch
+CONTROL_DIRS = (ACKS_DIR, REQUESTS_DIR)  # what a running job reads, not checkpoint data
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ def plan_gc(
     if missing:
         raise ValueError(f"no readable manifest for checkpoints {missing}: GC deletes nothing")
     kept = [manifests[cid] for cid in retention.protected]
-    stored = [f for f in files if not f.path.startswith(ACKS_DIR + "/")]
+    stored = [f for f in files if f.path.split("/", 1)[0] not in CONTROL_DIRS]
     pending = (
         {
             cid

@@ -17,17 +17,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
-import pyarrow.json as pj
 import pytest
 from dagster import AssetKey, DagsterRunStatus
 
 from orchestration.demo import DagsterProcesses, instance, launch_streaming_run, register_partitions
 from orchestration.partitions import DRIVER_PID_TAG, RESTORE_OF_TAG, WORKER_PID_TAG
-from spark_jobs.local_log import partition_path
-from tests.e2e_util import ROOT, completed_checkpoints, table_rows, wait_for
+from tests.e2e_util import ROOT, completed_checkpoints, expected_clicks, final_clicks, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -41,18 +38,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def expected_output(home: Path) -> dict[str, tuple[int, int]]:
-    """user -> (clicks, latest ts), computed from the input log alone."""
-    counts: Counter[str] = Counter()
-    latest: dict[str, int] = {}
-    for p in (0, 1):
-        table = pj.read_json(partition_path(home / "log", "clicks", p))
-        for user, ts in zip(table["user"].to_pylist(), table["ts"].to_pylist(), strict=True):
-            counts[user] += 1
-            latest[user] = max(latest.get(user, ts), ts)
-    return {u: (counts[u], latest[u]) for u in counts}
 
 
 def runs(home: Path) -> list:
@@ -194,15 +179,6 @@ def test_dagster_restores_a_killed_driver_and_a_lost_run_process(tmp_path):
         "FAILED",  # its run process died: the driver stopped itself
         "FINISHED",
     ]
-    output = table_rows(home / "warehouse" / "tables" / JOB)
-    assert len(set(output)) == len(output)
-    final: dict[str, tuple[int, int]] = {}
-    seen_counts: Counter[tuple[str, int]] = Counter()
-    for user, clicks, last_ts, _epoch in output:
-        seen_counts[(user, clicks)] += 1
-        if clicks > final.get(user, (0, 0))[0]:
-            final[user] = (clicks, last_ts)
-    assert not [k for k, n in seen_counts.items() if n > 1], "an update was written twice"
-    expected = expected_output(home)
+    expected = expected_clicks(home)
     assert sum(c for c, _ in expected.values()) == 2 * PER_PARTITION
-    assert final == expected
+    assert final_clicks(home) == expected
