@@ -56,6 +56,22 @@ def _sql_str(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
+def read_delta(path: str | Path, job_id: str | None = None, columns: list[str] | None = None):
+    """A Delta table, or one job's rows of it, as a pyarrow Table (delta-rs; no Spark).
+
+    Read through delta-rs's own query engine, not ``DeltaTable.to_pyarrow_table``: the latter's
+    pyarrow dataset makes about every other interpreter abort at exit ("terminate called without
+    an active exception"; delta-rs#2184), which turns a CLI command's exit code into 134.
+    """
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
+
+    select = ", ".join(f'"{c}"' for c in columns) if columns else "*"
+    where = f" WHERE job_id = {_sql_str(job_id)}" if job_id is not None else ""
+    query = QueryBuilder().register("t", DeltaTable(str(path)))
+    return pa.table(query.execute(f"SELECT {select} FROM t{where}").read_all())
+
+
 class CatalogReader:
     """Read-only access to the catalog tables with delta-rs: no Spark needed (CLI, sensors)."""
 
@@ -66,11 +82,10 @@ class CatalogReader:
         return str(self.root / table)
 
     def _read(self, table: str, job_id: str) -> list[dict[str, Any]]:
-        from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
         try:
-            data = DeltaTable(self.path(table)).to_pyarrow_table(filters=[("job_id", "=", job_id)])
+            data = read_delta(self.path(table), job_id)
         except TableNotFoundError:
             return []
         return data.to_pylist()

@@ -13,6 +13,7 @@ killed at any point leaves nothing referenced deleted, and the next pass finishe
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -82,6 +83,7 @@ def collect_garbage(
         for info in storage.list(job_name)
     ]
     pending_paths = _acked_paths(storage, layout, listing)
+    _fault_point("listed")
     now = now_ms()
     rows = catalog.checkpoints(job_name)
     attempts = catalog.jobs(job_name)
@@ -103,6 +105,7 @@ def collect_garbage(
     report.protected = retention.protected
     if retention.subsume and not dry_run:
         catalog.mark_subsumed(job_name, retention.subsume)
+    _fault_point("subsumed")
 
     by_id = {r.checkpoint_id: r for r in rows}
     manifests = {}
@@ -126,7 +129,13 @@ def collect_garbage(
     if dry_run:
         log(f"{job_name}: would delete {len(plan.delete)} files ({plan.bytes_reclaimed:,} B)")
     elif plan.delete:
-        storage.delete_many(layout.job_path(f.path) for f in plan.delete)
+        targets = [layout.job_path(f.path) for f in plan.delete]
+        pause = os.environ.get(FAULT_PAUSE, "")
+        if pause.startswith("deleting:"):  # some deleted, the rest not: a kill mid-delete
+            storage.delete_many(targets[: int(pause.split(":")[1])])
+            _fault_point(pause)
+        storage.delete_many(targets)
+        _fault_point("deleted")
 
     present = {f.path for f in listing} - gone
     rows_now = catalog.shared_files(job_name)
@@ -152,13 +161,35 @@ def collect_garbage(
             updates.append({"path": path, **update})
     report.catalog_rows_updated = len(updates) + len(missing)
     if not dry_run:
+        _fault_point("updating", stop=False)  # the test kills the pass inside the MERGE
         catalog.update_shared_files(job_name, updates)
+        _fault_point("updated")
         catalog.record_shared_files(missing)
+        _fault_point("recorded")
         report.local_copies_pruned = prune_local_copies(
             paths.local_state_root, job_name, set(retention.protected), latest
         )
     report.duration_ms = (time.perf_counter() - started) * 1000
     return report
+
+
+FAULT_PAUSE = "CUTLINE_FAULT_GC_PAUSE"
+FAULT_PAUSED = "CUTLINE_FAULT_GC_PAUSED"
+FAULT_POINTS = (
+    "listed", "subsumed", "deleting:<n>", "deleted", "updating", "updated", "recorded"
+)  # fmt: skip
+
+
+def _fault_point(point: str, *, stop: bool = True) -> None:
+    """Fault injection for crash tests: with ``CUTLINE_FAULT_GC_PAUSE=<point>`` (one of
+    :data:`FAULT_POINTS`) the pass creates the file ``CUTLINE_FAULT_GC_PAUSED`` names when it
+    gets here and, if ``stop``, waits for the test to ``kill -9`` it (else the test kills it
+    while it goes on)."""
+    if os.environ.get(FAULT_PAUSE) != point:
+        return
+    Path(os.environ[FAULT_PAUSED]).touch()
+    while stop:
+        time.sleep(3600)
 
 
 def _missing_rows(

@@ -11,8 +11,9 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow.json as pj
-from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
+
+from spark_jobs.delta_catalog import read_delta
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,7 +51,7 @@ def run_to_end(home: Path, *args: str, timeout: float = 600, env=None) -> None:
 
 def table_rows(path: Path, columns: list[str] | None = None) -> list[tuple]:
     try:
-        data = DeltaTable(str(path)).to_pyarrow_table(columns=columns)
+        data = read_delta(path, columns=columns)
     except TableNotFoundError:  # not created yet
         return []
     return sorted(zip(*(data.column(c).to_pylist() for c in data.column_names), strict=True))
@@ -61,7 +62,7 @@ def completed_checkpoints(home: Path, job: str) -> list[dict]:
     if not (path / "_delta_log").is_dir():
         return []
     try:
-        rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+        rows = read_delta(path, job).to_pylist()
     except Exception:  # the table is being created
         return []
     return [r for r in rows if r["job_id"] == job]

@@ -24,6 +24,7 @@ from dagster import AssetKey, DagsterRunStatus
 
 from orchestration.demo import DagsterProcesses, instance, launch_streaming_run, register_partitions
 from orchestration.partitions import DRIVER_PID_TAG, RESTORE_OF_TAG, WORKER_PID_TAG
+from spark_jobs.delta_catalog import read_delta
 from tests.e2e_util import ROOT, completed_checkpoints, expected_clicks, final_clicks, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -98,9 +99,7 @@ def attempts(home: Path) -> list[dict]:
 
 
 def table_rows_dicts(path: Path) -> list[dict]:
-    from deltalake import DeltaTable
-
-    return DeltaTable(str(path)).to_pyarrow_table(filters=[("job_id", "=", JOB)]).to_pylist()
+    return read_delta(path, JOB).to_pylist()
 
 
 def test_dagster_restores_a_killed_driver_and_a_lost_run_process(tmp_path):

@@ -4,6 +4,8 @@ output stays exact, and ``shared_state_files`` tells the truth about what is sto
 
 from __future__ import annotations
 
+import os
+import random
 import time
 
 import pytest
@@ -12,13 +14,22 @@ from dagster import instance_for_test
 from orchestration.definitions import defs
 from orchestration.resources import CutlinePaths
 from spark_jobs.delta_catalog import CatalogReader
-from spark_jobs.gc import collect_garbage
+from spark_jobs.gc import FAULT_PAUSE, FAULT_PAUSED, collect_garbage
+from spark_jobs.generate import generate
 from spark_jobs.job import get_job
 from spark_jobs.runtime import RuntimePaths
 from state.catalog import CheckpointStatus
 from state.restore import read_manifest, validate_checkpoint
 from state.storage import open_storage
-from tests.e2e_util import completed_checkpoints, cutline, kill_driver, run_to_end, wait_for
+from tests.e2e_util import (
+    completed_checkpoints,
+    cutline,
+    expected_clicks,
+    final_clicks,
+    kill_driver,
+    run_to_end,
+    wait_for,
+)
 from tests.test_exactly_once import IDLE, JOB, make_home, output, reference_output
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -142,3 +153,83 @@ def test_dry_run_deletes_nothing_and_the_dagster_job_reports_what_it_reclaimed(s
     assert mat.metadata["bytes_reclaimed"].value == dry.bytes_reclaimed
     assert len(list(storage.list(JOB))) == len(before) - dry.files_deleted
     verify_retained(paths)
+
+
+def kill_points(rng: random.Random) -> list[tuple[str, float]]:
+    """Five or six points of a GC pass, in the order a pass reaches them (so each kill finds
+    work left), with how long after reaching it the kill comes."""
+    points = [
+        ("listed", 0.0),
+        ("subsumed", 0.0),
+        (f"deleting:{rng.randint(1, 5)}", 0.0),
+        (f"deleting:{rng.randint(1, 5)}", 0.0),
+        ("deleted", 0.0),
+        ("updating", rng.uniform(0.0, 2.0)),  # inside the MERGE into shared_state_files
+        ("updated", 0.0),
+        ("recorded", 0.0),
+    ]
+    keep = sorted(rng.sample(range(len(points)), rng.randint(5, 6)))
+    return [points[i] for i in keep]
+
+
+def test_gc_killed_at_random_points_and_rerun_deletes_exactly_what_nothing_needs(tmp_path):
+    seed = int(os.environ.get("CUTLINE_TEST_SEED", time.time_ns() % 1_000_000))
+    points = kill_points(random.Random(seed))
+    print(f"\nseed {seed}: kill -9 at {points}")
+    home = make_home(tmp_path, "home")
+    paths = RuntimePaths.under(home)
+    storage = open_storage(paths.checkpoint_root)
+    fast = ("--idle-timeout", IDLE, "--interval-ms", "300")  # many checkpoints, most subsumed
+    run_to_end(home, "run", JOB, *fast)
+    # a compaction at the next run's first barrier leaves every older shared file unreferenced
+    run_to_end(home, "compact", JOB, "--force")
+    generate(home / "log", "clicks", "clicks", count=100_000, seed=7, users=20_000)
+    run_to_end(home, "run", JOB, *fast)
+    # and orphans: an upload of a checkpoint that never completed, a file no manifest names
+    storage.put_bytes(f"{JOB}/chk-9999/op/0/000009.sst.abc", b"x" * 100)
+    storage.put_bytes(f"{JOB}/shared/op/0/000009-0123456789abcdef.sst", b"x" * 100)
+
+    reader = CatalogReader(paths.warehouse)
+    subsumed = reader.checkpoints(JOB, (CheckpointStatus.SUBSUMED,))
+    assert len(subsumed) >= 5, "the runs left subsumed checkpoints for GC to collect"
+    gc_args = ("gc", JOB, "--grace-s", "0", "--json")
+    for point, delay in points:
+        marker = tmp_path / f"paused-{point}"
+        env = {FAULT_PAUSE: point, FAULT_PAUSED: str(marker)}
+        proc = cutline(home, *gc_args, env=env, log=tmp_path / "gc.log")
+        wait_for(marker.exists, 180, f"GC to reach {point}", proc)
+        time.sleep(delay)
+        kill_driver(proc)
+        # what a kill leaves: every completed checkpoint restorable, the catalog readable,
+        # and the rows of the files they need still LIVE
+        verify_retained(paths)
+        live = {r["path"] for r in reader.shared_files(JOB) if r["status"] == "LIVE"}
+        for row in reader.checkpoints(JOB, (CheckpointStatus.COMPLETED,)):
+            needed = read_manifest(storage, row.metadata_path).shared_paths()
+            assert needed <= live | _unrecorded(reader, needed), (point, needed - live)
+
+    run_to_end(home, *gc_args)
+    # nothing unreferenced is left (grace 0, the job is not running) ...
+    kept = reader.checkpoints(JOB, (CheckpointStatus.COMPLETED,))
+    assert len(kept) == get_job(JOB).checkpoint.num_retained
+    needed = set()
+    for row in kept:
+        m = read_manifest(storage, row.metadata_path)
+        needed |= {f"{JOB}/{p}" for p in m.referenced_paths()} | {row.metadata_path}
+    stored = {i.path for i in storage.list(JOB)}
+    assert stored == needed, (stored - needed, needed - stored)
+    # ... the registry says so ...
+    rows = reader.shared_files(JOB)
+    assert {f"{JOB}/{r['path']}" for r in rows if r["status"] == "LIVE"} == {
+        p for p in stored if p.startswith(f"{JOB}/shared/")
+    }
+    assert all(r["deleted_at_ms"] for r in rows if r["status"] == "DELETED")
+    # ... and the job restores its latest checkpoint and ends with exact output
+    run_to_end(home, "run", JOB, "--idle-timeout", "3")
+    assert final_clicks(home) == expected_clicks(home)
+
+
+def _unrecorded(reader: CatalogReader, paths: set[str]) -> set[str]:
+    """Of ``paths``, those the registry has no row for at all (GC adds them on its next pass)."""
+    known = {r["path"] for r in reader.shared_files(JOB)}
+    return {p for p in paths if p not in known}
