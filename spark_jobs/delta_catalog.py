@@ -12,6 +12,7 @@ raised as :class:`FencedError`.
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 from collections.abc import Iterable
@@ -44,11 +45,31 @@ TABLES: dict[str, str] = {
 }
 
 _ATTEMPT_SHIFT = 32
-_UPDATE_TRIES = 6
+_UPDATE_TRIES = 10
+_CONFLICTS = (  # Delta's commit conflicts, by the names the JVM gives them
+    "ConcurrentAppendException",
+    "ConcurrentDeleteReadException",
+    "ConcurrentDeleteDeleteException",
+    "ConcurrentTransactionException",
+    "ConcurrentWriteException",
+    "MetadataChangedException",
+    "ProtocolChangedException",
+)
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _is_conflict(error: BaseException) -> bool:
+    """Whether ``error`` is a Delta commit conflict, converted by delta-spark or still wrapped
+    (a MERGE's conflict can arrive inside another JVM exception)."""
+    from delta.exceptions import DeltaConcurrentModificationException
+
+    if isinstance(error, DeltaConcurrentModificationException):
+        return True
+    text = f"{type(error).__name__}: {error}"
+    return any(name in text for name in _CONFLICTS)
 
 
 def _sql_str(value: str) -> str:
@@ -227,27 +248,17 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
         """Run a read-modify-write ``action``, again when a concurrent writer's commit conflicts
         with it (Delta's optimistic concurrency; tables are partitioned by job, so only writers
         of the same job conflict: a new attempt and its predecessor's last heartbeat, or GC and
-        the running job)."""
-        from delta.exceptions import (
-            ConcurrentAppendException,
-            ConcurrentDeleteReadException,
-            ConcurrentTransactionException,
-        )
-
-        conflicts = (
-            ConcurrentAppendException,
-            ConcurrentDeleteReadException,
-            ConcurrentTransactionException,
-        )
+        the running job appending a checkpoint's rows). Backoff with jitter, so two retrying
+        writers do not collide again in step."""
         for attempt in range(_UPDATE_TRIES):
             try:
                 with self._lock:
                     action()
                 return
-            except conflicts:
-                if attempt == _UPDATE_TRIES - 1:
+            except Exception as e:
+                if not _is_conflict(e) or attempt == _UPDATE_TRIES - 1:
                     raise
-                time.sleep(0.1 * 2**attempt)
+                time.sleep(min(5.0, 0.1 * 2**attempt) * random.uniform(0.5, 1.5))
 
     def _update(self, table: str, condition: str, **set_sql: str) -> None:
         from delta.tables import DeltaTable

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from spark_jobs.delta_catalog import DeltaCatalog
+from spark_jobs.delta_catalog import DeltaCatalog, _is_conflict
 from state.catalog import CheckpointStatus, CompletedCheckpoint, FencedError
 
 pytestmark = pytest.mark.spark
@@ -68,3 +68,16 @@ def test_commit_status_and_fencing(spark, tmp_path):
     before = catalog.jobs("clicks")[1]["last_heartbeat_ms"]
     catalog.heartbeat("clicks", 2)
     assert catalog.jobs("clicks")[1]["last_heartbeat_ms"] >= before
+
+
+def test_commit_conflicts_are_recognised_converted_or_wrapped(spark):
+    from delta.exceptions.captured import ConcurrentAppendException
+
+    assert _is_conflict(ConcurrentAppendException("Files were added to [job_id=x]", stackTrace=""))
+    wrapped = RuntimeError(
+        "An error occurred while calling o123.execute.\n: io.delta.exceptions."
+        "ConcurrentAppendException: Files were added to partition [job_id=clicks] by a "
+        "concurrent update. Please try the operation again."
+    )
+    assert _is_conflict(wrapped)
+    assert not _is_conflict(ValueError("column refcount not found"))
