@@ -72,6 +72,12 @@ def _is_conflict(error: BaseException) -> bool:
     return any(name in text for name in _CONFLICTS)
 
 
+def _checkpoint_row(checkpoint: CompletedCheckpoint) -> dict[str, Any]:
+    row = checkpoint.to_dict()
+    row["source_positions"] = json.dumps(checkpoint.source_positions, sort_keys=True)
+    return row
+
+
 def _sql_str(value: str) -> str:
     """A SQL string literal."""
     return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
@@ -209,9 +215,14 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
             )
             return attempt
 
+    def import_checkpoints(self, checkpoints: list[CompletedCheckpoint]) -> None:
+        """Load checkpoint rows as they are, in one unfenced commit (rebuilding a catalog from
+        manifests, benchmarks); never beside a running attempt of the same job."""
+        with self._lock:
+            self._append("completed_checkpoints", [_checkpoint_row(c) for c in checkpoints])
+
     def commit_checkpoint(self, checkpoint: CompletedCheckpoint) -> None:
-        row = checkpoint.to_dict()
-        row["source_positions"] = json.dumps(checkpoint.source_positions, sort_keys=True)
+        row = _checkpoint_row(checkpoint)
         with self._lock:
             self._append(
                 "completed_checkpoints",

@@ -47,6 +47,13 @@ class GcReport:
     catalog_rows_updated: int = 0
     local_copies_pruned: int = 0
     duration_ms: float = 0.0
+    phase_ms: dict[str, float] = field(default_factory=dict)  # where the time went
+
+    def lap(self, phase: str, since: float) -> float:
+        """Record the time since ``since`` as ``phase``; returns now."""
+        now = time.perf_counter()
+        self.phase_ms[phase] = round((now - since) * 1000, 1)
+        return now
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,6 +91,7 @@ def collect_garbage(
     ]
     pending_paths = _acked_paths(storage, layout, listing)
     _fault_point("listed")
+    mark = report.lap("list storage", started)
     now = now_ms()
     rows = catalog.checkpoints(job_name)
     attempts = catalog.jobs(job_name)
@@ -106,6 +114,7 @@ def collect_garbage(
     if retention.subsume and not dry_run:
         catalog.mark_subsumed(job_name, retention.subsume)
     _fault_point("subsumed")
+    mark = report.lap("read checkpoints, subsume", mark)
 
     by_id = {r.checkpoint_id: r for r in rows}
     manifests = {}
@@ -118,10 +127,12 @@ def collect_garbage(
                 " GC deletes nothing until it is repaired or a restore marks it CORRUPT"
             ) from e
     latest = max(retention.retained, default=0)
+    mark = report.lap("read manifests", mark)
     plan = plan_gc(
         retention, manifests, listing, latest_completed=latest, now_ms=now, grace_s=grace,
         running=running, pending_paths=pending_paths,
     )  # fmt: skip
+    mark = report.lap("plan", mark)
     report.files_deleted = len(plan.delete)
     report.bytes_reclaimed = plan.bytes_reclaimed
     gone = {f.path for f in plan.delete}
@@ -138,6 +149,7 @@ def collect_garbage(
         _fault_point("deleted")
 
     present = {f.path for f in listing} - gone
+    mark = report.lap("delete", mark)
     rows_now = catalog.shared_files(job_name)
     missing = _missing_rows(job_name, manifests, latest, {r["path"] for r in rows_now}, present)
     for row in missing:
@@ -160,15 +172,18 @@ def collect_garbage(
         if any(update[k] != row[k] for k in update):
             updates.append({"path": path, **update})
     report.catalog_rows_updated = len(updates) + len(missing)
+    mark = report.lap("read registry, diff", mark)
     if not dry_run:
         _fault_point("updating", stop=False)  # the test kills the pass inside the MERGE
         catalog.update_shared_files(job_name, updates)
         _fault_point("updated")
         catalog.record_shared_files(missing)
         _fault_point("recorded")
+        mark = report.lap("update registry", mark)
         report.local_copies_pruned = prune_local_copies(
             paths.local_state_root, job_name, set(retention.protected), latest
         )
+        report.lap("prune local copies", mark)
     report.duration_ms = (time.perf_counter() - started) * 1000
     return report
 

@@ -365,7 +365,7 @@ class LocalFileStorage(DurableStorage):
         found.sort(key=lambda info: info.path)
         return iter(found)
 
-    def delete(self, path: str) -> bool:
+    def _unlink(self, path: str) -> bool:
         target = self._target(path)
         try:
             if target.is_dir():
@@ -375,18 +375,30 @@ class LocalFileStorage(DurableStorage):
             return False
         except OSError as exc:
             raise self._failed("delete", path, str(exc)) from exc
-        parent = target.parent
-        while parent != self.root and self.root in parent.parents:
+        return True
+
+    def _prune_empty(self, directory: Path) -> None:
+        """Remove ``directory`` and its parents up to the root while they are empty."""
+        while directory != self.root and self.root in directory.parents:
             try:
-                parent.rmdir()
+                directory.rmdir()
             except OSError:
                 break  # not empty (or gone, or not ours): stop, best effort
-            parent = parent.parent
-        return True
+            directory = directory.parent
+
+    def delete(self, path: str) -> bool:
+        deleted = self._unlink(path)
+        if deleted:
+            self._prune_empty(self._target(path).parent)
+        return deleted
 
     def delete_many(self, paths: Iterable[str]) -> int:
         checked = list(dict.fromkeys(check_relative(p) for p in paths))
-        return sum(1 for p in checked if self.delete(p))
+        deleted = [p for p in checked if self._unlink(p)]
+        emptied = {self._target(p).parent for p in deleted}  # pruned once each, deepest first
+        for directory in sorted(emptied, key=lambda d: len(d.parts), reverse=True):
+            self._prune_empty(directory)
+        return len(deleted)
 
 
 _S3_MIN_PART = 5 * 2**20
