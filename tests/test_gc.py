@@ -7,18 +7,22 @@ from __future__ import annotations
 import os
 import random
 import time
+from pathlib import Path
 
 import pytest
 from dagster import instance_for_test
+from deltalake import DeltaTable
 
 from orchestration.definitions import defs
 from orchestration.resources import CutlinePaths
-from spark_jobs.delta_catalog import CatalogReader
+from spark_jobs.delta_catalog import TABLES, CatalogReader
 from spark_jobs.gc import FAULT_PAUSE, FAULT_PAUSED, collect_garbage
 from spark_jobs.generate import generate
 from spark_jobs.job import get_job
 from spark_jobs.runtime import RuntimePaths
 from state.catalog import CheckpointStatus
+from state.compaction import read_request
+from state.paths import JobLayout
 from state.restore import read_manifest, validate_checkpoint
 from state.storage import open_storage
 from tests.e2e_util import (
@@ -126,9 +130,49 @@ def test_gc_while_the_job_runs_and_restores_keeps_storage_bounded_and_output_exa
     assert output(home) == reference
 
 
-def test_dry_run_deletes_nothing_and_the_dagster_job_reports_what_it_reclaimed(spark, tmp_path):
-    home = make_home(tmp_path, "home")
-    run_to_end(home, "run", JOB, "--idle-timeout", IDLE)
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A home where clicks_per_user ran to the end, checkpointing every 0.5 s."""
+    home = make_home(tmp_path_factory.mktemp("finished"), "home")
+    run_to_end(home, "run", JOB, "--idle-timeout", IDLE, "--interval-ms", "500")
+    return home
+
+
+def test_compaction_job_compacts_the_catalog_and_requests_state_compaction(spark, finished):
+    home = finished
+    paths = RuntimePaths.under(home)
+    reader = CatalogReader(paths.warehouse)
+    before = {t: len(DeltaTable(reader.path(t)).file_uris()) for t in TABLES}
+    checkpoints = reader.checkpoints(JOB)
+    assert before["completed_checkpoints"] >= len(checkpoints) > 3  # a file per commit
+
+    with instance_for_test() as instance:
+        result = defs.get_job_def("compaction_job").execute_in_process(
+            instance=instance,
+            run_config={"ops": {"request_state_compaction": {"config": {"force": True}}}},
+            resources={"cutline_paths": CutlinePaths(home=str(home))},
+        )
+    assert result.success
+    out = {
+        e.step_key: {k: v.value for k, v in e.event_specific_data.metadata.items()}
+        for e in result.all_events
+        if e.event_type_value == "STEP_OUTPUT"
+    }
+    after = {t: len(DeltaTable(reader.path(t)).file_uris()) for t in TABLES}
+    assert after["completed_checkpoints"] == 1 and all(after[t] <= before[t] for t in TABLES)
+    assert out["compact_catalog"] == {f"{t}_files": n for t, n in after.items()}
+    for t in TABLES:  # a log checkpoint: readers no longer replay every commit
+        assert list(Path(reader.path(t), "_delta_log").glob("*.checkpoint*.parquet")), t
+    assert reader.checkpoints(JOB) == checkpoints  # same rows, fewer files
+
+    assert out["request_state_compaction"] == {"requested": {JOB: [0, 1]}}
+    request = read_request(open_storage(paths.checkpoint_root), JobLayout(JOB))
+    assert request is not None and request.subtasks == (0, 1)
+    assert request.based_on == checkpoints[-1].checkpoint_id
+
+
+def test_dry_run_deletes_nothing_and_the_dagster_job_reports_what_it_reclaimed(spark, finished):
+    home = finished
     paths = RuntimePaths.under(home)
     storage = open_storage(paths.checkpoint_root)
     before = sorted(i.path for i in storage.list(JOB))
