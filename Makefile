@@ -42,6 +42,7 @@ screenshots: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/snapshot_bench.py --state-mib 100 --churn 0.01 --checkpoints 20
+	$(BIN)/python bench/gc_bench.py --checkpoints 1000 --shared-files 100000
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
