@@ -128,6 +128,8 @@ def _run(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("mode", args.mode), ("interval_ms", args.interval_ms)) if v}
     if overrides:
         job = dataclasses.replace(job, checkpoint=dataclasses.replace(job.checkpoint, **overrides))
+    if args.parallelism:
+        job = dataclasses.replace(job, parallelism=args.parallelism)
     hints = json.loads(Path(args.hints).read_text()) if args.hints else None
     restore = None if args.restore == "none" else args.restore
     kafka = any(isinstance(s, KafkaSource) for s in job.sources)
@@ -145,6 +147,7 @@ def _run(args: argparse.Namespace) -> int:
             run_id=args.run_id,
             events=events,
             watch_pid=int(watch) if watch else None,
+            **({"executor_wait_s": args.executor_wait_s} if args.executor_wait_s else {}),
         )
         events.emit("finished", {"attempt": summary.attempt, "batches": summary.batches})
     print(
@@ -253,6 +256,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--master", help="Spark master (default local[*] or $CUTLINE_SPARK_MASTER)")
     run.add_argument("--mode", choices=["exactly_once", "at_least_once"], help="override")
     run.add_argument("--interval-ms", type=int, help="override the checkpoint interval")
+    run.add_argument(
+        "--parallelism", type=int, help="override (a restore needs the checkpoint's parallelism)"
+    )
+    run.add_argument(
+        "--executor-wait-s",
+        type=float,
+        help="how long a restore on a cluster waits for executors on the hinted hosts (60)",
+    )
     run.add_argument("--run-id", default="", help="orchestrator run id, recorded in the catalog")
     _add_path_options(run)
     run.set_defaults(func=_run)

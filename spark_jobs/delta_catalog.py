@@ -40,7 +40,7 @@ TABLES: dict[str, str] = {
     "recoveries": (
         "job_id string, attempt int, checkpoint_id long, subtasks_local int, subtasks_remote int, "
         "bytes_local long, bytes_remote long, duration_ms double, fallbacks string, hints string, "
-        "recovered_at_ms long, files_local int, files_remote int"
+        "recovered_at_ms long, files_local int, files_remote int, placement string"
     ),
 }
 
@@ -314,7 +314,7 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
 
     def record_recovery(self, row: dict[str, Any]) -> None:
         with self._lock:
-            self._append("recoveries", [row], mergeSchema="true")  # file counts came later
+            self._append("recoveries", [row], mergeSchema="true")  # later columns: merged in
 
     def record_shared_files(self, rows: list[dict[str, Any]]) -> None:
         with self._lock:

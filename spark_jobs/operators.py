@@ -281,10 +281,3 @@ def make_operator(spec: Operator):
     if isinstance(spec, WindowedAggregate):
         return WindowedAggregateOperator(spec)
     return EnrichOperator(spec)
-
-
-def drop_markers(table: pa.Table, marker_column: str) -> pa.Table:
-    """Remove the one-per-subtask marker rows that make every subtask run each micro-batch."""
-    if marker_column not in table.column_names:
-        return table
-    return table.filter(pc.invert(pc.fill_null(table.column(marker_column), False)))

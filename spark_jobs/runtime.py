@@ -3,12 +3,14 @@
 1. Start a new attempt in the catalog (fencing every older one).
 2. Restore: pick the latest completed checkpoint that validates (marking bad ones CORRUPT and
    falling back), redo its sink commit, drop later staged output, and restore every subtask's
-   working state local-first in a Spark job of ``parallelism`` tasks. Record the recovery.
+   working state local-first in a Spark job of ``parallelism`` tasks, each placed on the host its
+   executor hint names. Record the recovery.
 3. Run the streaming query from the checkpoint's source positions. Each micro-batch (in
    ``foreachBatch``) is one Spark job: records are routed by key group to subtask partitions,
-   every subtask runs (marker rows), and at a barrier each takes its synchronous snapshot. The
-   coordinator collects acks from durable storage on a background thread, so uploads never hold
-   up the next micro-batch; a completed checkpoint commits the sink.
+   every subtask runs on the host that holds its working state (placement.py), and at a barrier
+   each takes its synchronous snapshot. The coordinator collects acks from durable storage on a
+   background thread, so uploads never hold up the next micro-batch; a completed checkpoint
+   commits the sink.
 4. Stop (max batches or idle): take a final checkpoint, wait for it, commit, mark FINISHED.
 """
 
@@ -21,7 +23,7 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +38,25 @@ from spark_jobs.local_log import (
     topic_partitions,
 )
 from spark_jobs.operators import KEY_GROUP_COLUMN, SOURCE_COLUMN
+from spark_jobs.placement import (
+    anchor_rdd,
+    executor_hosts,
+    pin_to_anchor,
+    placed_rdd,
+    preferred_hosts,
+    subtask_partition,
+    wait_for_hosts,
+)
 from spark_jobs.subtask import (
+    CHUNKS_SCHEMA,
     KEY_COLUMN,
-    MARKER_COLUMN,
-    STATS_SCHEMA,
     SUBTASK_COLUMN,
     BatchPlan,
     RunContext,
     ack_path,
     prepare_subtask,
     run_subtask,
+    split_by_subtask,
 )
 from state.catalog import CheckpointStatus
 from state.compaction import (
@@ -65,6 +76,7 @@ from state.restore import read_manifest, validate_checkpoint
 from state.storage import StorageError, open_storage
 
 HEARTBEAT_S = 10.0
+EXECUTOR_WAIT_S = 60.0  # how long a restore waits for executors on the hinted hosts
 
 
 class NoRestorableCheckpointError(RuntimeError):
@@ -168,6 +180,7 @@ class StreamingRun:
         events: EventChannel | None = None,
         heartbeat_s: float = HEARTBEAT_S,
         watch_pid: int | None = None,
+        executor_wait_s: float = EXECUTOR_WAIT_S,
     ) -> None:
         self.spark = spark
         self.job = job
@@ -181,6 +194,7 @@ class StreamingRun:
         self.log = log or self.events.log
         self.heartbeat_s = heartbeat_s
         self.watch_pid = watch_pid
+        self.executor_wait_s = executor_wait_s
         self.storage = open_storage(paths.checkpoint_root)
         self.catalog = DeltaCatalog(spark, paths.warehouse)
         self.sink = DeltaSinkWriter(spark, job.name, job.sink, paths.warehouse)
@@ -191,6 +205,7 @@ class StreamingRun:
         self._batch_lock = threading.Lock()
         self._cuts: queue.Queue = queue.Queue()  # cuts recorded by micro-batches, for the poller
         self._last_progress = time.monotonic()
+        self._query_has_run = False
         self.aborted: set[int] = set()
         self.layout = JobLayout(job.name)
         # a compaction request being served: (checkpoint id, request, compaction ms)
@@ -306,6 +321,8 @@ class StreamingRun:
                     self.fail(f"micro-batch failed: {query.exception()}")
                 elif not query.isActive:
                     self.fail("the streaming query stopped")
+                elif self.idle_timeout_s is not None and not self._query_started(query):
+                    self._last_progress = time.monotonic()  # idle time counts once it runs
                 elif (
                     self.idle_timeout_s is not None
                     and time.monotonic() - self._last_progress > self.idle_timeout_s
@@ -366,14 +383,26 @@ class StreamingRun:
             for i in range(job.parallelism)
         }
         ctx, epoch = self.ctx, self._start_epoch
+        sc = self.spark.sparkContext
+        if self.hints and not sc.master.startswith("local"):
+            missing = wait_for_hosts(sc, set(self.hints.values()), self.executor_wait_s)
+            if missing:
+                self.log(
+                    f"no executor on hinted hosts {sorted(missing)} after {self.executor_wait_s} s:"
+                    " their subtasks restore wherever Spark has room"
+                )
+        prefs = preferred_hosts(self.hints, job.parallelism, executor_hosts(sc))
         reports = (
-            self.spark.sparkContext.parallelize(range(job.parallelism), job.parallelism)
+            placed_rdd(sc, prefs)
             .mapPartitionsWithIndex(
                 lambda i, _: [json.dumps(prepare_subtask(ctx, i, handles[i], epoch))]
             )
             .collect()
         )
-        self._restore_reports = [json.loads(r) for r in reports]
+        self._restore_reports = sorted((json.loads(r) for r in reports), key=lambda r: r["subtask"])
+        for report, preferred in zip(self._restore_reports, prefs, strict=True):
+            report["hint"] = self.hints.get(str(report["subtask"]))
+            report["placed"] = bool(preferred)  # an executor ran on the hinted host
         self.allocation = {str(r["subtask"]): r["host"] for r in self._restore_reports}
         self.catalog.set_restored(
             job.name, self.attempt, manifest.checkpoint_id if manifest else None, self.allocation
@@ -396,6 +425,12 @@ class StreamingRun:
                 "recovered_at_ms": now_ms(),
                 "files_local": sum(r.get("files_local", 0) for r in self._restore_reports),
                 "files_remote": sum(r.get("files_remote", 0) for r in self._restore_reports),
+                "placement": json.dumps(
+                    [
+                        {k: r.get(k) for k in ("subtask", "host", "hint", "source")}
+                        for r in self._restore_reports
+                    ]
+                ),
             }
             self.catalog.record_recovery(row)
             self.log(
@@ -404,9 +439,20 @@ class StreamingRun:
                 f"{row['files_local'] + row['files_remote']} files: "
                 f"{row['bytes_local']:,} B local, {row['bytes_remote']:,} B remote"
             )
+        # every micro-batch task of subtask i runs where subtask i was restored (placement.py)
+        self._anchor = anchor_rdd(
+            sc, preferred_hosts(self.allocation, job.parallelism, executor_hosts(sc))
+        )
         return manifest
 
     # -- micro-batches -----------------------------------------------------------------------
+
+    def _query_started(self, query) -> bool:
+        """The query has run a trigger (a micro-batch, or a look at its sources that found
+        nothing): on a loaded machine that can take longer than the idle timeout."""
+        if not self._query_has_run:
+            self._query_has_run = self.summary.batches > 0 or query.lastProgress is not None
+        return self._query_has_run
 
     def _source_ddl(self, name: str) -> str:
         return f"{self.job.source(name).schema}, {PARTITION_COLUMN} int, {NEXT_OFFSET_COLUMN} long"
@@ -492,8 +538,11 @@ class StreamingRun:
             compact=self._compact_at(checkpoint_id),
         )
 
-    def _execute(self, df, plan: BatchPlan) -> list:
+    def _execute(self, df, plan: BatchPlan) -> list[dict]:
+        """One micro-batch: route records to subtasks by key group, in Arrow IPC chunks, then
+        run each subtask where its working state lives. Returns the subtasks' statistics."""
         from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import to_arrow_schema
 
         job = self.job
         p, m = job.parallelism, job.max_parallelism
@@ -501,14 +550,17 @@ class StreamingRun:
         keyed = keyed.withColumn(
             SUBTASK_COLUMN, F.expr(f"CAST({KEY_GROUP_COLUMN} * {p} DIV {m} AS INT)")
         )
-        keyed = keyed.withColumn(MARKER_COLUMN, F.lit(False))
-        markers = self.spark.range(p).select(
-            F.col("id").cast("int").alias(SUBTASK_COLUMN), F.lit(True).alias(MARKER_COLUMN)
+        plan = replace(plan, schema=to_arrow_schema(keyed.schema))
+        chunks = keyed.mapInArrow(split_by_subtask, CHUNKS_SCHEMA).rdd.partitionBy(
+            p, subtask_partition
         )
-        routed = keyed.unionByName(markers, allowMissingColumns=True).repartitionById(
-            p, SUBTASK_COLUMN
+        return (
+            pin_to_anchor(chunks, self._anchor)
+            .mapPartitionsWithIndex(
+                lambda i, it: [run_subtask(plan, i, (chunk for _, chunk in it))]
+            )
+            .collect()
         )
-        return routed.mapInArrow(lambda it: run_subtask(plan, it), STATS_SCHEMA).collect()
 
     def _process_batch(self, df, spark_batch_id: int) -> None:
         with self._batch_lock:  # a graceful stop waits for a running micro-batch
@@ -534,7 +586,7 @@ class StreamingRun:
     def _after_batch(self, epoch: int, checkpoint_id: int | None, stats: list) -> None:
         records = sum(r["records"] for r in stats)
         for r in stats:
-            for source, parts in json.loads(r["positions"]).items():
+            for source, parts in r["positions"].items():
                 current = self.positions[source]
                 for part, end in parts.items():
                     current[part] = max(current.get(part, 0), end)

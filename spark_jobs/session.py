@@ -99,6 +99,10 @@ def session_conf(
         # A failed task fails the attempt; recovery is a restore from the latest checkpoint
         # (Flink's full restart), never a retry that could apply a micro-batch twice.
         "spark.task.maxFailures": "1",
+        # A subtask's micro-batch task waits for an executor on the host that holds its working
+        # state instead of running elsewhere after 3 s (placement.py); a host without
+        # executors gives no preference, so nothing waits for a host that is gone.
+        "spark.locality.wait.node": "1h",
         "spark.ui.showConsoleProgress": "false",
         "spark.log.level": os.environ.get("CUTLINE_SPARK_LOG_LEVEL", "WARN"),
         "spark.databricks.delta.snapshotPartitions": "2",
@@ -107,7 +111,9 @@ def session_conf(
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
     }
-    if conf["spark.master"].startswith("local"):  # keep a local driver on loopback
+    master_url = conf["spark.master"]
+    if master_url.startswith(("local", "spark://127.", "spark://localhost")):
+        # a driver for a local or loopback cluster stays on loopback, whatever the hostname says
         conf["spark.driver.host"] = "127.0.0.1"
         conf["spark.driver.bindAddress"] = "127.0.0.1"
         conf["spark.ui.enabled"] = "false"
@@ -148,6 +154,11 @@ def launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def spark_home() -> Path:
+    """The Spark distribution inside the installed PySpark (``bin/spark-submit``, ...)."""
+    return Path(pyspark.__file__).parent
+
+
 @dataclass(frozen=True)
 class SubmitCommand:
     """A ``spark-submit`` command line and the environment it needs on top of the caller's."""
@@ -168,9 +179,9 @@ def submit_command(
     installed PySpark's own Spark distribution."""
     from spark_jobs import cli
 
-    spark_home = Path(pyspark.__file__).parent
-    argv = [str(spark_home / "bin" / "spark-submit")]
+    home = spark_home()
+    argv = [str(home / "bin" / "spark-submit")]
     for key, value in session_conf(master, kafka=kafka, extra=extra).items():
         argv += ["--conf", f"{key}={value}"]
-    env = {"SPARK_HOME": str(spark_home), "PYSPARK_PYTHON": sys.executable}
+    env = {"SPARK_HOME": str(home), "PYSPARK_PYTHON": sys.executable}
     return SubmitCommand([*argv, cli.__file__, *app_args], env)

@@ -1,11 +1,14 @@
-"""What runs inside a Spark task: one subtask of the keyed operator for one micro-batch.
+"""What runs inside Spark tasks: routing a micro-batch to subtasks, and one subtask of the keyed
+operator for one micro-batch.
 
-Spark partition *i* of the repartitioned micro-batch is exactly subtask *i*. The task opens the
+The map side (:func:`split_by_subtask`, in ``mapInArrow``) cuts each source partition's Arrow
+batches into one Arrow IPC chunk per subtask. After the shuffle (placement.py), partition *i* is
+exactly subtask *i* and runs on the host that holds its working state. The task opens the
 subtask's working RocksDB on the executor's local disk, checks that it holds the state the driver
 expects (right attempt, previous micro-batch applied), applies the batch and records its progress
 in the same write batch, stages the sink output, and at a barrier takes the synchronous snapshot
 and leaves the upload to a background thread, whose ack (or decline) lands in durable storage for
-the driver's coordinator. It returns one small statistics row.
+the driver's coordinator. It returns one small statistics dict.
 """
 
 from __future__ import annotations
@@ -15,16 +18,17 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spark_jobs.job import JobDefinition
 from spark_jobs.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
-from spark_jobs.operators import SOURCE_COLUMN, drop_markers, make_operator
+from spark_jobs.operators import SOURCE_COLUMN, make_operator
 from state.handles import SubtaskStateHandle
 from state.keygroups import key_group_range
 from state.local_copies import LocalCopies
@@ -37,27 +41,16 @@ if TYPE_CHECKING:
 # rocksdict is imported inside the task functions only: the driver never opens state, and
 # rocksdict loaded beside deltalake's runtime aborts the interpreter at exit.
 
-MARKER_COLUMN = "_marker"
 SUBTASK_COLUMN = "_subtask"
 KEY_COLUMN = "_key"
 PROGRESS = "__progress__"
-STATS_SCHEMA = (
-    "subtask int, host string, records long, output_rows long, positions string, "
-    "sync_ms double, compact_ms double, late_records long, max_event_time long"
-)
-_STATS_ARROW = pa.schema(
-    [
-        ("subtask", pa.int32()),
-        ("host", pa.string()),
-        ("records", pa.int64()),
-        ("output_rows", pa.int64()),
-        ("positions", pa.string()),
-        ("sync_ms", pa.float64()),
-        ("compact_ms", pa.float64()),
-        ("late_records", pa.int64()),
-        ("max_event_time", pa.int64()),
-    ]
-)
+CHUNKS_SCHEMA = "subtask int, chunk binary"  # split_by_subtask's output
+
+
+def host_name() -> str:
+    """The host this code runs on, as allocations and hints name it: ``CUTLINE_HOST`` where
+    several workers share a machine (spark_jobs/standalone.py), else the host name."""
+    return os.environ.get("CUTLINE_HOST") or socket.gethostname()
 
 
 class SubtaskStateError(RuntimeError):
@@ -75,7 +68,11 @@ class RunContext:
     staging_root: str
 
     def copies(self, subtask: int) -> LocalCopies:
-        return LocalCopies(self.local_state_root, self.job.name, self.job.operator.name, subtask)
+        """This host's working state and local copies of ``subtask`` (``CUTLINE_LOCAL_STATE_ROOT``
+        in an executor's environment overrides the job's root, for several workers on one
+        machine)."""
+        root = os.environ.get("CUTLINE_LOCAL_STATE_ROOT") or self.local_state_root
+        return LocalCopies(root, self.job.name, self.job.operator.name, subtask)
 
     def key_groups(self, subtask: int):
         return key_group_range(subtask, self.job.parallelism, self.job.max_parallelism)
@@ -91,6 +88,7 @@ class BatchPlan:
     confirmed_checkpoint: int | None = None
     watermark: int | None = None
     compact: frozenset[int] = frozenset()  # subtasks that compact RocksDB before the snapshot
+    schema: pa.Schema | None = None  # of the routed records (an idle subtask gets none)
 
 
 def ack_path(job_id: str, checkpoint_id: int, operator: str, subtask: int) -> str:
@@ -110,7 +108,7 @@ def read_progress(store: RocksDBStore) -> dict | None:
 
 
 def write_progress(txn, store: RocksDBStore, attempt: int, epoch: int) -> None:
-    payload = json.dumps({"attempt": attempt, "epoch": epoch, "host": socket.gethostname()})
+    payload = json.dumps({"attempt": attempt, "epoch": epoch, "host": host_name()})
     txn.put(PROGRESS, [store.key_group_range.start], [b"p"], [payload.encode()])
 
 
@@ -178,24 +176,51 @@ def _send_ack(storage_url: str, path: str, future) -> None:
     storage.put_bytes(path, json.dumps(doc).encode())
 
 
-def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The mapInArrow body for one partition (= one subtask) of one micro-batch."""
-    from pyspark import TaskContext
+def split_by_subtask(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The mapInArrow body of a micro-batch's map side: this partition's records, cut into one
+    Arrow IPC stream per subtask (``CHUNKS_SCHEMA``), ready for the subtask shuffle."""
+    batches = [b for b in batches if b.num_rows]
+    if not batches:
+        return
+    table = pa.Table.from_batches(batches).sort_by(SUBTASK_COLUMN).combine_chunks()
+    counts = pc.value_counts(table.column(SUBTASK_COLUMN)).flatten()
+    subtasks, chunks, offset = [], [], 0
+    for subtask, count in zip(counts[0].to_pylist(), counts[1].to_pylist(), strict=True):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table.slice(offset, count))
+        subtasks.append(subtask)
+        chunks.append(sink.getvalue().to_pybytes())
+        offset += count
+    yield pa.RecordBatch.from_arrays(
+        [pa.array(subtasks, pa.int32()), pa.array(chunks, pa.binary())], ["subtask", "chunk"]
+    )
 
+
+def _read_chunks(plan: BatchPlan, chunks: Iterable) -> pa.Table:
+    tables = [pa.ipc.open_stream(bytes(c)).read_all() for c in chunks if c is not None]
+    if tables:
+        return pa.concat_tables(tables)
+    if plan.schema is None:
+        raise ValueError("a micro-batch plan needs the schema of the routed records")
+    return plan.schema.empty_table()
+
+
+def run_subtask(plan: BatchPlan, subtask: int, chunks: Iterable) -> dict:
+    """Subtask ``subtask`` of one micro-batch, on the host that holds its working state: apply
+    the records (Arrow IPC ``chunks``; ``None`` entries are the anchor's and carry nothing)."""
     from state.rocksdb_store import RocksDBStore
     from state.snapshot import SubtaskSnapshotter
 
-    subtask = TaskContext.get().partitionId()
     ctx = plan.ctx
     op = ctx.job.operator
-    batches = list(batches)
-    table = drop_markers(pa.Table.from_batches(batches), MARKER_COLUMN)
+    table = _read_chunks(plan, chunks)
     copies = ctx.copies(subtask)
     if plan.confirmed_checkpoint is not None:
         copies.confirm(plan.confirmed_checkpoint)
     if not copies.db_dir.is_dir():
         raise SubtaskStateError(
-            f"subtask {subtask} of {ctx.job.name} runs on {socket.gethostname()}, which has no "
+            f"subtask {subtask} of {ctx.job.name} runs on {host_name()}, which has no "
             f"working state at {copies.db_dir}: restore from a checkpoint"
         )
     sync_ms = compact_ms = 0.0
@@ -205,7 +230,7 @@ def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
         expected = {"attempt": ctx.attempt, "epoch": plan.previous_epoch}
         if progress is None or {k: progress.get(k) for k in expected} != expected:
             raise SubtaskStateError(
-                f"subtask {subtask} of {ctx.job.name} on {socket.gethostname()}: working state is "
+                f"subtask {subtask} of {ctx.job.name} on {host_name()}: working state is "
                 f"at {progress}, expected {expected}; restore from a checkpoint"
             )
         result = make_operator(op).apply(store, table, plan.watermark)
@@ -236,22 +261,17 @@ def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
             sync_ms = (time.perf_counter() - started) * 1000
     finally:
         store.close()
-    yield pa.RecordBatch.from_pylist(
-        schema=_STATS_ARROW,
-        mapping=[
-            {
-                "subtask": subtask,
-                "host": socket.gethostname(),
-                "records": table.num_rows,
-                "output_rows": output.num_rows,
-                "positions": json.dumps(_positions(table)),
-                "sync_ms": sync_ms,
-                "compact_ms": compact_ms,
-                "late_records": result.late_records,
-                "max_event_time": result.max_event_time,
-            }
-        ],
-    )
+    return {
+        "subtask": subtask,
+        "host": host_name(),
+        "records": table.num_rows,
+        "output_rows": output.num_rows,
+        "positions": _positions(table),
+        "sync_ms": sync_ms,
+        "compact_ms": compact_ms,
+        "late_records": result.late_records,
+        "max_event_time": result.max_event_time,
+    }
 
 
 def prepare_subtask(
@@ -268,7 +288,7 @@ def prepare_subtask(
     from state.rocksdb_store import RocksDBStore
 
     copies = ctx.copies(subtask)
-    report = {"subtask": subtask, "host": socket.gethostname(), "source": "empty"}
+    report = {"subtask": subtask, "host": host_name(), "source": "empty"}
     if handle is None:
         shutil.rmtree(copies.root, ignore_errors=True)
     else:

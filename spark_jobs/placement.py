@@ -1,0 +1,125 @@
+"""Where each subtask runs: allocation-preserving placement on a Spark cluster.
+
+A subtask's working RocksDB lives on the local disk of the host that restored it, so every
+micro-batch task of subtask *i* must run on that host, and a restore should run where the
+previous attempt left its local copies. Spark has no per-task affinity for a shuffle's reduce
+tasks, so Cutline builds the placement out of two scheduler mechanisms it does honour:
+
+* **Placed restore.** The restore job reads an RDD made with ``SparkContext.makeRDD(seq of
+  (element, hosts))``: partition *i* prefers the host that holds subtask *i*'s local copy (the
+  restore's executor hints), when an executor runs there.
+* **An anchor per attempt.** After the restore, a tiny RDD is shuffled with the subtask
+  partitioner from map tasks placed on each subtask's host: reduce partition *i* then has all its
+  map output on that host, and Spark's reduce locality makes that host its preferred location
+  for as long as the attempt runs. Each micro-batch is shuffled with the same partitioner and
+  unioned with the anchor (twice, so the anchor's host outvotes the batch's own reduce locality)
+  into a ``PartitionerAwareUnionRDD``, whose tasks prefer the anchor's hosts.
+
+``spark.locality.wait.node`` (session.py) makes Spark wait for a busy executor on the preferred
+host rather than run the task elsewhere. A host that has no executor gives no preference, so its
+subtasks run (and restore from the primary copy) wherever Spark has room, without holding back
+the others. A micro-batch task that still lands on a host without the subtask's working state
+fails loudly (``SubtaskStateError``) and the attempt is restored: placement is never a silent
+correctness risk.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Mapping, Sequence
+
+ANCHOR_COPIES = 2  # anchor parents in each union: outvote the batch's own preferred hosts
+
+
+def subtask_partition(subtask: int) -> int:
+    """The partitioner of every subtask-keyed RDD (anchor and micro-batches share it: Spark
+    unions them partition by partition only if the function object is the same)."""
+    return subtask
+
+
+def executor_hosts(sc) -> set[str]:
+    """Hosts of the live executors, as Spark names them (the driver only in local mode)."""
+    local = sc.master.startswith("local")
+    summaries = sc._jsc.sc().statusStore().executorList(True)
+    hosts = set()
+    for i in range(summaries.size()):
+        summary = summaries.apply(i)
+        if summary.id() != "driver" or local:
+            hosts.add(summary.hostPort().rsplit(":", 1)[0])
+    return hosts
+
+
+def _address(host: str) -> str | None:
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return None
+
+
+def spark_host_for(host: str, spark_hosts: set[str]) -> str | None:
+    """The Spark executor host that is ``host`` (same name, or same address), if any."""
+    if host in spark_hosts:
+        return host
+    address = _address(host)
+    if address is None:
+        return None
+    return next((h for h in sorted(spark_hosts) if _address(h) == address), None)
+
+
+def preferred_hosts(
+    allocation: Mapping[str, str], parallelism: int, spark_hosts: set[str]
+) -> list[list[str]]:
+    """Per subtask, the executor host to prefer: its allocated host if an executor runs there,
+    else none (the subtask goes wherever Spark has room)."""
+    out: list[list[str]] = []
+    for subtask in range(parallelism):
+        wanted = allocation.get(str(subtask))
+        host = spark_host_for(wanted, spark_hosts) if wanted else None
+        out.append([host] if host else [])
+    return out
+
+
+def wait_for_hosts(sc, hosts: set[str], timeout_s: float) -> set[str]:
+    """Wait up to ``timeout_s`` until an executor runs on each of ``hosts`` (executors of a new
+    application register some seconds after it starts). Returns the hosts still missing."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        live = executor_hosts(sc)
+        missing = {h for h in hosts if spark_host_for(h, live) is None}
+        if not missing or time.monotonic() >= deadline:
+            return missing
+        time.sleep(0.5)
+
+
+def placed_rdd(sc, hosts: Sequence[Sequence[str]]):
+    """An RDD of ``len(hosts)`` partitions: partition *i* holds the string ``"i"`` and prefers
+    ``hosts[i]`` (no preference if empty)."""
+    from pyspark.core.rdd import RDD
+    from pyspark.serializers import UTF8Deserializer
+
+    jvm = sc._jvm
+    pairs = [jvm.scala.Tuple2(str(i), jvm.PythonUtils.toSeq(list(h))) for i, h in enumerate(hosts)]
+    tag = jvm.scala.reflect.ClassTag.AnyRef()
+    jrdd = sc._jsc.sc().makeRDD(jvm.PythonUtils.toSeq(pairs), tag).toJavaRDD()
+    return RDD(jrdd, sc, UTF8Deserializer())
+
+
+def anchor_rdd(sc, hosts: Sequence[Sequence[str]]):
+    """The attempt's anchor (see the module docstring), materialised: its shuffle output for
+    subtask *i* sits on ``hosts[i]`` when given. Keep a reference for as long as the attempt runs
+    (Spark removes the shuffle output of an RDD the driver no longer references)."""
+    parallelism = len(hosts)
+    anchor = (
+        placed_rdd(sc, hosts)
+        .map(lambda i: (int(i), None))
+        .partitionBy(parallelism, subtask_partition)
+    )
+    anchor.foreachPartition(lambda _: None)
+    return anchor
+
+
+def pin_to_anchor(batch, anchor):
+    """``batch`` (keyed by subtask, partitioned with :func:`subtask_partition`) in one RDD with
+    the anchor, so that partition *i* runs on subtask *i*'s host."""
+    return batch.context.union([batch] + [anchor] * ANCHOR_COPIES)

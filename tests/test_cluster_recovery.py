@@ -1,0 +1,119 @@
+"""Task-local recovery across hosts, on a two-worker standalone cluster (spark_jobs/standalone.py)
+whose workers are hosts 127.0.0.2 and 127.0.0.3, each with its own local state root.
+
+``clicks_per_user`` runs with parallelism 4: every micro-batch task of a subtask must run on the
+host that restored it (placement.py), or it fails on missing working state; a run that finishes
+shows that Spark never moved one. Then the driver is killed (``kill -9``) and the restore, given
+the lost attempt's allocation as hints, must put every subtask back on its host and restore it
+from the local copy; or a host is lost, and its subtasks restore from the primary copy on the
+surviving host while the survivor's restore locally. Either way the output is exact."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from spark_jobs.delta_catalog import read_delta
+from spark_jobs.generate import generate
+from spark_jobs.standalone import StandaloneCluster
+from tests.e2e_util import (
+    completed_checkpoints,
+    cutline,
+    expected_clicks,
+    final_clicks,
+    kill_driver,
+    run_to_end,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+JOB = "clicks_per_user"
+HOSTS = ("127.0.0.2", "127.0.0.3")
+# a first run spreads the subtasks over both hosts (later runs get the lost attempt's allocation)
+SPREAD = {str(i): HOSTS[i % 2] for i in range(4)}
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with StandaloneCluster(tmp_path / "cluster", hosts=HOSTS) as c:
+        yield c
+
+
+def job_args(cluster: StandaloneCluster, home: Path, hints: dict[str, str], *extra: str):
+    hints_file = home / f"hints-{len(list(home.glob('hints-*')))}.json"
+    hints_file.write_text(json.dumps(hints))
+    return (
+        "run", JOB, "--master", cluster.master_url, "--parallelism", "4",
+        "--interval-ms", "1000", "--hints", str(hints_file), *extra,
+    )  # fmt: skip
+
+
+def catalog(home: Path, table: str) -> list[dict]:
+    rows = read_delta(home / "warehouse" / "catalog" / table, JOB).to_pylist()
+    return [r for r in rows if r["job_id"] == JOB]
+
+
+def latest_allocation(home: Path) -> dict[str, str]:
+    attempts = sorted(catalog(home, "streaming_jobs"), key=lambda r: r["attempt"])
+    return json.loads(attempts[-1]["allocation"])
+
+
+def start_and_wait_for_checkpoints(cluster, home: Path, n: int) -> subprocess.Popen:
+    home.mkdir(parents=True)
+    generate(home / "log", "clicks", "clicks", count=300_000, seed=7, users=20_000)
+    driver = cutline(home, *job_args(cluster, home, SPREAD, "--idle-timeout", "30"))
+    wait_for(lambda: len(completed_checkpoints(home, JOB)) >= n, 400, "checkpoints", driver)
+    first = latest_allocation(home)
+    assert first == SPREAD, "the first run placed its subtasks as hinted"
+    return driver
+
+
+def test_driver_killed_restores_every_subtask_locally_on_its_host(cluster, tmp_path):
+    home = tmp_path / "home"
+    driver = start_and_wait_for_checkpoints(cluster, home, 3)
+    kill_driver(driver)
+
+    allocation = latest_allocation(home)
+    run_to_end(home, *job_args(cluster, home, allocation, "--idle-timeout", "20"), timeout=900)
+
+    recovery = catalog(home, "recoveries")[-1]
+    placement = json.loads(recovery["placement"])
+    local = recovery["subtasks_local"] / len(placement)
+    print(f"driver kill: {local:.0%} of subtasks restored from local copies: {placement}")
+    assert local >= 0.95
+    assert all(p["host"] == p["hint"] == allocation[str(p["subtask"])] for p in placement)
+    assert recovery["bytes_remote"] == 0
+    assert final_clicks(home) == expected_clicks(home)
+
+
+def test_host_lost_restores_its_subtasks_remotely_and_the_others_locally(cluster, tmp_path):
+    home = tmp_path / "home"
+    driver = start_and_wait_for_checkpoints(cluster, home, 3)
+    lost = HOSTS[1]
+    cluster.kill_host(lost)
+    rc = driver.wait(timeout=300)
+    assert rc != 0, "the attempt failed with its host"
+    log = (home / "driver.log").read_text(errors="replace")
+
+    allocation = latest_allocation(home)
+    run_to_end(
+        home,
+        *job_args(cluster, home, allocation, "--idle-timeout", "20", "--executor-wait-s", "5"),
+        timeout=900,
+    )
+
+    recovery = catalog(home, "recoveries")[-1]
+    placement = {p["subtask"]: p for p in json.loads(recovery["placement"])}
+    print(f"host lost: restore placement {placement}")
+    on_lost = {int(s) for s, h in allocation.items() if h == lost}
+    assert on_lost, log[-3000:]
+    for subtask, p in placement.items():
+        assert p["host"] == HOSTS[0]
+        assert p["source"] == ("remote" if subtask in on_lost else "local"), p
+    assert recovery["subtasks_remote"] == len(on_lost)
+    assert recovery["subtasks_local"] == 4 - len(on_lost)
+    assert final_clicks(home) == expected_clicks(home)
