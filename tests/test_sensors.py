@@ -5,6 +5,7 @@ records a stop in the catalog."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 from dagster import (
@@ -163,7 +164,11 @@ def test_heartbeat_sensor_fails_runs_whose_driver_went_silent(
     catalog.begin_attempt(JOB, run_id=silent.run_id)
     alive_attempt = catalog.begin_attempt(other, run_id=alive.run_id)
     time.sleep(2.0)
+    beat = time.time()
     catalog.heartbeat(other, alive_attempt)
+    # The sensor's clock stands 1 s after the heartbeat was taken, however long the commit and the
+    # evaluation take on a loaded machine: the silent attempt is >= 3 s old, the alive one 1 s.
+    monkeypatch.setattr(heartbeat, "time", SimpleNamespace(time=lambda: beat + 1.0))
 
     context = build_sensor_context(instance=instance, resources={"cutline_paths": paths})
     heartbeat.streaming_heartbeat.evaluate_tick(context)
