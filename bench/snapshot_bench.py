@@ -18,9 +18,7 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,30 +38,11 @@ from state.restore import restore_subtask  # noqa: E402
 from state.rocksdb_store import RocksDBStore  # noqa: E402
 from state.snapshot import SubtaskSnapshotter  # noqa: E402
 from state.storage import DurableStorage, LocalFileStorage, S3Storage  # noqa: E402
+from tests.moto_server import MotoServer  # noqa: E402
 
 KEY_BYTES = 16
 VALUE_BYTES = 100
 JOB = "bench"
-
-
-def start_moto() -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return proc, f"http://127.0.0.1:{port}"
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("moto server did not start")
 
 
 def open_bench_storage(args: argparse.Namespace, work: Path) -> tuple[DurableStorage, object]:
@@ -75,7 +54,8 @@ def open_bench_storage(args: argparse.Namespace, work: Path) -> tuple[DurableSto
         os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
         os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-        proc, endpoint = start_moto()
+        proc = MotoServer(work / "moto.stderr").start()
+        endpoint = proc.endpoint
     import boto3
 
     bucket = f"bench-{uuid.uuid4().hex[:8]}"
@@ -195,7 +175,7 @@ def main() -> None:
     finally:
         pool.shutdown()
         if server is not None:
-            server.kill()
+            server.stop()
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
 

@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import functools
-import http.client
 import os
-import socket
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,27 +12,7 @@ from typing import Any
 import pytest
 
 from state.storage import DurableStorage, LocalFileStorage, S3Storage
-
-_SERVER_START_TIMEOUT = 30.0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _answers(port: int) -> bool:
-    """Whether anything answers HTTP on the loopback port (any status counts)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-    try:
-        conn.request("GET", "/")
-        conn.getresponse().read()
-        return True
-    except OSError:
-        return False
-    finally:
-        conn.close()
+from tests.moto_server import MotoServer, MotoServerError
 
 
 @functools.cache
@@ -61,34 +36,14 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         for name in ("NO_PROXY", "no_proxy"):  # never send loopback traffic through a proxy
             env.setenv(name, ",".join(filter(None, [no_proxy, "127.0.0.1", "localhost"])))
 
-        port = _free_port()
-        endpoint = f"http://127.0.0.1:{port}"
-        log_path = tmp_path_factory.mktemp("moto") / "server.stderr"
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-            )
         try:
-            deadline = time.monotonic() + _SERVER_START_TIMEOUT
-            while not _answers(port):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    why = (
-                        f"exited with code {proc.returncode}"
-                        if proc.poll() is not None
-                        else f"did not answer within {_SERVER_START_TIMEOUT:.0f}s"
-                    )
-                    stderr = Path(log_path).read_text(errors="replace")[-4000:]
-                    pytest.fail(
-                        f"moto server on {endpoint} {why}; stderr:\n{stderr}", pytrace=False
-                    )
-                time.sleep(0.1)
-            yield endpoint
+            server = MotoServer(tmp_path_factory.mktemp("moto") / "server.stderr").start()
+        except MotoServerError as e:
+            pytest.fail(str(e), pytrace=False)
+        try:
+            yield server.endpoint
         finally:
-            proc.kill()
-            proc.wait(timeout=10)
+            server.stop()
 
 
 @pytest.fixture
