@@ -144,6 +144,7 @@ def bench_size(spark, work: Path, state_mib: int, bucket: str) -> dict:
         log=lambda *_: None,
     )  # fmt: skip
     assert built.failure is None, built.failure
+    assert built.records == users + PARTITIONS, f"read {built.records:,} of {users + PARTITIONS:,}"
     build_s = time.perf_counter() - started
     latest = CatalogReader(paths.warehouse).checkpoints(JOB)[-1]
     print(

@@ -321,8 +321,8 @@ class StreamingRun:
                     self.fail(f"micro-batch failed: {query.exception()}")
                 elif not query.isActive:
                     self.fail("the streaming query stopped")
-                elif self.idle_timeout_s is not None and not self._query_started(query):
-                    self._last_progress = time.monotonic()  # idle time counts once it runs
+                elif self.idle_timeout_s is not None and not self._idle(query):
+                    self._last_progress = time.monotonic()  # idle time counts from here
                 elif (
                     self.idle_timeout_s is not None
                     and time.monotonic() - self._last_progress > self.idle_timeout_s
@@ -447,12 +447,16 @@ class StreamingRun:
 
     # -- micro-batches -----------------------------------------------------------------------
 
-    def _query_started(self, query) -> bool:
-        """The query has run a trigger (a micro-batch, or a look at its sources that found
-        nothing): on a loaded machine that can take longer than the idle timeout."""
+    def _idle(self, query) -> bool:
+        """The query has run a trigger (on a loaded machine the first can take longer than the
+        idle timeout) and is now neither in a trigger nor seeing data its sources have not
+        delivered: a long micro-batch, or a slow plan of the next one, is not idle time."""
         if not self._query_has_run:
             self._query_has_run = self.summary.batches > 0 or query.lastProgress is not None
-        return self._query_has_run
+            if not self._query_has_run:
+                return False
+        status = query.status
+        return not (status.get("isTriggerActive") or status.get("isDataAvailable"))
 
     def _source_ddl(self, name: str) -> str:
         return f"{self.job.source(name).schema}, {PARTITION_COLUMN} int, {NEXT_OFFSET_COLUMN} long"

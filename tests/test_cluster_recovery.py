@@ -64,7 +64,7 @@ def latest_allocation(home: Path) -> dict[str, str]:
 
 def start_and_wait_for_checkpoints(cluster, home: Path, n: int) -> subprocess.Popen:
     home.mkdir(parents=True)
-    generate(home / "log", "clicks", "clicks", count=300_000, seed=7, users=20_000)
+    generate(home / "log", "clicks", "clicks", count=150_000, seed=7, users=20_000)
     driver = cutline(home, *job_args(cluster, home, SPREAD, "--idle-timeout", "30"))
     wait_for(lambda: len(completed_checkpoints(home, JOB)) >= n, 400, "checkpoints", driver)
     first = latest_allocation(home)
@@ -78,7 +78,7 @@ def test_driver_killed_restores_every_subtask_locally_on_its_host(cluster, tmp_p
     kill_driver(driver)
 
     allocation = latest_allocation(home)
-    run_to_end(home, *job_args(cluster, home, allocation, "--idle-timeout", "20"), timeout=900)
+    run_to_end(home, *job_args(cluster, home, allocation, "--idle-timeout", "8"), timeout=900)
 
     recovery = catalog(home, "recoveries")[-1]
     placement = json.loads(recovery["placement"])
@@ -102,7 +102,7 @@ def test_host_lost_restores_its_subtasks_remotely_and_the_others_locally(cluster
     allocation = latest_allocation(home)
     run_to_end(
         home,
-        *job_args(cluster, home, allocation, "--idle-timeout", "20", "--executor-wait-s", "5"),
+        *job_args(cluster, home, allocation, "--idle-timeout", "8", "--executor-wait-s", "5"),
         timeout=900,
     )
 
