@@ -50,6 +50,16 @@ def executor_hosts(sc) -> set[str]:
     return hosts
 
 
+def lost_subtasks(allocation: dict[str, str], spark_hosts: set[str]) -> dict[str, list[int]]:
+    """Hosts of ``allocation`` (subtask -> host) with no live executor, and the subtasks whose
+    working state they held: those subtasks cannot run until a restore moves them."""
+    lost: dict[str, list[int]] = {}
+    for subtask, host in sorted(allocation.items(), key=lambda kv: int(kv[0])):
+        if spark_host_for(host, spark_hosts) is None:
+            lost.setdefault(host, []).append(int(subtask))
+    return lost
+
+
 def _address(host: str) -> str | None:
     try:
         return socket.gethostbyname(host)

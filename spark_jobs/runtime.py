@@ -41,6 +41,7 @@ from spark_jobs.operators import KEY_GROUP_COLUMN, SOURCE_COLUMN
 from spark_jobs.placement import (
     anchor_rdd,
     executor_hosts,
+    lost_subtasks,
     pin_to_anchor,
     placed_rdd,
     preferred_hosts,
@@ -77,6 +78,7 @@ from state.storage import StorageError, open_storage
 
 HEARTBEAT_S = 10.0
 EXECUTOR_WAIT_S = 60.0  # how long a restore waits for executors on the hinted hosts
+HOST_CHECK_S = 2.0  # how often a run on a cluster checks that its subtasks' hosts have executors
 
 
 class NoRestorableCheckpointError(RuntimeError):
@@ -206,6 +208,8 @@ class StreamingRun:
         self._cuts: queue.Queue = queue.Queue()  # cuts recorded by micro-batches, for the poller
         self._last_progress = time.monotonic()
         self._query_has_run = False
+        # on a cluster, a host that loses its executors takes its subtasks' working state along
+        self._watch_hosts = not spark.sparkContext.master.startswith("local")
         self.aborted: set[int] = set()
         self.layout = JobLayout(job.name)
         # a compaction request being served: (checkpoint id, request, compaction ms)
@@ -316,7 +320,20 @@ class StreamingRun:
         try:
             query = self._start_query(spark_checkpoint)
             self._last_progress = time.monotonic()
+            hosts_checked, suspect = time.monotonic(), None
             while not self._stop.wait(0.2):
+                if self._watch_hosts and time.monotonic() - hosts_checked > HOST_CHECK_S:
+                    hosts_checked = time.monotonic()
+                    lost = lost_subtasks(self.allocation, executor_hosts(self.spark.sparkContext))
+                    if lost and lost == suspect:  # two checks in a row: not a registration race
+                        self.fail(
+                            f"executors lost on {sorted(lost)}, which held the working state of "
+                            f"subtasks {sorted(s for v in lost.values() for s in v)}: "
+                            "restore from the latest checkpoint"
+                        )
+                        # a micro-batch waiting for those subtasks' tasks would wait forever
+                        self.spark.sparkContext.cancelAllJobs()
+                    suspect = lost or None
                 if query.exception() is not None:
                     self.fail(f"micro-batch failed: {query.exception()}")
                 elif not query.isActive:

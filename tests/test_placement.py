@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from spark_jobs.placement import preferred_hosts, spark_host_for
+from spark_jobs.placement import lost_subtasks, preferred_hosts, spark_host_for
 from spark_jobs.subtask import SUBTASK_COLUMN, BatchPlan, _read_chunks, split_by_subtask
 
 
@@ -25,6 +25,13 @@ def test_a_hint_matches_the_executor_host_by_name_or_address():
     assert spark_host_for("localhost", {"127.0.0.1", "127.0.0.9"}) == "127.0.0.1"
     assert spark_host_for("127.0.0.1", {"localhost"}) == "localhost"
     assert spark_host_for("nothing.invalid", {"127.0.0.1"}) is None
+
+
+def test_a_host_without_executors_is_lost_with_the_subtasks_it_held():
+    allocation = {"0": "127.0.0.2", "1": "127.0.0.3", "2": "127.0.0.2", "3": "127.0.0.3"}
+    assert lost_subtasks(allocation, {"127.0.0.2", "127.0.0.3"}) == {}
+    assert lost_subtasks(allocation, {"127.0.0.2"}) == {"127.0.0.3": [1, 3]}
+    assert lost_subtasks(allocation, set()) == {"127.0.0.2": [0, 2], "127.0.0.3": [1, 3]}
 
 
 def _plan(schema: pa.Schema) -> BatchPlan:
