@@ -208,6 +208,7 @@ class StreamingRun:
         self._cuts: queue.Queue = queue.Queue()  # cuts recorded by micro-batches, for the poller
         self._last_progress = time.monotonic()
         self._query_has_run = False
+        self._in_batch = False
         # on a cluster, a host that loses its executors takes its subtasks' working state along
         self._watch_hosts = not spark.sparkContext.master.startswith("local")
         self.aborted: set[int] = set()
@@ -466,14 +467,11 @@ class StreamingRun:
 
     def _idle(self, query) -> bool:
         """The query has run a trigger (on a loaded machine the first can take longer than the
-        idle timeout) and is now neither in a trigger nor seeing data its sources have not
-        delivered: a long micro-batch, or a slow plan of the next one, is not idle time."""
+        idle timeout) and no micro-batch is running: a micro-batch longer than the idle timeout
+        is not idle time."""
         if not self._query_has_run:
             self._query_has_run = self.summary.batches > 0 or query.lastProgress is not None
-            if not self._query_has_run:
-                return False
-        status = query.status
-        return not (status.get("isTriggerActive") or status.get("isDataAvailable"))
+        return self._query_has_run and not self._in_batch
 
     def _source_ddl(self, name: str) -> str:
         return f"{self.job.source(name).schema}, {PARTITION_COLUMN} int, {NEXT_OFFSET_COLUMN} long"
@@ -586,7 +584,12 @@ class StreamingRun:
     def _process_batch(self, df, spark_batch_id: int) -> None:
         with self._batch_lock:  # a graceful stop waits for a running micro-batch
             if not self._stop.is_set():
-                self._run_batch(df)
+                self._in_batch = True
+                try:
+                    self._run_batch(df)
+                finally:
+                    self._in_batch = False
+                    self._last_progress = time.monotonic()
 
     def _run_batch(self, df) -> None:
         self._last_progress = time.monotonic()
