@@ -17,7 +17,7 @@ from state.config import CheckpointConfig, ConfigError
 from state.keygroups import DEFAULT_MAX_PARALLELISM, KEY_TYPES, check_parallelism
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
-AGGREGATES = ("count", "sum", "min", "max")
+AGGREGATES = ("count", "sum", "min", "max", "last")
 
 
 class JobDefinitionError(ValueError):
@@ -87,7 +87,10 @@ class KafkaSource:
 Source = LogSource | KafkaSource
 
 
-def _check_aggregates(where: str, aggregates: dict[str, tuple[str, str | None]]) -> None:
+def _check_aggregates(
+    where: str, aggregates: dict[str, tuple[str, str | None]], event_time: str | None = None
+) -> None:
+    """``event_time`` orders ``last``; ``None`` means the operator does not support ``last``."""
     if not aggregates:
         raise JobDefinitionError(f"{where}.aggregates must name at least one aggregate")
     for out, (fn, col) in aggregates.items():
@@ -98,6 +101,11 @@ def _check_aggregates(where: str, aggregates: dict[str, tuple[str, str | None]])
             )
         if fn != "count" and not col:
             raise JobDefinitionError(f"{where}.aggregates[{out!r}] needs an input column")
+        if fn == "last" and not event_time:
+            raise JobDefinitionError(
+                f"{where}.aggregates[{out!r}]: 'last' is supported by KeyedAggregate with an "
+                "event_time column to order by"
+            )
 
 
 def _check_key_type(where: str, key_type: str) -> None:
@@ -108,19 +116,22 @@ def _check_key_type(where: str, key_type: str) -> None:
 @dataclass(frozen=True)
 class KeyedAggregate:
     """Per key, running aggregates of value columns: ``aggregates`` maps an output column to
-    ``(function, input column)``, function one of count, sum, min, max (``count`` takes no
-    column). Emits the updated aggregates of every key a micro-batch touched."""
+    ``(function, input column)``, function one of count, sum, min, max, last (``count`` takes no
+    column). ``last`` keeps the value of the key's latest record by ``event_time`` (ties: the
+    later micro-batch, then the later log position), so replays give the same answer. Emits the
+    updated aggregates of every key a micro-batch touched."""
 
     name: str
     source: str
     key: str
     key_type: str
     aggregates: dict[str, tuple[str, str | None]]
+    event_time: str | None = None
 
     def __post_init__(self) -> None:
         _check_name("operator.name", self.name)
         _check_key_type("operator", self.key_type)
-        _check_aggregates("operator", self.aggregates)
+        _check_aggregates("operator", self.aggregates, self.event_time)
 
     @property
     def inputs(self) -> dict[str, str]:

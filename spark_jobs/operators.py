@@ -55,35 +55,74 @@ def _check_keys(name: str, table: pa.Table, key: str) -> None:
         raise ValueError(f"operator {name!r}: {nulls} records have a null key {key!r}")
 
 
-class _Aggregates:
-    """Packed running aggregates (count/sum/min/max) and how to merge a batch into them."""
+_NULL_LEN = 0xFFFF_FFFF  # the stored length of a null ``last`` value
 
-    def __init__(self, aggregates: dict[str, tuple[str, str | None]]) -> None:
-        self.spec = [
+
+class _Aggregates:
+    """Running aggregates of one key packed into one stored value: a fixed-width record (the
+    numeric aggregates; with ``last`` aggregates, the event time they are as of and each value's
+    length) followed by the ``last`` values' bytes, and how to merge a batch into them."""
+
+    def __init__(
+        self, aggregates: dict[str, tuple[str, str | None]], event_time: str | None = None
+    ) -> None:
+        self.outputs = list(aggregates)
+        self.numeric = [
             ([], "count_all", out) if fn == "count" else (col, fn, out)
             for out, (fn, col) in aggregates.items()
+            if fn != "last"
         ]
-        self.dtype = np.dtype(
-            [(out, "<i8" if f == "count_all" else "<f8") for _, f, out in self.spec]
-        )
+        self.last = [(col, out) for out, (fn, col) in aggregates.items() if fn == "last"]
+        self.event_time = event_time
+        fields = [(out, "<i8" if f == "count_all" else "<f8") for _, f, out in self.numeric]
+        if self.last:
+            fields += [("_last_at", "<i8")] + [(f"_len_{out}", "<u4") for _, out in self.last]
+        self.dtype = np.dtype(fields)
+
+    def prepare(self, table: pa.Table) -> pa.Table:
+        """The batch in the order ``last`` follows: event time, then log position."""
+        if not self.last:
+            return table
+        for col, _ in self.last:
+            if not (pa.types.is_string(t := table.schema.field(col).type) or pa.types.is_binary(t)):
+                raise ValueError(f"aggregate 'last' of {col!r} needs a string or binary column")
+        order = [self.event_time, "_partition", "_next_offset"]
+        return table.sort_by([(c, "ascending") for c in order])
 
     def arrow_aggregations(self) -> list[tuple]:
-        return [(c, f) for c, f, _ in self.spec]
+        wanted = [(c, f) for c, f, _ in self.numeric]
+        wanted += [(c, "last", pc.ScalarAggregateOptions(skip_nulls=False)) for c, _ in self.last]
+        if self.last:
+            wanted.append((self.event_time, "max"))
+        unique: list[tuple] = []
+        for agg in wanted:  # one Arrow aggregate per (column, function)
+            if all(agg[:2] != u[:2] for u in unique):
+                unique.append(agg)
+        return unique
 
-    def fields(self) -> list[pa.Field]:
-        return [
-            pa.field(out, pa.int64() if f == "count_all" else pa.float64())
-            for _, f, out in self.spec
-        ]
+    def fields(self, schema: pa.Schema | None = None) -> list[pa.Field]:
+        """The output fields in declaration order (``last`` takes its input's type)."""
+        types = {
+            out: pa.int64() if f == "count_all" else pa.float64() for _, f, out in self.numeric
+        }
+        for col, out in self.last:
+            types[out] = schema.field(col).type if schema is not None else pa.binary()
+        return [pa.field(out, types[out]) for out in self.outputs]
 
-    def merge(self, old: list[bytes | None], grouped: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-        """New packed values, and which keys had state before."""
-        present = np.fromiter((v is not None for v in old), bool, len(old))
-        state = np.zeros(len(old), self.dtype)
-        if present.any():
-            state[present] = np.frombuffer(b"".join(v for v in old if v is not None), self.dtype)
-        new = np.empty(len(old), self.dtype)
-        for c, f, out in self.spec:
+    def merge(
+        self, old: list[bytes | None], grouped: pa.Table
+    ) -> tuple[list[bytes], dict[str, pa.Array], np.ndarray]:
+        """The new stored values, the new aggregates as output columns, and which keys had
+        state before."""
+        n, size = len(old), self.dtype.itemsize
+        present = np.fromiter((v is not None for v in old), bool, n)
+        stored = [v for v in old if v is not None]
+        state = np.zeros(n, self.dtype)
+        if stored:
+            fixed = b"".join(v[:size] for v in stored) if self.last else b"".join(stored)
+            state[present] = np.frombuffer(fixed, self.dtype)
+        new = np.empty(n, self.dtype)
+        for c, f, out in self.numeric:
             batch = grouped.column(f"{c}_{f}" if c else f).to_numpy().astype(self.dtype[out])
             prev = state[out]
             if f in ("count_all", "sum"):
@@ -92,7 +131,37 @@ class _Aggregates:
                 new[out] = np.where(present, np.minimum(prev, batch), batch)
             else:
                 new[out] = np.where(present, np.maximum(prev, batch), batch)
-        return new, present
+        columns = {out: pa.array(new[out]) for _, _, out in self.numeric}
+        if not self.last:
+            return _split(new.tobytes(), size), columns, present
+
+        at = grouped.column(f"{self.event_time}_max").to_numpy()
+        take = ~present | (at >= state["_last_at"])  # ties: the later micro-batch wins
+        new["_last_at"] = np.where(take, at, state["_last_at"])
+        tails = iter(v[size:] for v in stored)
+        old_tail = [next(tails) if p else b"" for p in present.tolist()]
+        offset = np.zeros(n, np.int64)
+        values: list[list[bytes | None]] = []
+        for col, out in self.last:
+            lens = state[f"_len_{out}"].astype(np.int64)
+            null = lens == _NULL_LEN
+            lens[null] = 0
+            starts, ends = offset.tolist(), (offset + lens).tolist()
+            offset += lens
+            was = [
+                None if z else t[a:b]
+                for t, a, b, z in zip(old_tail, starts, ends, null.tolist(), strict=True)
+            ]
+            batch = grouped.column(f"{col}_last").cast(pa.binary()).to_pylist()
+            chosen = [b if t else w for b, w, t in zip(batch, was, take.tolist(), strict=True)]
+            new[f"_len_{out}"] = [_NULL_LEN if v is None else len(v) for v in chosen]
+            values.append(chosen)
+            columns[out] = pa.array(chosen, pa.binary()).cast(grouped.column(f"{col}_last").type)
+        packed = [
+            f + b"".join(v for v in parts if v is not None)
+            for f, *parts in zip(_split(new.tobytes(), size), *values, strict=True)
+        ]
+        return packed, columns, present
 
 
 class KeyedAggregateOperator:
@@ -100,27 +169,30 @@ class KeyedAggregateOperator:
 
     def __init__(self, spec: KeyedAggregate) -> None:
         self.spec = spec
-        self.aggs = _Aggregates(spec.aggregates)
+        self.aggs = _Aggregates(spec.aggregates, spec.event_time)
 
     def apply(self, store: RocksDBStore, table: pa.Table, watermark: int | None) -> OperatorResult:
         spec = self.spec
+        fields = self.aggs.fields(table.schema)
         if table.num_rows == 0:
-            key_field = table.schema.field(spec.key)
-            return OperatorResult(pa.schema([key_field, *self.aggs.fields()]).empty_table())
+            return OperatorResult(pa.schema([table.schema.field(spec.key), *fields]).empty_table())
         _check_keys(spec.name, table, spec.key)
-        grouped = table.group_by([spec.key, KEY_GROUP_COLUMN], use_threads=False).aggregate(
-            self.aggs.arrow_aggregations()
+        grouped = (
+            self.aggs.prepare(table)
+            .group_by([spec.key, KEY_GROUP_COLUMN], use_threads=False)
+            .aggregate(self.aggs.arrow_aggregations())
         )
         keys = grouped.column(spec.key).combine_chunks()
         groups = grouped.column(KEY_GROUP_COLUMN).to_numpy()
         kbytes = key_bytes(keys, spec.key_type)
-        new, _ = self.aggs.merge(store.get_many(spec.name, groups, kbytes), grouped)
+        values, columns, _ = self.aggs.merge(store.get_many(spec.name, groups, kbytes), grouped)
         txn = store.begin()
-        txn.put(spec.name, groups, kbytes, _split(new.tobytes(), self.aggs.dtype.itemsize))
+        txn.put(spec.name, groups, kbytes, values)
         txn.commit()
-        columns = [keys] + [pa.array(new[f.name]) for f in self.aggs.fields()]
-        schema = pa.schema([pa.field(spec.key, keys.type), *self.aggs.fields()])
-        return OperatorResult(pa.Table.from_arrays(columns, schema=schema))
+        schema = pa.schema([pa.field(spec.key, keys.type), *fields])
+        return OperatorResult(
+            pa.Table.from_arrays([keys] + [columns[f.name] for f in fields], schema=schema)
+        )
 
 
 class WindowedAggregateOperator:
@@ -196,9 +268,9 @@ class WindowedAggregateOperator:
         groups = grouped.column(KEY_GROUP_COLUMN).to_numpy()
         wstarts = grouped.column("_window").to_numpy()
         skeys = self._state_keys(key_bytes(grouped.column(spec.key), spec.key_type), wstarts)
-        new, present = self.aggs.merge(store.get_many(spec.name, groups, skeys), grouped)
+        values, _, present = self.aggs.merge(store.get_many(spec.name, groups, skeys), grouped)
         txn = store.begin()
-        txn.put(spec.name, groups, skeys, _split(new.tobytes(), self.aggs.dtype.itemsize))
+        txn.put(spec.name, groups, skeys, values)
         fresh = ~present
         if fresh.any():
             txn.register_timers(

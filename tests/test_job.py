@@ -52,6 +52,10 @@ def test_bad_operator_and_source_fields():
         KeyedAggregate("a", "s", "k", "string", {"n": ("median", "v")})
     with pytest.raises(JobDefinitionError, match="needs an input column"):
         KeyedAggregate("a", "s", "k", "string", {"n": ("sum", None)})
+    with pytest.raises(JobDefinitionError, match="'last' is supported by KeyedAggregate with"):
+        KeyedAggregate("a", "s", "k", "string", {"p": ("last", "payload")})
+    with pytest.raises(JobDefinitionError, match="'last' is supported by KeyedAggregate with"):
+        WindowedAggregate("w", "s", "k", "string", "ts", 10, 0, {"p": ("last", "payload")})
     with pytest.raises(JobDefinitionError, match=r"operator\.window_ms"):
         WindowedAggregate("w", "s", "k", "string", "ts", 0, 0, {"n": ("count", None)})
     with pytest.raises(JobDefinitionError, match=r"source\.max_records_per_partition"):

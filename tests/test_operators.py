@@ -62,6 +62,53 @@ def test_keyed_aggregate_matches_a_reference_over_batches(store):
         assert sorted(out.column("user").to_pylist()) == sorted(set(users))
 
 
+def test_last_keeps_the_latest_value_by_event_time_across_batches_and_reopens(tmp_path):
+    spec = KeyedAggregate(
+        "agg",
+        "s",
+        "user",
+        "string",
+        {"n": ("count", None), "p": ("last", "payload"), "q": ("last", "tag"), "at": ("max", "ts")},
+        event_time="ts",
+    )
+    rng = np.random.default_rng(2)
+    latest: dict[str, tuple[int, str | None, bytes]] = {}
+    counts: collections.Counter[str] = collections.Counter()
+    db = tmp_path / "db"
+    for step in range(4):
+        n = 300
+        users = [f"u{i}" for i in rng.integers(0, 40, n)]
+        ts = rng.integers(0, 50, n).tolist()  # out of order, with ties within and across batches
+        payload = [None if i % 17 == 0 else "x" * int(i % 7) + f"{step}-{i}" for i in range(n)]
+        tag = [bytes([step, i % 256]) * (i % 3) for i in range(n)]
+        table = batch(users, ts=ts, payload=pa.array(payload, pa.string()), tag=tag)
+        table = table.set_column(
+            table.schema.get_field_index("_next_offset"),
+            "_next_offset",
+            pa.array(rng.permutation(n) + 1, pa.int64()),
+        )
+        offsets = table.column("_next_offset").to_pylist()
+        for u, t, p, g, _offset in sorted(
+            zip(users, ts, payload, tag, offsets, strict=True), key=lambda r: (r[1], r[4])
+        ):
+            counts[u] += 1
+            if u not in latest or t >= latest[u][0]:
+                latest[u] = (t, p, g)
+        with RocksDBStore(db, KeyGroupRange(0, 127)) as store:  # state survives a reopen
+            out = make_operator(spec).apply(store, table, None).output
+        assert out.schema.field("p").type == pa.string()
+        assert out.schema.field("q").type == pa.binary()
+        for row in out.to_pylist():
+            t, p, g = latest[row["user"]]
+            assert (row["n"], row["at"], row["p"], row["q"]) == (counts[row["user"]], t, p, g)
+
+
+def test_last_needs_a_string_or_binary_column(store):
+    spec = KeyedAggregate("agg", "s", "user", "string", {"p": ("last", "v")}, event_time="ts")
+    with pytest.raises(ValueError, match="'last' of 'v' needs a string or binary column"):
+        make_operator(spec).apply(store, batch(["a"]), None)
+
+
 def test_keyed_aggregate_rejects_null_keys_and_foreign_key_groups(tmp_path):
     op = make_operator(KeyedAggregate("agg", "s", "user", "string", {"n": ("count", None)}))
     with RocksDBStore(tmp_path / "db", KeyGroupRange(0, 63)) as store:
