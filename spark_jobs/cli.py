@@ -238,6 +238,8 @@ def _add_path_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from spark_jobs.generate import KINDS
+
     parser = argparse.ArgumentParser(prog="cutline", description=__doc__)
     parser.add_argument("--home", default=str(default_home()), help="embedded-default home")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -289,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_path_options(comp)
     comp.set_defaults(func=_compact)
     gen = sub.add_parser("generate", help="append synthetic events to the local log")
-    gen.add_argument("kind", choices=["clicks", "orders", "profiles"])
+    gen.add_argument("kind", choices=KINDS)
     gen.add_argument("--count", type=int, required=True, help="records per partition")
     gen.add_argument("--topic", help="topic (default: the kind)")
     gen.add_argument("--partitions", type=int, default=2)

@@ -17,6 +17,7 @@ from spark_jobs.job import (
 from state.config import CheckpointConfig
 
 CLICKS_SCHEMA = "user string, url string, ts long"
+EVENTS_SCHEMA = "user string, amount double, payload string, ts long"
 ORDERS_SCHEMA = "order_id string, user string, amount double, ts long"
 PROFILES_SCHEMA = "user string, country string, tier int, ts long"
 
@@ -66,6 +67,33 @@ def clicks_per_user_kafka() -> JobDefinition:
             ),
         ),
         sink=DeltaSink("clicks_out", "clicks_per_user_kafka"),
+    )
+
+
+@register_job
+def user_activity() -> JobDefinition:
+    """Per user: event count, amount sum and the latest 100-byte payload (the peer benchmark's
+    state: bench/peer_bench.py runs the same aggregation in Spark's own stateful APIs)."""
+    return JobDefinition(
+        name="user_activity",
+        description="Count, sum and latest payload per user",
+        sources=(LogSource("events", "events", EVENTS_SCHEMA, max_records_per_partition=20_000),),
+        operator=KeyedAggregate(
+            name="activity_by_user",
+            source="events",
+            key="user",
+            key_type="string",
+            aggregates={
+                "events": ("count", None),
+                "amount": ("sum", "amount"),
+                "payload": ("last", "payload"),
+                "last_ts": ("max", "ts"),
+            },
+            event_time="ts",
+        ),
+        sink=DeltaSink("activity_out", "user_activity"),
+        checkpoint=CHECKPOINTS,
+        parallelism=2,
     )
 
 

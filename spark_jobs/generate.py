@@ -14,10 +14,11 @@ import numpy as np
 
 from spark_jobs.local_log import append_records, complete_size, partition_path
 
-KINDS = ("clicks", "orders", "profiles")
+KINDS = ("clicks", "orders", "profiles", "events")
+PAYLOAD_BYTES = 100  # of an "events" record
 _CHUNK = 10_000
 _EPOCH_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
-_KIND_SEED = {"clicks": 1, "orders": 2, "profiles": 3}
+_KIND_SEED = {"clicks": 1, "orders": 2, "profiles": 3, "events": 4}
 
 
 def _records(kind: str, seed: int, partition: int, start: int, n: int, users: int) -> list[bytes]:
@@ -53,6 +54,17 @@ def _chunk(kind: str, seed: int, partition: int, chunk: int, users: int) -> list
             % (partition, i, u, c // 100, c % 100, t)
             for i, u, c, t in zip(
                 index.tolist(), user.tolist(), cents.tolist(), ts.tolist(), strict=True
+            )
+        ]
+    if kind == "events":  # a value and an opaque 100-character payload
+        cents = rng.integers(0, 10_000, n)
+        hexed = rng.bytes(PAYLOAD_BYTES // 2 * n).hex().encode()
+        w = PAYLOAD_BYTES
+        return [
+            b'{"user":"user-%d","amount":%d.%02d,"payload":"%s","ts":%d}'
+            % (u, c // 100, c % 100, hexed[i * w : (i + 1) * w], t)
+            for i, (u, c, t) in enumerate(
+                zip(user.tolist(), cents.tolist(), ts.tolist(), strict=True)
             )
         ]
     countries = np.array([b"DE", b"FR", b"US", b"JP", b"BR"])

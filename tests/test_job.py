@@ -21,6 +21,7 @@ def test_example_jobs_are_registered():
         "clicks_per_user",
         "clicks_per_user_kafka",
         "enriched_orders",
+        "user_activity",
         "windowed_revenue",
     ]
     job = get_job("enriched_orders")

@@ -7,7 +7,7 @@ import json
 import pyarrow as pa
 import pytest
 
-from spark_jobs.generate import _records, generate, records_in
+from spark_jobs.generate import PAYLOAD_BYTES, _records, generate, records_in
 from spark_jobs.local_log import (
     MalformedRecordError,
     append_records,
@@ -72,6 +72,17 @@ def test_generator_is_deterministic_and_chunk_aligned(tmp_path):
         assert records_in(tmp_path / "a", "clicks", p) == 15_000
     with pytest.raises(ValueError, match="kind must be one of"):
         generate(tmp_path, "x", "tweets", count=1)
+
+
+def test_events_carry_a_payload_of_fixed_size():
+    lines = _records("events", 1, 0, 9_990, 20, 100)
+    assert lines == _records("events", 1, 0, 9_990, 10, 100) + _records(
+        "events", 1, 0, 10_000, 10, 100
+    )
+    records = [json.loads(line) for line in lines]
+    assert {len(r["payload"]) for r in records} == {PAYLOAD_BYTES}
+    assert len({r["payload"] for r in records}) == 20
+    assert set(records[0]) == {"user", "amount", "payload", "ts"}
 
 
 @pytest.mark.spark
