@@ -41,8 +41,10 @@ screenshots: $(STAMP)
 	$(BIN)/python docs/screenshots.py --url http://127.0.0.1:3000 --out docs
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[bench]'
 	$(BIN)/python bench/snapshot_bench.py --state-mib 100 --churn 0.01 --checkpoints 20
 	$(BIN)/python bench/gc_bench.py --checkpoints 1000 --shared-files 100000
+	$(BIN)/python bench/peer_bench.py --sizes 100 1024
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -118,11 +118,9 @@ def _paths(args: argparse.Namespace):
     return dataclasses.replace(paths, **overrides)
 
 
-def _run(args: argparse.Namespace) -> int:
-    from spark_jobs.events import open_events
-    from spark_jobs.job import KafkaSource, get_job
-    from spark_jobs.runtime import run_job
-    from spark_jobs.session import build_spark
+def job_for_run(args: argparse.Namespace):
+    """The registered job ``args.job`` with the overrides ``cutline run`` was given."""
+    from spark_jobs.job import get_job
 
     job = get_job(args.job)
     overrides = {k: v for k, v in (("mode", args.mode), ("interval_ms", args.interval_ms)) if v}
@@ -130,6 +128,24 @@ def _run(args: argparse.Namespace) -> int:
         job = dataclasses.replace(job, checkpoint=dataclasses.replace(job.checkpoint, **overrides))
     if args.parallelism:
         job = dataclasses.replace(job, parallelism=args.parallelism)
+    if args.max_records_per_partition:
+        limit = args.max_records_per_partition
+        job = dataclasses.replace(
+            job,
+            sources=tuple(
+                dataclasses.replace(s, max_records_per_partition=limit) for s in job.sources
+            ),
+        )
+    return job
+
+
+def _run(args: argparse.Namespace) -> int:
+    from spark_jobs.events import open_events
+    from spark_jobs.job import KafkaSource
+    from spark_jobs.runtime import run_job
+    from spark_jobs.session import build_spark
+
+    job = job_for_run(args)
     hints = json.loads(Path(args.hints).read_text()) if args.hints else None
     restore = None if args.restore == "none" else args.restore
     kafka = any(isinstance(s, KafkaSource) for s in job.sources)
@@ -258,6 +274,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--master", help="Spark master (default local[*] or $CUTLINE_SPARK_MASTER)")
     run.add_argument("--mode", choices=["exactly_once", "at_least_once"], help="override")
     run.add_argument("--interval-ms", type=int, help="override the checkpoint interval")
+    run.add_argument(
+        "--max-records-per-partition",
+        type=int,
+        help="override every source's admission limit per partition and micro-batch",
+    )
     run.add_argument(
         "--parallelism", type=int, help="override (a restore needs the checkpoint's parallelism)"
     )

@@ -56,17 +56,9 @@ def _chunk(kind: str, seed: int, partition: int, chunk: int, users: int) -> list
                 index.tolist(), user.tolist(), cents.tolist(), ts.tolist(), strict=True
             )
         ]
-    if kind == "events":  # a value and an opaque 100-character payload
+    if kind == "events":
         cents = rng.integers(0, 10_000, n)
-        hexed = rng.bytes(PAYLOAD_BYTES // 2 * n).hex().encode()
-        w = PAYLOAD_BYTES
-        return [
-            b'{"user":"user-%d","amount":%d.%02d,"payload":"%s","ts":%d}'
-            % (u, c // 100, c % 100, hexed[i * w : (i + 1) * w], t)
-            for i, (u, c, t) in enumerate(
-                zip(user.tolist(), cents.tolist(), ts.tolist(), strict=True)
-            )
-        ]
+        return event_lines(user, cents, ts, rng.bytes(PAYLOAD_BYTES // 2 * n).hex().encode())
     countries = np.array([b"DE", b"FR", b"US", b"JP", b"BR"])
     country = countries[rng.integers(0, len(countries), n)]
     tier = rng.integers(0, 3, n)
@@ -75,6 +67,17 @@ def _chunk(kind: str, seed: int, partition: int, chunk: int, users: int) -> list
         for u, c, tr, t in zip(
             user.tolist(), country.tolist(), tier.tolist(), ts.tolist(), strict=True
         )
+    ]
+
+
+def event_lines(user: np.ndarray, cents: np.ndarray, ts: np.ndarray, payload: bytes) -> list[bytes]:
+    """``events`` records as JSON lines: a user, an amount in cents, ``PAYLOAD_BYTES`` characters
+    of ``payload`` per record, and an event time."""
+    w = PAYLOAD_BYTES
+    return [
+        b'{"user":"user-%d","amount":%d.%02d,"payload":"%s","ts":%d}'
+        % (u, c // 100, c % 100, payload[i * w : (i + 1) * w], t)
+        for i, (u, c, t) in enumerate(zip(user.tolist(), cents.tolist(), ts.tolist(), strict=True))
     ]
 
 

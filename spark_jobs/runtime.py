@@ -601,13 +601,19 @@ class StreamingRun:
         cid = pending.checkpoint_id if pending else None
         in_flight = bool(self.coordinator.pending_ids())
         stats = self._execute(df, self._plan(epoch, cid))
-        self._after_batch(epoch, cid, stats)
-        self.summary.batch_ms.append((time.perf_counter() - started) * 1000)
+        records = self._after_batch(epoch, cid, stats)
+        ms = (time.perf_counter() - started) * 1000
+        self.summary.batch_ms.append(ms)
         self.summary.batch_checkpointing.append(in_flight)
+        self.events.emit(
+            "batch", {"epoch": epoch, "records": records, "checkpoint": cid, "ms": round(ms, 1)}
+        )
         if self.max_batches is not None and self.summary.batches >= self.max_batches:
             self._stop.set()
 
-    def _after_batch(self, epoch: int, checkpoint_id: int | None, stats: list) -> None:
+    def _after_batch(self, epoch: int, checkpoint_id: int | None, stats: list) -> int:
+        """Folds the subtasks' reports into the run's positions and counters; returns the
+        micro-batch's record count."""
         records = sum(r["records"] for r in stats)
         for r in stats:
             for source, parts in r["positions"].items():
@@ -639,7 +645,7 @@ class StreamingRun:
         self.summary.batches += 1
         self.summary.records += records
         self._last_progress = time.monotonic()
-        self.events.emit("batch", {"epoch": epoch, "records": records, "checkpoint": checkpoint_id})
+        return records
 
     def _final_checkpoint(self, timeout_s: float = 120.0) -> None:
         """A barrier with no records (Flink's stop-with-checkpoint): commits all output."""

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from spark_jobs.cli import build_parser, job_for_run
 from spark_jobs.job import (
     JobDefinitionError,
     KeyedAggregate,
@@ -65,3 +66,15 @@ def test_bad_operator_and_source_fields():
     other = dataclasses.replace(job.operator, source="missing")
     with pytest.raises(JobDefinitionError, match="operator input 'missing'"):
         dataclasses.replace(job, operator=other)
+
+
+def test_run_overrides_apply_to_the_registered_job():
+    args = build_parser().parse_args(
+        ["run", "enriched_orders", "--interval-ms", "500", "--max-records-per-partition", "7"]
+    )
+    job = job_for_run(args)
+    assert job.checkpoint.interval_ms == 500
+    assert [s.max_records_per_partition for s in job.sources] == [7, 7]
+    assert job_for_run(build_parser().parse_args(["run", "enriched_orders"])) == get_job(
+        "enriched_orders"
+    )

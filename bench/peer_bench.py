@@ -1,0 +1,604 @@
+"""Peer benchmark: one stateful workload run three ways on the same input and machine.
+
+The workload keeps, per user, the event count, the amount sum and the latest 100-byte payload
+(by event time), over a log of JSON events that all three read through the same Python data
+source (``cutline_log``), with parallelism 2 on ``local[2]``:
+
+- ``cutline``: the ``user_activity`` job (``cutline run``): Arrow batches and RocksDB per subtask,
+  checkpoints every 3 s with task-local recovery, output to Delta exactly once; retention GC
+  (``cutline gc``) runs every ``--gc-every-s`` during the sustained phase, as its schedule would;
+- ``spark_python``: Spark's built-in Python stateful API (``applyInPandasWithState``);
+- ``spark_sql``: native ``groupBy().agg(count, sum, max_by(payload, ts), max(ts))``.
+
+Both Spark variants use the RocksDB state store provider with changelog checkpointing, and write
+their updates to Delta through ``foreachBatch`` (idempotent by ``txnVersion``).
+
+For each state size (``--sizes``, MiB of Cutline's full checkpoint; the key count follows from
+``--bytes-per-key``), in a fresh copy of the input per system:
+
+1. throughput: a backlog of every key once (the fill) and then ``--steady`` x keys uniformly
+   random records, consumed at full speed. Steady state: the micro-batches after the fill.
+   Records/s is end to end (records over wall time between batch completions); micro-batch
+   durations are the intervals between completions.
+2. sustained: for the rest of ``--minutes``, records are appended at ``--rate`` per second. The
+   checkpoint directory (Cutline: checkpoints and catalog) is scanned every 2 s: bytes written
+   (every distinct file seen, at its largest) per minute, and total storage at the end.
+3. restart: ``kill -9`` of the driver's process group, one micro-batch of new records, the same
+   command again: seconds from the process start to its first completed micro-batch.
+
+The Python API variant runs its throughput phase for at most ``--python-minutes`` with
+micro-batches of ``--python-batch-records`` and skips the sustained phase (it cannot keep up).
+
+    .venv/bin/python bench/peer_bench.py --sizes 100 1024
+Writes bench/results/peer.json, peer.md and the PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from spark_jobs.generate import PAYLOAD_BYTES, event_lines  # noqa: E402
+from spark_jobs.local_log import append_records  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+JOB = "user_activity"
+TOPIC = "events"
+PARTITIONS = 2
+SCHEMA = "user string, amount double, payload string, ts long"
+SYSTEMS = ("cutline", "spark_sql", "spark_python")
+EVENT = "PEER_BATCH "  # a Spark worker's progress line
+CHUNK = 100_000  # records per append while writing the input
+
+
+# ---------------------------------------------------------------- input
+
+
+def write_events(log: Path, users: np.ndarray, rng: np.random.Generator, start_ts: int) -> int:
+    """Append one record per element of ``users`` (split round-robin over the partitions);
+    returns the next event time."""
+    for lo in range(0, len(users), CHUNK * PARTITIONS):
+        part = users[lo : lo + CHUNK * PARTITIONS]
+        ts = start_ts + np.arange(len(part))
+        cents = rng.integers(0, 10_000, len(part))
+        payload = rng.bytes(PAYLOAD_BYTES // 2 * len(part)).hex().encode()
+        lines = event_lines(part, cents, ts, payload)
+        for p in range(PARTITIONS):
+            append_records(log, TOPIC, p, lines[p::PARTITIONS])
+        start_ts += len(part)
+    return start_ts
+
+
+def build_input(log: Path, keys: int, steady: float, seed: int) -> tuple[int, int]:
+    """Every key once in random order, then ``steady`` x keys uniform records; returns the
+    record count and the next event time."""
+    rng = np.random.default_rng(seed)
+    ts = write_events(log, rng.permutation(keys), rng, 1_767_225_600_000)
+    extra = int(keys * steady)
+    ts = write_events(log, rng.integers(0, keys, extra), rng, ts)
+    return keys + extra, ts
+
+
+class Appender(threading.Thread):
+    """Appends uniformly random records at ``rate`` per second until stopped."""
+
+    def __init__(self, log: Path, keys: int, rate: int, ts: int, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.log, self.keys, self.rate, self.ts = log, keys, rate, ts
+        self.rng = np.random.default_rng(seed)
+        self.stopped = threading.Event()
+        self.appended = 0
+
+    def append(self, n: int) -> None:
+        self.ts = write_events(self.log, self.rng.integers(0, self.keys, n), self.rng, self.ts)
+        self.appended += n
+
+    def run(self) -> None:
+        started = time.monotonic()
+        while not self.stopped.is_set():
+            due = int((time.monotonic() - started) * self.rate) - self.appended
+            if due > 0:
+                self.append(due)
+            self.stopped.wait(0.5)
+
+
+# ---------------------------------------------------------------- storage
+
+
+class StorageWatch(threading.Thread):
+    """Scans directories every ``every_s``: every distinct file at its largest size seen
+    (bytes written, a lower bound) and what is stored now."""
+
+    def __init__(self, roots: list[Path], every_s: float = 2.0) -> None:
+        super().__init__(daemon=True)
+        self.roots, self.every_s = roots, every_s
+        self.seen: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+
+    def scan(self) -> int:
+        stored = 0
+        for root in self.roots:
+            for dirpath, _, files in os.walk(root):
+                for name in files:
+                    path = os.path.join(dirpath, name)
+                    try:
+                        size = os.stat(path).st_size
+                    except FileNotFoundError:
+                        continue
+                    stored += size
+                    with self.lock:
+                        self.seen[path] = max(size, self.seen.get(path, 0))
+        return stored
+
+    def written(self) -> int:
+        with self.lock:
+            return sum(self.seen.values())
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.every_s):
+            self.scan()
+
+
+# ---------------------------------------------------------------- drivers
+
+
+@dataclass
+class Batch:
+    end: float  # monotonic seconds at completion
+    records: int
+
+
+@dataclass
+class Driver:
+    """One driver process of a system and the micro-batches it reported."""
+
+    proc: subprocess.Popen
+    started: float
+    batches: list[Batch] = field(default_factory=list)
+
+    def records(self) -> int:
+        return sum(b.records for b in self.batches)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):  # already gone
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=60)
+
+
+def start_driver(system: str, home: Path, batch_records: int) -> Driver:
+    """Starts one driver of ``system`` on ``home`` in its own process group."""
+    env = {**os.environ, "CUTLINE_EVENTS": "stdout", "PYTHONUNBUFFERED": "1"}
+    if system == "cutline":
+        cmd = [sys.executable, "-m", "spark_jobs.cli", "--home", str(home), "run", JOB,
+               "--master", "local[2]",
+               "--max-records-per-partition", str(batch_records)]  # fmt: skip
+    else:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "worker", system, str(home),
+               "--batch-records", str(batch_records)]  # fmt: skip
+    log = open(home / "driver.log", "ab")  # noqa: SIM115 - owned by the reader thread
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, start_new_session=True
+    )
+    driver = Driver(proc, time.monotonic())
+
+    def read() -> None:
+        for raw in proc.stdout:
+            line = raw.decode(errors="replace")
+            log.write(raw)
+            event = None
+            if line.startswith("CUTLINE_EVENT "):
+                event = json.loads(line[len("CUTLINE_EVENT ") :])
+                event = event if event.get("kind") == "batch" else None
+            elif line.startswith(EVENT):
+                event = json.loads(line[len(EVENT) :])
+            if event is not None:
+                driver.batches.append(Batch(time.monotonic(), int(event["records"])))
+        log.close()
+
+    threading.Thread(target=read, daemon=True).start()
+    return driver
+
+
+def wait_until(predicate, deadline: float, driver: Driver, what: str) -> bool:
+    """Polls ``predicate`` until the monotonic ``deadline``; False when it passed."""
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        if driver.proc.poll() is not None:
+            raise RuntimeError(f"the driver exited ({driver.proc.returncode}) waiting for {what}")
+        time.sleep(0.2)
+    return False
+
+
+def run_gc(home: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "spark_jobs.cli", "--home", str(home), "gc", JOB, "--json"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=True,
+    )
+
+
+def pct(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 1) if values else None
+
+
+def throughput(batches: list[Batch], after_records: int) -> dict:
+    """End-to-end records/s and batch intervals over the batches after the first
+    ``after_records`` records (and never the first two: JVM and worker warm-up)."""
+    seen, first = 0, None
+    for i, b in enumerate(batches):
+        if seen >= after_records and i >= 2:
+            first = i
+            break
+        seen += b.records
+    if first is None or first >= len(batches):
+        return {"records_per_s": None, "steady_batches": 0}
+    steady = batches[first:]
+    wall = steady[-1].end - batches[first - 1].end
+    intervals = [(b.end - a.end) * 1000 for a, b in zip(batches[first - 1 :], steady, strict=False)]
+    records = sum(b.records for b in steady)
+    return {
+        "records_per_s": round(records / wall) if wall > 0 else None,
+        "steady_batches": len(steady),
+        "steady_records": records,
+        "batch_ms_p50": pct(intervals, 50),
+        "batch_ms_p99": pct(intervals, 99),
+    }
+
+
+def bench_system(system: str, home: Path, keys: int, backlog: int, ts: int, args) -> dict:
+    python_api = system == "spark_python"
+    batch_records = args.python_batch_records if python_api else args.batch_records
+    watch_roots = [home / "checkpoints"] + (
+        [home / "warehouse" / "catalog"] * (system == "cutline")
+    )
+    watch = StorageWatch(watch_roots)
+    watch.start()
+    appender = Appender(home / "log", keys, args.rate, ts, seed=11)
+    out: dict = {"system": system, "batch_records_per_partition": batch_records}
+    driver = start_driver(system, home, batch_records)
+    limit = args.python_minutes if python_api else args.minutes
+    end = driver.started + limit * 60
+    try:
+        # 1. throughput: the backlog at full speed
+        drained = wait_until(lambda: driver.records() >= backlog, end, driver, "the backlog")
+        out["throughput_phase_s"] = round(time.monotonic() - driver.started, 1)
+        out["backlog_drained"] = drained
+        out["records_in_throughput_phase"] = driver.records()
+        out.update(throughput(list(driver.batches), min(keys, driver.records() // 3)))
+        out["fill_completed"] = driver.records() >= keys
+        # 2. sustained: appends at --rate until --minutes, GC on its schedule (Cutline)
+        written_before = watch.written()
+        sustained_from = time.monotonic()
+        gcs = 0
+        if not python_api:
+            appender.start()
+            next_gc = time.monotonic() + args.gc_every_s
+            while time.monotonic() < end:
+                if driver.proc.poll() is not None:
+                    raise RuntimeError(f"{system} exited ({driver.proc.returncode})")
+                if system == "cutline" and time.monotonic() >= next_gc:
+                    run_gc(home)
+                    gcs += 1
+                    next_gc = time.monotonic() + args.gc_every_s
+                time.sleep(0.5)
+            appender.stopped.set()
+            appender.join()
+            if system == "cutline":  # the schedule's pass at the end of the window
+                run_gc(home)
+                gcs += 1
+            minutes = (time.monotonic() - sustained_from) / 60
+            out["sustained_minutes"] = round(minutes, 2)
+            out["sustained_records"] = appender.appended
+            out["sustained_behind_records"] = backlog + appender.appended - driver.records()
+            out["bytes_written_per_min"] = round((watch.written() - written_before) / minutes)
+            out["gc_passes"] = gcs
+        out["run_minutes"] = round((time.monotonic() - driver.started) / 60, 2)
+        out["storage_bytes_end"] = watch.scan()
+        out["bytes_written_total"] = watch.written()
+        out["batches"] = len(driver.batches)
+        if system == "cutline":
+            out["state_bytes"] = cutline_state_bytes(home)
+        # 3. restart: kill -9, one micro-batch of new records, the same command again
+        driver.kill()
+        appender.append(batch_records * PARTITIONS)
+        restarted = start_driver(system, home, batch_records)
+        got = wait_until(
+            lambda: any(b.records for b in restarted.batches),
+            restarted.started + 600,
+            restarted,
+            "the first micro-batch after the restart",
+        )
+        first = next((b for b in restarted.batches if b.records), None)
+        out["restart_to_first_batch_s"] = round(first.end - restarted.started, 2) if got else None
+        time.sleep(args.after_restart_s)
+        after = throughput(list(restarted.batches), 0)
+        out["after_restart_batch_ms_p50"] = after.get("batch_ms_p50")
+        restarted.kill()
+    finally:
+        appender.stopped.set()
+        watch.stopped.set()
+        if driver.proc.poll() is None:
+            driver.kill()
+    return out
+
+
+def cutline_state_bytes(home: Path) -> int | None:
+    from spark_jobs.delta_catalog import CatalogReader
+    from state.catalog import CheckpointStatus
+
+    rows = CatalogReader(str(home / "warehouse")).checkpoints(JOB, (CheckpointStatus.COMPLETED,))
+    return max((r.full_size for r in rows), default=None)
+
+
+# ---------------------------------------------------------------- Spark workers
+
+
+def spark_worker(system: str, home: Path, batch_records: int) -> None:
+    """A Spark driver running ``system``'s query until killed; prints one line per batch."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.local_log import register_data_source
+    from spark_jobs.session import build_spark
+
+    spark = build_spark(
+        "local[2]",
+        f"peer-{system}",
+        shuffle_partitions=2,
+        extra={
+            "spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution."
+            "streaming.state.RocksDBStateStoreProvider",
+            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        },
+    )
+    register_data_source(spark)
+    events = (
+        spark.readStream.format("cutline_log")
+        .schema(f"{SCHEMA}, _partition int, _next_offset long")
+        .option("path", str(home / "log"))
+        .option("topic", TOPIC)
+        .option("partitions", json.dumps(list(range(PARTITIONS))))
+        .option("maxRecordsPerPartition", str(batch_records))
+        .load()
+        .select("user", "amount", "payload", "ts")
+    )
+    if system == "spark_sql":
+        updates = events.groupBy("user").agg(
+            F.count(F.lit(1)).alias("events"),
+            F.sum("amount").alias("amount"),
+            F.max_by("payload", "ts").alias("payload"),
+            F.max("ts").alias("last_ts"),
+        )
+    else:
+        from pyspark.sql.streaming.state import GroupStateTimeout
+
+        updates = events.groupBy("user").applyInPandasWithState(
+            _latest_per_user,
+            "user string, events long, amount double, payload string, last_ts long",
+            "events long, amount double, last_ts long, payload string",
+            "Update",
+            GroupStateTimeout.NoTimeout,
+        )
+    table = str(home / "warehouse" / "tables" / system)
+
+    def write(batch, batch_id: int) -> None:
+        (
+            batch.write.format("delta")
+            .mode("append")
+            .option("txnAppId", system)
+            .option("txnVersion", batch_id)
+            .save(table)
+        )
+
+    query = (
+        updates.writeStream.outputMode("update")
+        .foreachBatch(write)
+        .option("checkpointLocation", str(home / "checkpoints"))
+        .start()
+    )
+    reported = -1
+    while query.isActive:
+        for p in query.recentProgress:
+            if p["batchId"] > reported:
+                reported = p["batchId"]
+                state = (p.get("stateOperators") or [{}])[0]
+                line = {
+                    "batch": p["batchId"],
+                    "records": p["numInputRows"],
+                    "ms": p["durationMs"].get("triggerExecution"),
+                    "state_rows": state.get("numRowsTotal"),
+                    "state_memory_bytes": state.get("memoryUsedBytes"),
+                }
+                print(EVENT + json.dumps(line), flush=True)
+        time.sleep(0.1)
+    raise SystemExit(f"the query stopped: {query.exception()}")
+
+
+def _latest_per_user(key, frames, state):
+    """applyInPandasWithState: count, sum and the latest payload by event time."""
+    import pandas as pd
+
+    events, amount, last_ts, payload = state.get if state.exists else (0, 0.0, -(2**63), None)
+    for pdf in frames:
+        events += len(pdf)
+        amount += float(pdf["amount"].sum())
+        i = int(pdf["ts"].to_numpy().argmax())
+        if int(pdf["ts"].iat[i]) >= last_ts:
+            last_ts, payload = int(pdf["ts"].iat[i]), pdf["payload"].iat[i]
+    state.update((events, amount, last_ts, payload))
+    yield pd.DataFrame(
+        {"user": [key[0]], "events": [events], "amount": [amount], "payload": [payload],
+         "last_ts": [last_ts]}
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- report
+
+
+def write_report(results: dict) -> None:
+    """peer.md with the table and ratios, and the two PNG plots."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = results["sizes"]
+    rows = [
+        "| state | system | records/s | batch p50 / p99 ms | written MiB/min | storage after "
+        "run MiB | restart to 1st batch s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for size in sizes:
+        for system in SYSTEMS:
+            r = size["systems"].get(system)
+            if not r:
+                continue
+            mib = 2**20
+            rows.append(
+                f"| {size['size_mib']} MiB ({size['keys']:,} keys) | {system} | "
+                f"{_fmt(r.get('records_per_s'))} | {_fmt(r.get('batch_ms_p50'))} / "
+                f"{_fmt(r.get('batch_ms_p99'))} | "
+                f"{_fmt(r.get('bytes_written_per_min'), mib)} | "
+                f"{_fmt(r.get('storage_bytes_end'), mib)} | "
+                f"{_fmt(r.get('restart_to_first_batch_s'))} |"
+            )
+    ratios = ["", "Ratios (Cutline / peer; restart: peer / Cutline):", ""]
+    for size in sizes:
+        s = size["systems"]
+        c = s.get("cutline", {})
+        for peer in ("spark_python", "spark_sql"):
+            p = s.get(peer, {})
+            tput = _ratio(c.get("records_per_s"), p.get("records_per_s"))
+            restart = _ratio(p.get("restart_to_first_batch_s"), c.get("restart_to_first_batch_s"))
+            ratios.append(
+                f"- {size['size_mib']} MiB, vs {peer}: throughput {tput}x, restart {restart}x"
+            )
+    (RESULTS / "peer.md").write_text(
+        "# Peer benchmark (bench/peer_bench.py)\n\n"
+        + results["setup"]
+        + "\n\n"
+        + "\n".join(rows + ratios)
+        + "\n\n![throughput](peer_throughput.png) ![restart](peer_restart.png)\n"
+    )
+    for metric, name, label in (
+        ("records_per_s", "peer_throughput.png", "records/s (steady state)"),
+        ("restart_to_first_batch_s", "peer_restart.png", "restart to first micro-batch (s)"),
+    ):
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        for system in SYSTEMS:
+            points = [
+                (size["state_mib_measured"] or size["size_mib"], size["systems"][system][metric])
+                for size in sizes
+                if size["systems"].get(system, {}).get(metric) is not None
+            ]
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", label=system)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("state size (MiB, Cutline's full checkpoint)")
+        ax.set_ylabel(label)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(RESULTS / name, dpi=110)
+        plt.close(fig)
+
+
+def _fmt(value, unit: float = 1) -> str:
+    if value is None:
+        return "n/a"
+    v = value / unit
+    return f"{v:,.0f}" if v >= 100 else f"{v:,.1f}"
+
+
+def _ratio(a, b) -> str:
+    return f"{a / b:.1f}" if a and b else "n/a"
+
+
+# ---------------------------------------------------------------- main
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "worker":
+        parser = argparse.ArgumentParser(prog="peer_bench.py worker")
+        parser.add_argument("system", choices=["spark_sql", "spark_python"])
+        parser.add_argument("home", type=Path)
+        parser.add_argument("--batch-records", type=int, required=True)
+        a = parser.parse_args(sys.argv[2:])
+        spark_worker(a.system, a.home, a.batch_records)
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1024], help="MiB")
+    parser.add_argument("--bytes-per-key", type=int, default=170, help="Cutline, measured")
+    parser.add_argument("--steady", type=float, default=1.0, help="x keys after the fill")
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--rate", type=int, default=20_000, help="records/s, sustained phase")
+    parser.add_argument("--batch-records", type=int, default=100_000, help="per partition")
+    parser.add_argument("--python-minutes", type=float, default=3.0)
+    parser.add_argument("--python-batch-records", type=int, default=5_000)
+    parser.add_argument("--gc-every-s", type=float, default=120.0)
+    parser.add_argument("--after-restart-s", type=float, default=20.0)
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    parser.add_argument("--work", type=Path, help="scratch directory (default: a temp dir)")
+    args = parser.parse_args()
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="cutline-peer-bench-"))
+    results = {"args": {k: str(v) for k, v in vars(args).items()}, "sizes": []}
+    results["setup"] = (
+        f"2 cores, local[2], parallelism 2, RocksDB everywhere; micro-batches of "
+        f"{args.batch_records:,} records per partition ({args.python_batch_records:,} for the "
+        f"Python API, which runs at most {args.python_minutes} min and no sustained phase); "
+        f"runs of {args.minutes} min: the backlog (every key once, then {args.steady} x keys) "
+        f"at full speed, then {args.rate:,} records/s; Cutline's GC every {args.gc_every_s:.0f} "
+        "s in the sustained phase. Spark variants: RocksDB state store with changelog "
+        "checkpointing, Delta output via foreachBatch."
+    )
+    try:
+        for size in args.sizes:
+            keys = size * 2**20 // args.bytes_per_key
+            base = work / f"input-{size}"
+            started = time.monotonic()
+            backlog, ts = build_input(base, keys, args.steady, seed=size)
+            print(f"{size} MiB: {keys:,} keys, {backlog:,} records written in "
+                  f"{time.monotonic() - started:.0f} s", flush=True)  # fmt: skip
+            entry = {"size_mib": size, "keys": keys, "backlog_records": backlog, "systems": {}}
+            for system in args.systems:
+                home = work / f"{system}-{size}"
+                shutil.rmtree(home, ignore_errors=True)
+                shutil.copytree(base, home / "log")
+                r = bench_system(system, home, keys, backlog, ts, args)
+                entry["systems"][system] = r
+                print(system, json.dumps(r), flush=True)
+                shutil.rmtree(home, ignore_errors=True)
+            state = entry["systems"].get("cutline", {}).get("state_bytes")
+            entry["state_mib_measured"] = round(state / 2**20) if state else None
+            results["sizes"].append(entry)
+            shutil.rmtree(base, ignore_errors=True)
+            (RESULTS / "peer.json").write_text(json.dumps(results, indent=1) + "\n")
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    write_report(results)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
