@@ -6,15 +6,17 @@ source (``cutline_log``), with parallelism 2 on ``local[2]``:
 
 - ``cutline``: the ``user_activity`` job (``cutline run``): Arrow batches and RocksDB per subtask,
   checkpoints every 3 s with task-local recovery, output to Delta exactly once; retention GC
-  (``cutline gc``) runs every ``--gc-every-s`` during the sustained phase, as its schedule would;
+  (``cutline gc --grace-s G``) runs every ``--gc-every-s`` during the sustained phase, as its
+  schedule would;
 - ``spark_python``: Spark's built-in Python stateful API (``applyInPandasWithState``);
 - ``spark_sql``: native ``groupBy().agg(count, sum, max_by(payload, ts), max(ts))``.
 
 Both Spark variants use the RocksDB state store provider with changelog checkpointing, and write
 their updates to Delta through ``foreachBatch`` (idempotent by ``txnVersion``).
 
-For each state size (``--sizes``, MiB of Cutline's full checkpoint; the key count follows from
-``--bytes-per-key``), in a fresh copy of the input per system:
+For each state size (``--sizes``, MiB of logical state: keys times ``--bytes-per-key``, the key
+and value bytes of one user; checkpoints are larger by RocksDB's space amplification), in a fresh
+copy of the input per system:
 
 1. throughput: a backlog of every key once (the fill) and then ``--steady`` x keys uniformly
    random records, consumed at full speed. Steady state: the micro-batches after the fill.
@@ -24,7 +26,8 @@ For each state size (``--sizes``, MiB of Cutline's full checkpoint; the key coun
    checkpoint directory (Cutline: checkpoints and catalog) is scanned every 2 s: bytes written
    (every distinct file seen, at its largest) per minute, and total storage at the end.
 3. restart: ``kill -9`` of the driver's process group, one micro-batch of new records, the same
-   command again: seconds from the process start to its first completed micro-batch.
+   command again: seconds from the process start, and from Spark's first log line (the JVM is
+   up: the same point in every system), to the first completed micro-batch with records.
 
 The Python API variant runs its throughput phase for at most ``--python-minutes`` with
 micro-batches of ``--python-batch-records`` and skips the sustained phase (it cannot keep up).
@@ -64,6 +67,7 @@ PARTITIONS = 2
 SCHEMA = "user string, amount double, payload string, ts long"
 SYSTEMS = ("cutline", "spark_sql", "spark_python")
 EVENT = "PEER_BATCH "  # a Spark worker's progress line
+JVM_UP = "To adjust logging level use sc.setLogLevel"  # Spark's first log line, in every system
 CHUNK = 100_000  # records per append while writing the input
 
 
@@ -131,6 +135,8 @@ class StorageWatch(threading.Thread):
         self.seen: dict[str, int] = {}
         self.lock = threading.Lock()
         self.stopped = threading.Event()
+        self.started = time.monotonic()
+        self.samples: list[tuple[float, int]] = []  # (seconds since start, bytes stored)
 
     def scan(self) -> int:
         stored = 0
@@ -153,7 +159,10 @@ class StorageWatch(threading.Thread):
 
     def run(self) -> None:
         while not self.stopped.wait(self.every_s):
-            self.scan()
+            stored = self.scan()
+            now = time.monotonic() - self.started
+            if not self.samples or now - self.samples[-1][0] >= 30:
+                self.samples.append((round(now), stored))
 
 
 # ---------------------------------------------------------------- drivers
@@ -172,6 +181,8 @@ class Driver:
     proc: subprocess.Popen
     started: float
     batches: list[Batch] = field(default_factory=list)
+    jvm_up: float | None = None  # when Spark's first log line came (the same in every system)
+    last_event: dict = field(default_factory=dict)
 
     def records(self) -> int:
         return sum(b.records for b in self.batches)
@@ -194,7 +205,12 @@ def start_driver(system: str, home: Path, batch_records: int) -> Driver:
                "--batch-records", str(batch_records)]  # fmt: skip
     log = open(home / "driver.log", "ab")  # noqa: SIM115 - owned by the reader thread
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, start_new_session=True
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     driver = Driver(proc, time.monotonic())
 
@@ -202,6 +218,8 @@ def start_driver(system: str, home: Path, batch_records: int) -> Driver:
         for raw in proc.stdout:
             line = raw.decode(errors="replace")
             log.write(raw)
+            if driver.jvm_up is None and JVM_UP in line:
+                driver.jvm_up = time.monotonic()
             event = None
             if line.startswith("CUTLINE_EVENT "):
                 event = json.loads(line[len("CUTLINE_EVENT ") :])
@@ -210,6 +228,7 @@ def start_driver(system: str, home: Path, batch_records: int) -> Driver:
                 event = json.loads(line[len(EVENT) :])
             if event is not None:
                 driver.batches.append(Batch(time.monotonic(), int(event["records"])))
+                driver.last_event = event
         log.close()
 
     threading.Thread(target=read, daemon=True).start()
@@ -227,14 +246,11 @@ def wait_until(predicate, deadline: float, driver: Driver, what: str) -> bool:
     return False
 
 
-def run_gc(home: Path) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "spark_jobs.cli", "--home", str(home), "gc", JOB, "--json"],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        check=True,
-    )
+def start_gc(home: Path, grace_s: float) -> subprocess.Popen:
+    """One retention GC pass (``cutline gc``), as the retention schedule would launch it."""
+    cmd = [sys.executable, "-m", "spark_jobs.cli", "--home", str(home), "gc", JOB,
+           "--grace-s", str(grace_s), "--json"]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -276,6 +292,7 @@ def bench_system(system: str, home: Path, keys: int, backlog: int, ts: int, args
     appender = Appender(home / "log", keys, args.rate, ts, seed=11)
     out: dict = {"system": system, "batch_records_per_partition": batch_records}
     driver = start_driver(system, home, batch_records)
+    restarted: Driver | None = None
     limit = args.python_minutes if python_api else args.minutes
     end = driver.started + limit * 60
     try:
@@ -289,23 +306,29 @@ def bench_system(system: str, home: Path, keys: int, backlog: int, ts: int, args
         # 2. sustained: appends at --rate until --minutes, GC on its schedule (Cutline)
         written_before = watch.written()
         sustained_from = time.monotonic()
-        gcs = 0
+        gcs, gc = 0, None
         if not python_api:
             appender.start()
             next_gc = time.monotonic() + args.gc_every_s
             while time.monotonic() < end:
                 if driver.proc.poll() is not None:
                     raise RuntimeError(f"{system} exited ({driver.proc.returncode})")
-                if system == "cutline" and time.monotonic() >= next_gc:
-                    run_gc(home)
-                    gcs += 1
+                if gc is not None and gc.poll() is not None:
+                    if gc.returncode != 0:
+                        raise RuntimeError(f"cutline gc exited {gc.returncode}")
+                    gc, gcs = None, gcs + 1
+                if system == "cutline" and gc is None and time.monotonic() >= next_gc:
+                    gc = start_gc(home, args.gc_grace_s)
                     next_gc = time.monotonic() + args.gc_every_s
                 time.sleep(0.5)
             appender.stopped.set()
             appender.join()
             if system == "cutline":  # the schedule's pass at the end of the window
-                run_gc(home)
-                gcs += 1
+                if gc is not None:
+                    gc.wait()
+                if start_gc(home, args.gc_grace_s).wait() != 0:
+                    raise RuntimeError("cutline gc failed")
+                gcs += 1 + (gc is not None)
             minutes = (time.monotonic() - sustained_from) / 60
             out["sustained_minutes"] = round(minutes, 2)
             out["sustained_records"] = appender.appended
@@ -314,8 +337,10 @@ def bench_system(system: str, home: Path, keys: int, backlog: int, ts: int, args
             out["gc_passes"] = gcs
         out["run_minutes"] = round((time.monotonic() - driver.started) / 60, 2)
         out["storage_bytes_end"] = watch.scan()
+        out["storage_bytes_every_30s"] = [b for _, b in watch.samples]
         out["bytes_written_total"] = watch.written()
         out["batches"] = len(driver.batches)
+        out["last_batch"] = driver.last_event
         if system == "cutline":
             out["state_bytes"] = cutline_state_bytes(home)
         # 3. restart: kill -9, one micro-batch of new records, the same command again
@@ -330,6 +355,8 @@ def bench_system(system: str, home: Path, keys: int, backlog: int, ts: int, args
         )
         first = next((b for b in restarted.batches if b.records), None)
         out["restart_to_first_batch_s"] = round(first.end - restarted.started, 2) if got else None
+        if got and restarted.jvm_up is not None:
+            out["restart_after_jvm_up_s"] = round(first.end - restarted.jvm_up, 2)
         time.sleep(args.after_restart_s)
         after = throughput(list(restarted.batches), 0)
         out["after_restart_batch_ms_p50"] = after.get("batch_ms_p50")
@@ -337,8 +364,9 @@ def bench_system(system: str, home: Path, keys: int, backlog: int, ts: int, args
     finally:
         appender.stopped.set()
         watch.stopped.set()
-        if driver.proc.poll() is None:
-            driver.kill()
+        for d in (driver, restarted):
+            if d is not None and d.proc.poll() is None:
+                d.kill()
     return out
 
 
@@ -463,8 +491,8 @@ def write_report(results: dict) -> None:
 
     sizes = results["sizes"]
     rows = [
-        "| state | system | records/s | batch p50 / p99 ms | written MiB/min | storage after "
-        "run MiB | restart to 1st batch s |",
+        "| state | system | records/s | batch p50 / p99 ms | written MiB/min | storage at the "
+        "end MiB | restart to 1st batch s: from process start / after JVM up |",
         "|---|---|---|---|---|---|---|",
     ]
     for size in sizes:
@@ -479,7 +507,8 @@ def write_report(results: dict) -> None:
                 f"{_fmt(r.get('batch_ms_p99'))} | "
                 f"{_fmt(r.get('bytes_written_per_min'), mib)} | "
                 f"{_fmt(r.get('storage_bytes_end'), mib)} | "
-                f"{_fmt(r.get('restart_to_first_batch_s'))} |"
+                f"{_fmt(r.get('restart_to_first_batch_s'))} / "
+                f"{_fmt(r.get('restart_after_jvm_up_s'))} |"
             )
     ratios = ["", "Ratios (Cutline / peer; restart: peer / Cutline):", ""]
     for size in sizes:
@@ -489,8 +518,10 @@ def write_report(results: dict) -> None:
             p = s.get(peer, {})
             tput = _ratio(c.get("records_per_s"), p.get("records_per_s"))
             restart = _ratio(p.get("restart_to_first_batch_s"), c.get("restart_to_first_batch_s"))
+            warm = _ratio(p.get("restart_after_jvm_up_s"), c.get("restart_after_jvm_up_s"))
             ratios.append(
-                f"- {size['size_mib']} MiB, vs {peer}: throughput {tput}x, restart {restart}x"
+                f"- {size['size_mib']} MiB, vs {peer}: throughput {tput}x; restart {restart}x "
+                f"faster ({warm}x after JVM up)"
             )
     (RESULTS / "peer.md").write_text(
         "# Peer benchmark (bench/peer_bench.py)\n\n"
@@ -506,7 +537,7 @@ def write_report(results: dict) -> None:
         fig, ax = plt.subplots(figsize=(5, 3.5))
         for system in SYSTEMS:
             points = [
-                (size["state_mib_measured"] or size["size_mib"], size["systems"][system][metric])
+                (size["size_mib"], size["systems"][system][metric])
                 for size in sizes
                 if size["systems"].get(system, {}).get(metric) is not None
             ]
@@ -514,7 +545,7 @@ def write_report(results: dict) -> None:
                 ax.plot(*zip(*points, strict=True), marker="o", label=system)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("state size (MiB, Cutline's full checkpoint)")
+        ax.set_xlabel("state size (MiB: keys x 150 B of key and value)")
         ax.set_ylabel(label)
         ax.legend()
         fig.tight_layout()
@@ -547,14 +578,17 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1024], help="MiB")
-    parser.add_argument("--bytes-per-key", type=int, default=170, help="Cutline, measured")
+    parser.add_argument(
+        "--bytes-per-key", type=int, default=150, help="logical state per key: key and value"
+    )
     parser.add_argument("--steady", type=float, default=1.0, help="x keys after the fill")
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--rate", type=int, default=20_000, help="records/s, sustained phase")
     parser.add_argument("--batch-records", type=int, default=100_000, help="per partition")
     parser.add_argument("--python-minutes", type=float, default=3.0)
     parser.add_argument("--python-batch-records", type=int, default=5_000)
-    parser.add_argument("--gc-every-s", type=float, default=120.0)
+    parser.add_argument("--gc-every-s", type=float, default=60.0)
+    parser.add_argument("--gc-grace-s", type=float, default=60.0, help="cutline gc --grace-s")
     parser.add_argument("--after-restart-s", type=float, default=20.0)
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     parser.add_argument("--work", type=Path, help="scratch directory (default: a temp dir)")
@@ -568,8 +602,8 @@ def main() -> None:
         f"Python API, which runs at most {args.python_minutes} min and no sustained phase); "
         f"runs of {args.minutes} min: the backlog (every key once, then {args.steady} x keys) "
         f"at full speed, then {args.rate:,} records/s; Cutline's GC every {args.gc_every_s:.0f} "
-        "s in the sustained phase. Spark variants: RocksDB state store with changelog "
-        "checkpointing, Delta output via foreachBatch."
+        f"s (grace {args.gc_grace_s:.0f} s) in the sustained phase. Spark variants: RocksDB "
+        "state store with changelog checkpointing, Delta output via foreachBatch."
     )
     try:
         for size in args.sizes:
@@ -589,7 +623,7 @@ def main() -> None:
                 print(system, json.dumps(r), flush=True)
                 shutil.rmtree(home, ignore_errors=True)
             state = entry["systems"].get("cutline", {}).get("state_bytes")
-            entry["state_mib_measured"] = round(state / 2**20) if state else None
+            entry["checkpoint_mib_cutline"] = round(state / 2**20) if state else None
             results["sizes"].append(entry)
             shutil.rmtree(base, ignore_errors=True)
             (RESULTS / "peer.json").write_text(json.dumps(results, indent=1) + "\n")
