@@ -429,6 +429,11 @@ def spark_worker(system: str, home: Path, batch_records: int) -> None:
     table = str(home / "warehouse" / "tables" / system)
 
     def write(batch, batch_id: int) -> None:
+        # Delta skips an append whose txnVersion it has seen (a batch replayed after a restart),
+        # and Spark 4.2 then fails the batch because its state stores were never evaluated
+        # (STATE_STORE_COMMIT_VALIDATION_FAILED): materialise the batch first.
+        batch = batch.persist()
+        batch.count()
         (
             batch.write.format("delta")
             .mode("append")
@@ -436,6 +441,7 @@ def spark_worker(system: str, home: Path, batch_records: int) -> None:
             .option("txnVersion", batch_id)
             .save(table)
         )
+        batch.unpersist()
 
     query = (
         updates.writeStream.outputMode("update")
