@@ -333,7 +333,10 @@ def bench_system(system: str, home: Path, keys: int, backlog: int, ts: int, args
             out["sustained_minutes"] = round(minutes, 2)
             out["sustained_records"] = appender.appended
             out["sustained_behind_records"] = backlog + appender.appended - driver.records()
-            out["bytes_written_per_min"] = round((watch.written() - written_before) / minutes)
+            sustained = appender.appended > 0 and minutes > 0  # not when the backlog took it all
+            out["bytes_written_per_min"] = (
+                round((watch.written() - written_before) / minutes) if sustained else None
+            )
             out["gc_passes"] = gcs
         out["run_minutes"] = round((time.monotonic() - driver.started) / 60, 2)
         out["storage_bytes_end"] = watch.scan()
