@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.job import EnrichWithLatest, KeyedAggregate, Operator, WindowedAggregate
+from spark_jobs.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 
 if TYPE_CHECKING:  # rocksdict is loaded only where state lives: in the executors' tasks
     from state.rocksdb_store import RocksDBStore
@@ -55,6 +56,12 @@ def _check_keys(name: str, table: pa.Table, key: str) -> None:
         raise ValueError(f"operator {name!r}: {nulls} records have a null key {key!r}")
 
 
+def _event_then_log_order(time_column: str) -> list[tuple[str, str]]:
+    """Sort keys that put records in event-time order, ties in log order, so that "the latest
+    record" is the same on every replay."""
+    return [(c, "ascending") for c in (time_column, PARTITION_COLUMN, NEXT_OFFSET_COLUMN)]
+
+
 _NULL_LEN = 0xFFFF_FFFF  # the stored length of a null ``last`` value
 
 
@@ -86,8 +93,7 @@ class _Aggregates:
         for col, _ in self.last:
             if not (pa.types.is_string(t := table.schema.field(col).type) or pa.types.is_binary(t)):
                 raise ValueError(f"aggregate 'last' of {col!r} needs a string or binary column")
-        order = [self.event_time, "_partition", "_next_offset"]
-        return table.sort_by([(c, "ascending") for c in order])
+        return table.sort_by(_event_then_log_order(self.event_time))
 
     def arrow_aggregations(self) -> list[tuple]:
         wanted = [(c, f) for c, f, _ in self.numeric]
@@ -318,13 +324,7 @@ class EnrichOperator:
         spec = self.spec
         # The latest record per key: by event time, then by log position (deterministic).
         order = pc.sort_indices(
-            updates,
-            [
-                (spec.key, "ascending"),
-                (spec.table_time, "ascending"),
-                ("_partition", "ascending"),
-                ("_next_offset", "ascending"),
-            ],
+            updates, [(spec.key, "ascending"), *_event_then_log_order(spec.table_time)]
         )
         updates = updates.take(order)
         rows = pa.array(np.arange(updates.num_rows))

@@ -592,7 +592,6 @@ class StreamingRun:
                     self._last_progress = time.monotonic()
 
     def _run_batch(self, df) -> None:
-        self._last_progress = time.monotonic()
         started = time.perf_counter()
         self.epoch += 1
         epoch = self.epoch
@@ -644,7 +643,6 @@ class StreamingRun:
             self.sink.append_now(epoch)
         self.summary.batches += 1
         self.summary.records += records
-        self._last_progress = time.monotonic()
         return records
 
     def _final_checkpoint(self, timeout_s: float = 120.0) -> None:
