@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from spark_jobs.delta_catalog import DeltaCatalog, _is_conflict
+from spark_jobs.delta_catalog import TABLES, DeltaCatalog, _is_conflict
 from state.catalog import CheckpointStatus, CompletedCheckpoint, FencedError
 
 pytestmark = pytest.mark.spark
@@ -80,4 +80,41 @@ def test_commit_conflicts_are_recognised_converted_or_wrapped(spark):
         "concurrent update. Please try the operation again."
     )
     assert _is_conflict(wrapped)
+    from deltalake.exceptions import CommitFailedError
+
+    assert _is_conflict(CommitFailedError("Transaction failed: version already exists"))
     assert not _is_conflict(ValueError("column refcount not found"))
+
+
+def test_restart_path_writes_run_no_spark_job_and_merge_older_schemas(spark, tmp_path):
+    """What a restarting driver writes before its first micro-batch (the fencing commit
+    included) goes through delta-rs: a Spark job on a freshly started JVM costs seconds.
+    A recoveries table from before the placement columns gains them."""
+    older = TABLES["recoveries"].split(", files_local")[0]
+    recoveries = tmp_path / "warehouse" / "catalog" / "recoveries"
+    spark.createDataFrame([], older).write.format("delta").partitionBy("job_id").save(
+        str(recoveries)
+    )
+    catalog = DeltaCatalog(spark, tmp_path / "warehouse")
+    attempt = catalog.begin_attempt("clicks")
+    sc = spark.sparkContext
+    sc.setJobGroup("restart-path", "catalog writes of a restore")
+    try:
+        assert catalog.begin_attempt("clicks") == attempt + 1  # marks attempt 1 LOST
+        catalog.set_restored("clicks", attempt + 1, None, {"0": "host-a"})
+        catalog.record_recovery(
+            {"job_id": "clicks", "attempt": attempt + 1, "checkpoint_id": 7, "placement": "[]"}
+        )
+        catalog.heartbeat("clicks", attempt + 1)
+        spark_jobs = sc.statusTracker().getJobIdsForGroup("restart-path")
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    assert spark_jobs == []
+    assert [j["status"] for j in catalog.jobs("clicks")] == ["LOST", "RUNNING"]
+    assert catalog.jobs("clicks")[1]["restored_from"] is None
+    [recovery] = catalog.recoveries("clicks")
+    assert (recovery["checkpoint_id"], recovery["placement"], recovery["files_local"]) == (
+        7,
+        "[]",
+        None,
+    )
