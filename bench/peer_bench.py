@@ -217,7 +217,7 @@ def start_driver(system: str, home: Path, batch_records: int) -> Driver:
     def read() -> None:
         for raw in proc.stdout:
             line = raw.decode(errors="replace")
-            log.write(raw)
+            log.write(b"%8.2f " % (time.monotonic() - driver.started) + raw)
             if driver.jvm_up is None and JVM_UP in line:
                 driver.jvm_up = time.monotonic()
             event = None
@@ -491,7 +491,7 @@ def _latest_per_user(key, frames, state):
 # ---------------------------------------------------------------- report
 
 
-def write_report(results: dict) -> None:
+def write_report(results: dict, out: Path) -> None:
     """peer.md with the table and ratios, and the two PNG plots."""
     import matplotlib
 
@@ -532,7 +532,7 @@ def write_report(results: dict) -> None:
                 f"- {size['size_mib']} MiB, vs {peer}: throughput {tput}x; restart {restart}x "
                 f"faster ({warm}x after JVM up)"
             )
-    (RESULTS / "peer.md").write_text(
+    (out / "peer.md").write_text(
         "# Peer benchmark (bench/peer_bench.py)\n\n"
         + results["setup"]
         + "\n\n"
@@ -558,7 +558,7 @@ def write_report(results: dict) -> None:
         ax.set_ylabel(label)
         ax.legend()
         fig.tight_layout()
-        fig.savefig(RESULTS / name, dpi=110)
+        fig.savefig(out / name, dpi=110)
         plt.close(fig)
 
 
@@ -601,6 +601,7 @@ def main() -> None:
     parser.add_argument("--after-restart-s", type=float, default=20.0)
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     parser.add_argument("--work", type=Path, help="scratch directory (default: a temp dir)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the report goes")
     args = parser.parse_args()
 
     work = args.work or Path(tempfile.mkdtemp(prefix="cutline-peer-bench-"))
@@ -630,16 +631,18 @@ def main() -> None:
                 r = bench_system(system, home, keys, backlog, ts, args)
                 entry["systems"][system] = r
                 print(system, json.dumps(r), flush=True)
+                if args.work:  # kept: the driver's log, its lines timed from the process start
+                    shutil.move(home / "driver.log", work / f"{system}-{size}-driver.log")
                 shutil.rmtree(home, ignore_errors=True)
             state = entry["systems"].get("cutline", {}).get("state_bytes")
             entry["checkpoint_mib_cutline"] = round(state / 2**20) if state else None
             results["sizes"].append(entry)
             shutil.rmtree(base, ignore_errors=True)
-            (RESULTS / "peer.json").write_text(json.dumps(results, indent=1) + "\n")
+            (args.out / "peer.json").write_text(json.dumps(results, indent=1) + "\n")
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
-    write_report(results)
+    write_report(results, args.out)
     print(json.dumps(results))
 
 
