@@ -199,6 +199,8 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
     # -- writes ------------------------------------------------------------------------------
 
     def _append(self, table: str, rows: list[dict[str, Any]], **options: str) -> None:
+        if not rows:
+            return
         df = self.spark.createDataFrame(rows, TABLES[table])
         writer = df.write.format("delta").mode("append")
         for key, value in options.items():

@@ -708,7 +708,6 @@ class StreamingRun:
             return
         self._compaction = None
         cid, request, compact_ms = served
-        clear_request(self.storage, self.layout, request)
         before = self._latest_manifest.file_count if self._latest_manifest else 0
         self.log(
             f"state compacted at checkpoint {cid} in {compact_ms:.0f} ms: a restore now reads "
@@ -724,6 +723,8 @@ class StreamingRun:
                 "compact_ms": compact_ms,
             },
         )
+        # last: whoever waits for the request to go has the log line and the event
+        clear_request(self.storage, self.layout, request)
 
     def on_aborted(self, checkpoint_id: int) -> None:
         self.aborted.add(checkpoint_id)
