@@ -183,6 +183,7 @@ class Driver:
     batches: list[Batch] = field(default_factory=list)
     jvm_up: float | None = None  # when Spark's first log line came (the same in every system)
     last_event: dict = field(default_factory=dict)
+    startup: dict = field(default_factory=dict)  # Cutline's startup phases (s), first batch
 
     def records(self) -> int:
         return sum(b.records for b in self.batches)
@@ -223,6 +224,8 @@ def start_driver(system: str, home: Path, batch_records: int) -> Driver:
             event = None
             if line.startswith("CUTLINE_EVENT "):
                 event = json.loads(line[len("CUTLINE_EVENT ") :])
+                if event.get("kind") == "startup":
+                    driver.startup = {k: v for k, v in event.items() if k != "kind"}
                 event = event if event.get("kind") == "batch" else None
             elif line.startswith(EVENT):
                 event = json.loads(line[len(EVENT) :])
@@ -360,6 +363,8 @@ def bench_system(system: str, home: Path, keys: int, backlog: int, ts: int, args
         out["restart_to_first_batch_s"] = round(first.end - restarted.started, 2) if got else None
         if got and restarted.jvm_up is not None:
             out["restart_after_jvm_up_s"] = round(first.end - restarted.jvm_up, 2)
+        if restarted.startup:
+            out["restart_phases_s"] = restarted.startup
         time.sleep(args.after_restart_s)
         after = throughput(list(restarted.batches), 0)
         out["after_restart_batch_ms_p50"] = after.get("batch_ms_p50")
@@ -532,11 +537,23 @@ def write_report(results: dict, out: Path) -> None:
                 f"- {size['size_mib']} MiB, vs {peer}: throughput {tput}x; restart {restart}x "
                 f"faster ({warm}x after JVM up)"
             )
+    when = sorted(
+        {f"{system}: {r['measured_at']}" for size in sizes for system, r in size["systems"].items()
+         if r.get("measured_at")}
+    )  # fmt: skip
+    if when:
+        ratios += ["", "Measured (per system, the invocation's end): " + "; ".join(when) + "."]
+    phases = ["", "Where Cutline's restart goes (s, from the driver's startup line):", ""]
+    for size in sizes:
+        timeline = size["systems"].get("cutline", {}).get("restart_phases_s")
+        if timeline:
+            parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in timeline.items())
+            phases.append(f"- {size['size_mib']} MiB: {parts}")
     (out / "peer.md").write_text(
         "# Peer benchmark (bench/peer_bench.py)\n\n"
         + results["setup"]
         + "\n\n"
-        + "\n".join(rows + ratios)
+        + "\n".join(rows + ratios + (phases if len(phases) > 3 else []))
         + "\n\n![throughput](peer_throughput.png) ![restart](peer_restart.png)\n"
     )
     for metric, name, label in (
@@ -602,6 +619,11 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     parser.add_argument("--work", type=Path, help="scratch directory (default: a temp dir)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the report goes")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the figures of systems not run now from the existing <out>/peer.json",
+    )
     args = parser.parse_args()
 
     work = args.work or Path(tempfile.mkdtemp(prefix="cutline-peer-bench-"))
@@ -615,6 +637,10 @@ def main() -> None:
         f"s (grace {args.gc_grace_s:.0f} s) in the sustained phase. Spark variants: RocksDB "
         "state store with changelog checkpointing, Delta output via foreachBatch."
     )
+    kept = {}
+    if args.merge and (args.out / "peer.json").exists():
+        kept = {e["size_mib"]: e for e in json.loads((args.out / "peer.json").read_text())["sizes"]}
+        results["sizes"] = [kept[s] for s in sorted(kept) if s not in args.sizes]
     try:
         for size in args.sizes:
             keys = size * 2**20 // args.bytes_per_key
@@ -624,11 +650,16 @@ def main() -> None:
             print(f"{size} MiB: {keys:,} keys, {backlog:,} records written in "
                   f"{time.monotonic() - started:.0f} s", flush=True)  # fmt: skip
             entry = {"size_mib": size, "keys": keys, "backlog_records": backlog, "systems": {}}
+            if size in kept:  # --merge: the systems not run now keep their figures
+                entry["systems"] = {
+                    k: v for k, v in kept[size]["systems"].items() if k not in args.systems
+                }
             for system in args.systems:
                 home = work / f"{system}-{size}"
                 shutil.rmtree(home, ignore_errors=True)
                 shutil.copytree(base, home / "log")
                 r = bench_system(system, home, keys, backlog, ts, args)
+                r["measured_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
                 entry["systems"][system] = r
                 print(system, json.dumps(r), flush=True)
                 if args.work:  # kept: the driver's log, its lines timed from the process start
@@ -637,6 +668,7 @@ def main() -> None:
             state = entry["systems"].get("cutline", {}).get("state_bytes")
             entry["checkpoint_mib_cutline"] = round(state / 2**20) if state else None
             results["sizes"].append(entry)
+            results["sizes"].sort(key=lambda e: e["size_mib"])
             shutil.rmtree(base, ignore_errors=True)
             (args.out / "peer.json").write_text(json.dumps(results, indent=1) + "\n")
     finally:

@@ -142,20 +142,31 @@ def job_for_run(args: argparse.Namespace):
 def _run(args: argparse.Namespace) -> int:
     from spark_jobs.events import open_events
     from spark_jobs.job import KafkaSource
-    from spark_jobs.runtime import run_job
+    from spark_jobs.runtime import abandon_plan, plan_start_early, run_job
     from spark_jobs.session import build_spark
+    from spark_jobs.startup import StartupTimeline
 
+    timeline = StartupTimeline()
     job = job_for_run(args)
+    paths = _paths(args)
     hints = json.loads(Path(args.hints).read_text()) if args.hints else None
     restore = None if args.restore == "none" else args.restore
     kafka = any(isinstance(s, KafkaSource) for s in job.sources)
     watch = os.environ.get("CUTLINE_WATCH_PID")
     with open_events() as events:
-        spark = build_spark(args.master, f"cutline-{job.name}", kafka=kafka)
+        # the new attempt and its checkpoint are decided while the JVM starts
+        plan = plan_start_early(job, paths, restore, args.run_id, events.log)
+        try:
+            spark = build_spark(args.master, f"cutline-{job.name}", kafka=kafka)
+        except BaseException as e:
+            abandon_plan(plan, paths, job.name, f"the Spark session did not start: {e}")
+            raise
+        timeline.mark("spark session")
         summary = run_job(
             spark,
             job,
-            _paths(args),
+            paths,
+            plan=plan,
             restore=restore,
             hints=hints,
             max_batches=args.max_batches,
@@ -163,6 +174,7 @@ def _run(args: argparse.Namespace) -> int:
             run_id=args.run_id,
             events=events,
             watch_pid=int(watch) if watch else None,
+            timeline=timeline,
             **({"executor_wait_s": args.executor_wait_s} if args.executor_wait_s else {}),
         )
         events.emit("finished", {"attempt": summary.attempt, "batches": summary.batches})

@@ -1,9 +1,11 @@
 """The catalog on Delta tables (DESIGN.md §4): `state.catalog.CheckpointCatalog` for the runtime.
 
-Reads use delta-rs (``deltalake``), which needs no Spark job. So do the writes of
-``streaming_jobs`` and ``recoveries``: they lie on the restart path (a new attempt, the LOST
-marking of its predecessor, the allocation it restored), where a Delta UPDATE through Spark on a
-freshly started JVM took 4-15 s each. The other tables are written through delta-spark.
+Reads use delta-rs (``deltalake``), which needs no Spark job. So do the writes on the restart
+path: ``streaming_jobs`` and ``recoveries`` (a new attempt, the LOST marking of its predecessor,
+the allocation it restored), the attempt's fencing commit and the CORRUPT marking of a checkpoint
+that fails validation. A Delta UPDATE through Spark on a freshly started JVM took 4-15 s each,
+and without Spark a driver does this work while its JVM starts. The other writes go through
+delta-spark.
 
 Fencing uses Delta's idempotent-transaction ids: every write to ``completed_checkpoints`` carries
 ``txnAppId = cutline-<job>`` and ``txnVersion = attempt << 32 | checkpoint_id``. Starting attempt
@@ -171,14 +173,25 @@ class CatalogReader:
 
 
 class DeltaCatalog(CatalogReader, CheckpointCatalog):
-    """The four catalog tables under ``<warehouse>/catalog/``, written with delta-spark.
-    Thread-safe."""
+    """The four catalog tables under ``<warehouse>/catalog/``, written with delta-spark and,
+    on the restart path, delta-rs. Thread-safe.
+
+    Without a Spark session (``spark=None``) only the restart path's methods work, which need
+    none: ``begin_attempt``, the reads, ``mark_corrupt``, and ``streaming_jobs``/``recoveries``
+    writes; the tables must exist (:meth:`tables_exist`)."""
 
     def __init__(self, spark, warehouse: str | Path) -> None:
         super().__init__(warehouse)
         self.spark = spark
         self._lock = threading.RLock()
-        self._ensure_tables()
+        if spark is not None:
+            self._ensure_tables()
+
+    @staticmethod
+    def tables_exist(warehouse: str | Path) -> bool:
+        """Every catalog table has a Delta log under ``warehouse``."""
+        root = Path(warehouse) / "catalog"
+        return all(any((root / name / "_delta_log").glob("*.json")) for name in TABLES)
 
     def _ensure_tables(self) -> None:
         """Create missing tables. Drivers of several jobs may race to create them on a fresh
@@ -237,7 +250,8 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
             attempt = max((r["attempt"] for r in previous), default=0) + 1
             lost = [r["attempt"] for r in previous if r["status"] == "RUNNING"]
             if lost:
-                self._update_jobs(
+                self._rs_update(
+                    "streaming_jobs",
                     f"job_id = {_rs_literal(job_id)} AND attempt IN ({','.join(map(str, lost))})",
                     status="LOST",
                     ended_ms=now_ms(),
@@ -300,7 +314,12 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
         self._set_status(job_id, checkpoint_ids, CheckpointStatus.SUBSUMED)
 
     def mark_corrupt(self, job_id: str, checkpoint_id: int, reason: str) -> None:
-        self._set_status(job_id, [checkpoint_id], CheckpointStatus.CORRUPT)
+        """On the restart path, so through delta-rs."""
+        self._rs_update(
+            "completed_checkpoints",
+            f"job_id = {_rs_literal(job_id)} AND checkpoint_id = {int(checkpoint_id)}",
+            status=CheckpointStatus.CORRUPT.value,
+        )
 
     def _retrying(self, action) -> None:
         """Run a read-modify-write ``action``, again when a concurrent writer's commit conflicts
@@ -327,19 +346,18 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
             )
         )
 
-    def _update_jobs(self, condition: str, **values: str | int | None) -> None:
-        """Set columns of the ``streaming_jobs`` rows matching ``condition`` (delta-rs SQL)."""
+    def _rs_update(self, table: str, condition: str, **values: str | int | None) -> None:
+        """Set columns of the rows of ``table`` matching ``condition`` (delta-rs SQL; no Spark)."""
         from deltalake import DeltaTable
 
         updates = {column: _rs_literal(value) for column, value in values.items()}
         self._retrying(
-            lambda: DeltaTable(self.path("streaming_jobs")).update(
-                updates=updates, predicate=condition
-            )
+            lambda: DeltaTable(self.path(table)).update(updates=updates, predicate=condition)
         )
 
     def _update_attempt(self, job_id: str, attempt: int, **values: str | int | None) -> None:
-        self._update_jobs(f"job_id = {_rs_literal(job_id)} AND attempt = {int(attempt)}", **values)
+        condition = f"job_id = {_rs_literal(job_id)} AND attempt = {int(attempt)}"
+        self._rs_update("streaming_jobs", condition, **values)
 
     def set_job_status(self, job_id: str, attempt: int, status: str, reason: str = "") -> None:
         self._update_attempt(

@@ -23,6 +23,7 @@ import shutil
 import tempfile
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ from spark_jobs.placement import (
     subtask_partition,
     wait_for_hosts,
 )
+from spark_jobs.startup import StartupTimeline
 from spark_jobs.subtask import (
     CHUNKS_SCHEMA,
     KEY_COLUMN,
@@ -58,6 +60,7 @@ from spark_jobs.subtask import (
     prepare_subtask,
     run_subtask,
     split_by_subtask,
+    warm_up_worker,
 )
 from state.catalog import CheckpointStatus
 from state.compaction import (
@@ -119,6 +122,65 @@ class RunSummary:
     failure: str | None = None
     batch_ms: list[float] = field(default_factory=list)  # wall time of each micro-batch
     batch_checkpointing: list[bool] = field(default_factory=list)  # a checkpoint was in flight
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """What a start decided before it needs Spark: its attempt (every older one fenced) and the
+    checkpoint it restores (validated; ``None``: start empty), with the fallbacks taken."""
+
+    attempt: int
+    manifest: CheckpointManifest | None
+    fallbacks: list[str]
+    seconds: float = 0.0  # how long deciding took
+
+
+def plan_start(
+    catalog: DeltaCatalog,
+    storage,
+    job_id: str,
+    restore: str | int | None,
+    run_id: str = "",
+    log=print,
+) -> StartPlan:
+    """Begin a new attempt and choose the checkpoint it restores. Needs no Spark session once
+    the catalog tables exist (delta-rs and durable storage only), so a driver runs it while its
+    session starts (:func:`plan_start_early`)."""
+    started = time.monotonic()
+    attempt = catalog.begin_attempt(job_id, run_id=run_id)
+    manifest, fallbacks = (None, [])
+    if restore is not None:
+        manifest, fallbacks = select_checkpoint(catalog, storage, job_id, restore, log)
+    return StartPlan(attempt, manifest, fallbacks, time.monotonic() - started)
+
+
+def plan_start_early(
+    job: JobDefinition, paths: RuntimePaths, restore: str | int | None, run_id: str = "", log=print
+) -> Future[StartPlan] | None:
+    """:func:`plan_start` on a thread of its own, to overlap the JVM's start; ``None`` when the
+    catalog tables do not exist yet (creating them takes Spark: the run plans after it)."""
+    if not DeltaCatalog.tables_exist(paths.warehouse):
+        return None
+    catalog = DeltaCatalog(None, paths.warehouse)
+    storage = open_storage(paths.checkpoint_root)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cutline-plan")
+    future = pool.submit(plan_start, catalog, storage, job.name, restore, run_id, log)
+    pool.shutdown(wait=False)
+    return future
+
+
+def abandon_plan(
+    plan: Future[StartPlan] | None, paths: RuntimePaths, job_id: str, reason: str
+) -> None:
+    """A start planned early that cannot go on (its Spark session failed): its attempt, if one
+    began, is marked FAILED with ``reason``."""
+    if plan is None:
+        return
+    try:
+        attempt = plan.result().attempt
+    except Exception:  # the plan failed too; no attempt to close, or it is left to the sensor
+        return
+    DeltaCatalog(None, paths.warehouse).set_job_status(job_id, attempt, "FAILED", reason)
 
 
 def select_checkpoint(
@@ -183,6 +245,8 @@ class StreamingRun:
         heartbeat_s: float = HEARTBEAT_S,
         watch_pid: int | None = None,
         executor_wait_s: float = EXECUTOR_WAIT_S,
+        timeline: StartupTimeline | None = None,
+        plan: Future[StartPlan] | None = None,
     ) -> None:
         self.spark = spark
         self.job = job
@@ -197,12 +261,15 @@ class StreamingRun:
         self.heartbeat_s = heartbeat_s
         self.watch_pid = watch_pid
         self.executor_wait_s = executor_wait_s
+        self.timeline = timeline or StartupTimeline()
+        self._early_plan = plan  # the attempt and checkpoint, decided while the session started
         self.storage = open_storage(paths.checkpoint_root)
         self.catalog = DeltaCatalog(spark, paths.warehouse)
         self.sink = DeltaSinkWriter(spark, job.name, job.sink, paths.warehouse)
         self.exactly_once = job.checkpoint.mode == EXACTLY_ONCE
         self._failure: str | None = None
         self._stop = threading.Event()  # stop taking micro-batches
+        self._restored = threading.Event()  # the working state is restored: micro-batches may run
         self._shutdown = threading.Event()  # stop the ack poller (after the final checkpoint)
         self._batch_lock = threading.Lock()
         self._cuts: queue.Queue = queue.Queue()  # cuts recorded by micro-batches, for the poller
@@ -259,7 +326,15 @@ class StreamingRun:
 
     def run(self) -> RunSummary:
         job = self.job
-        self.attempt = self.catalog.begin_attempt(job.name, run_id=self.run_id)
+        if self._early_plan is not None:
+            plan = self._early_plan.result()
+            self.timeline.note_overlapped("attempt and checkpoint", plan.seconds)
+            self.timeline.mark("waiting for the plan")
+        else:
+            plan = self.plan_start()
+            self.timeline.mark("attempt and checkpoint")
+        self.attempt = plan.attempt
+        manifest = plan.manifest
         self.ctx = RunContext(
             job=job,
             attempt=self.attempt,
@@ -267,59 +342,61 @@ class StreamingRun:
             local_state_root=self.paths.local_state_root,
             staging_root=str(Path(self.paths.warehouse) / "staging"),
         )
-        manifest = self._restore()
         self.summary = RunSummary(
             job.name, self.attempt, manifest.checkpoint_id if manifest else None
         )
-        self.summary.restore_reports = self._restore_reports
         self._known_shared = {f.path for f in manifest.files() if f.shared} if manifest else set()
         self._latest_manifest = manifest
-        self.epoch = self._start_epoch
         self.partitions: dict[str, list[int]] = {}
         self.positions: dict[str, dict[str, int]] = {}
-        for name in job.operator.inputs:
-            source = job.source(name)
-            if isinstance(source, KafkaSource):
-                parts = list(range(source.partitions))
-                unread = -2  # Kafka's "earliest"
-            else:
-                parts = topic_partitions(self.paths.log_root, source.topic)
-                unread = 0
-            if not parts:
-                raise ValueError(
-                    f"source {name!r}: no partitions under {self.paths.log_root}/{source.topic}"
-                )
-            start = (manifest.source_positions.get(name) if manifest else None) or {}
-            self.partitions[name] = parts
-            self.positions[name] = {str(p): int(start.get(str(p), unread)) for p in parts}
+        self.allocation: dict[str, str] = {}
         self.watermark = manifest.watermarks.get(job.operator.name) if manifest else None
-        self.coordinator = CheckpointCoordinator(
-            job.name,
-            self.attempt,
-            job.checkpoint,
-            [(job.operator.name, i) for i in range(job.parallelism)],
-            self.storage,
-            self.catalog,
-            listeners=[_Listener(self)],
-            restored=manifest,
-            now_ms=now_ms(),
-        )
-        poller = threading.Thread(target=self._poll_acks, name="cutline-acks", daemon=True)
-        poller.start()
-        threading.Thread(target=self._heartbeat, name="cutline-heartbeat", daemon=True).start()
-        self.events.emit(
-            "started",
-            {
-                "attempt": self.attempt,
-                "restored_from": self.summary.restored_from,
-                "allocation": self.allocation,
-                "restore_reports": self._restore_reports,
-            },
-        )
+        poller = None
         query = None
         spark_checkpoint = tempfile.mkdtemp(prefix=f"cutline-{job.name}-query-")
         try:
-            query = self._start_query(spark_checkpoint)
+            self._recover_sink(manifest)
+            self.epoch = self._start_epoch
+            self._rewind_sources(manifest)
+            self.coordinator = CheckpointCoordinator(
+                job.name,
+                self.attempt,
+                job.checkpoint,
+                [(job.operator.name, i) for i in range(job.parallelism)],
+                self.storage,
+                self.catalog,
+                listeners=[_Listener(self)],
+                restored=manifest,
+                now_ms=now_ms(),
+            )
+            poller = threading.Thread(target=self._poll_acks, name="cutline-acks", daemon=True)
+            poller.start()
+            threading.Thread(target=self._heartbeat, name="cutline-heartbeat", daemon=True).start()
+            # The state restores on a thread of its own while the query starts: Spark starts
+            # its source and plans the first trigger meanwhile, and the first micro-batch waits
+            # for the restore.
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cutline-restore") as pool:
+                restoring = pool.submit(self._restore_state, manifest, plan.fallbacks)
+                threading.Thread(target=self._warm_up, name="cutline-warm-up", daemon=True).start()
+                try:
+                    query = self._start_query(spark_checkpoint)
+                    self.timeline.mark("query started")
+                except BaseException:
+                    restoring.exception()  # wait for it; the query's error is the run's
+                    raise
+                restoring.result()
+            self.timeline.mark("state restored")
+            self.summary.restore_reports = self._restore_reports
+            self._restored.set()
+            self.events.emit(
+                "started",
+                {
+                    "attempt": self.attempt,
+                    "restored_from": self.summary.restored_from,
+                    "allocation": self.allocation,
+                    "restore_reports": self._restore_reports,
+                },
+            )
             self._last_progress = time.monotonic()
             hosts_checked, suspect = time.monotonic(), None
             while not self._stop.wait(0.2):
@@ -357,11 +434,13 @@ class StreamingRun:
             self.fail(f"{type(e).__name__}: {e}")
             raise
         finally:
+            self._stop.set()
+            self._restored.set()  # a micro-batch waiting for the restore is skipped
             if query is not None:
                 query.stop()
-            self._stop.set()
             self._shutdown.set()
-            poller.join(timeout=5)
+            if poller is not None:
+                poller.join(timeout=5)
             shutil.rmtree(spark_checkpoint, ignore_errors=True)
             status = "FAILED" if self._failure else "FINISHED"
             self.summary.failure = self._failure
@@ -373,13 +452,14 @@ class StreamingRun:
 
     # -- restore -----------------------------------------------------------------------------
 
-    def _restore(self) -> CheckpointManifest | None:
+    def plan_start(self) -> StartPlan:
+        """The Spark-free part of a start (see :func:`plan_start`), on this run's catalog."""
+        return plan_start(self.catalog, self.storage, self.job.name, self.restore, self.run_id)
+
+    def _recover_sink(self, manifest: CheckpointManifest | None) -> None:
+        """Redo the restored checkpoint's sink commit (a no-op if it landed), drop output staged
+        after it, and set the epoch micro-batches continue from."""
         job = self.job
-        manifest, fallbacks = (None, [])
-        if self.restore is not None:
-            manifest, fallbacks = select_checkpoint(
-                self.catalog, self.storage, job.name, self.restore, self.log
-            )
         started = time.perf_counter()
         if manifest is not None:
             epoch = manifest.sink_epochs.get(job.sink.name, manifest.batch_id)
@@ -396,6 +476,33 @@ class StreamingRun:
         self._start_epoch = max(
             manifest.batch_id if manifest else -1, self.sink.committed_version()
         )
+        self._sink_recovery_s = time.perf_counter() - started
+        self.timeline.mark("sink recovered")
+
+    def _rewind_sources(self, manifest: CheckpointManifest | None) -> None:
+        """Every input partition's start: the checkpoint's position, else the beginning."""
+        for name in self.job.operator.inputs:
+            source = self.job.source(name)
+            if isinstance(source, KafkaSource):
+                parts = list(range(source.partitions))
+                unread = -2  # Kafka's "earliest"
+            else:
+                parts = topic_partitions(self.paths.log_root, source.topic)
+                unread = 0
+            if not parts:
+                raise ValueError(
+                    f"source {name!r}: no partitions under {self.paths.log_root}/{source.topic}"
+                )
+            start = (manifest.source_positions.get(name) if manifest else None) or {}
+            self.partitions[name] = parts
+            self.positions[name] = {str(p): int(start.get(str(p), unread)) for p in parts}
+
+    def _restore_state(self, manifest: CheckpointManifest | None, fallbacks: list[str]) -> None:
+        """Restore every subtask's working state local-first, each on the host its executor
+        hint names (a Spark job of ``parallelism`` tasks), record the recovery and anchor the
+        subtasks to their hosts for the attempt."""
+        job = self.job
+        started = time.perf_counter()
         handles: dict[int, SubtaskStateHandle | None] = {
             i: manifest.handle(job.operator.name, i) if manifest else None
             for i in range(job.parallelism)
@@ -435,7 +542,7 @@ class StreamingRun:
                 "subtasks_remote": len(self._restore_reports) - len(local),
                 "bytes_local": sum(r.get("bytes_local", 0) for r in self._restore_reports),
                 "bytes_remote": sum(r.get("bytes_remote", 0) for r in self._restore_reports),
-                "duration_ms": (time.perf_counter() - started) * 1000,
+                "duration_ms": (time.perf_counter() - started + self._sink_recovery_s) * 1000,
                 "fallbacks": json.dumps(
                     fallbacks + [f for r in self._restore_reports for f in r.get("fallbacks", [])]
                 ),
@@ -461,7 +568,7 @@ class StreamingRun:
         self._anchor = anchor_rdd(
             sc, preferred_hosts(self.allocation, job.parallelism, executor_hosts(sc))
         )
-        return manifest
+        self.timeline.note_overlapped("restore", time.perf_counter() - started)
 
     # -- micro-batches -----------------------------------------------------------------------
 
@@ -490,6 +597,25 @@ class StreamingRun:
         for df in tagged[1:]:
             union = union.unionByName(df, allowMissingColumns=True)
         return union
+
+    def _warm_up(self) -> None:
+        """Start the Python workers of Spark's SQL side (they are not the restore's) and load
+        what they run, with a tiny job of the first micro-batch's shape, beside the restore: a
+        cold start of them made the first micro-batch take about twice as long as the next
+        ones. Best effort: a failure only costs the first micro-batch that time."""
+        started = time.perf_counter()
+        p = self.job.parallelism
+        try:
+            (
+                self.spark.range(p, numPartitions=p)
+                .mapInArrow(warm_up_worker, "id long")
+                .mapInArrow(warm_up_worker, "id long")
+                .collect()
+            )
+        except Exception as e:
+            self.log(f"warming up Python workers failed (the first micro-batch does it): {e}")
+            return
+        self.timeline.note_overlapped("Python workers warmed", time.perf_counter() - started)
 
     def _start_query(self, spark_checkpoint: str):
         register_data_source(self.spark)
@@ -582,6 +708,7 @@ class StreamingRun:
         )
 
     def _process_batch(self, df, spark_batch_id: int) -> None:
+        self._restored.wait()  # the query starts while the state restores
         with self._batch_lock:  # a graceful stop waits for a running micro-batch
             if not self._stop.is_set():
                 self._in_batch = True
@@ -592,6 +719,9 @@ class StreamingRun:
                     self._last_progress = time.monotonic()
 
     def _run_batch(self, df) -> None:
+        first = not self.summary.batch_ms
+        if first:
+            self.timeline.mark("first trigger planned")
         started = time.perf_counter()
         self.epoch += 1
         epoch = self.epoch
@@ -607,6 +737,10 @@ class StreamingRun:
         self.events.emit(
             "batch", {"epoch": epoch, "records": records, "checkpoint": cid, "ms": round(ms, 1)}
         )
+        if first:
+            self.timeline.mark("first micro-batch")
+            self.log(f"startup: {self.timeline.summary()}")
+            self.events.emit("startup", self.timeline.as_dict())
         if self.max_batches is not None and self.summary.batches >= self.max_batches:
             self._stop.set()
 

@@ -2,7 +2,9 @@
 
 Packages resolve through Ivy into a local cache (``$CUTLINE_IVY_DIR``, default
 ``~/.cache/cutline/ivy``) from Maven Central, or from ``$CUTLINE_MAVEN_REPO`` when set (a mirror,
-as in ``~/.m2/settings.xml``). ``local[*]`` unless a master is given.
+as in ``~/.m2/settings.xml``). The first start records the jars it resolved; later starts with
+the same packages pass those files as ``spark.jars`` and skip the resolution. ``local[*]``
+unless a master is given.
 """
 
 from __future__ import annotations
@@ -124,7 +126,55 @@ def session_conf(
     if repo:
         conf["spark.jars.repositories"] = repo
     conf.update(extra or {})
+    jars = resolved_jars(conf)
+    if jars:  # resolved before: the same jars, without Ivy's resolution at every start
+        for key in RESOLUTION_KEYS:
+            conf.pop(key, None)
+        conf["spark.jars"] = ",".join(jars)
     return conf
+
+
+# What Ivy's resolution depends on; a start with the same values gets the same jars.
+RESOLUTION_KEYS = ("spark.jars.packages", "spark.jars.excludes", "spark.jars.repositories")
+
+
+def _resolution_record(conf: Mapping[str, str]) -> Path | None:
+    """Where the jars resolved for ``conf``'s packages are recorded (None: no packages)."""
+    import hashlib
+
+    if not conf.get("spark.jars.packages"):
+        return None
+    key = "\n".join(f"{k}={conf.get(k, '')}" for k in RESOLUTION_KEYS)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    return Path(conf.get("spark.jars.ivy") or ivy_dir()) / "resolved" / f"{digest}.txt"
+
+
+def resolved_jars(conf: Mapping[str, str]) -> list[str] | None:
+    """The jars an earlier start resolved for ``conf``'s packages, if it recorded them and
+    every one is still in the cache; else None (Ivy resolves them again)."""
+    record = _resolution_record(conf)
+    if record is None or not record.is_file():
+        return None
+    jars = record.read_text().split()
+    return jars if jars and all(Path(j).is_file() for j in jars) else None
+
+
+def remember_resolved_jars(conf: Mapping[str, str], spark_jars: str) -> None:
+    """Record the jars Ivy resolved for ``conf`` (``spark.jars`` of the started session: Spark
+    puts the resolved files there), so later starts skip the resolution (about 1 s and the
+    JVM's work behind it, on every driver start)."""
+    from urllib.parse import urlparse
+
+    record = _resolution_record(conf)
+    if record is None or record.is_file():
+        return
+    jars = [urlparse(j).path if j.startswith("file:") else j for j in spark_jars.split(",") if j]
+    if not jars or not all(Path(j).is_file() for j in jars):
+        return
+    record.parent.mkdir(parents=True, exist_ok=True)
+    tmp = record.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text("\n".join(jars) + "\n")
+    os.replace(tmp, record)
 
 
 def build_spark(
@@ -146,6 +196,12 @@ def build_spark(
         ).items():
             builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    applied = spark.sparkContext.getConf()
+    if applied.get("spark.jars.packages"):  # resolved by Ivy in this start
+        remember_resolved_jars(
+            {k: applied.get(k) or "" for k in (*RESOLUTION_KEYS, "spark.jars.ivy")},
+            applied.get("spark.jars") or "",
+        )
     return spark
 
 

@@ -197,6 +197,15 @@ def split_by_subtask(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBat
     )
 
 
+def warm_up_worker(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A mapInArrow body that passes its input through, run once at an attempt's start: the
+    Python worker it runs in imports what a micro-batch's map side needs (this module, the log
+    source's reader) and stays in Spark's pool for the first micro-batch."""
+    import spark_jobs.local_log  # noqa: F401 - the source's reader runs in these workers
+
+    yield from batches
+
+
 def _read_chunks(plan: BatchPlan, chunks: Iterable) -> pa.Table:
     tables = [pa.ipc.open_stream(bytes(c)).read_all() for c in chunks if c is not None]
     if tables:

@@ -118,3 +118,34 @@ def test_restart_path_writes_run_no_spark_job_and_merge_older_schemas(spark, tmp
         "[]",
         None,
     )
+
+
+def test_a_start_is_planned_without_spark_while_the_session_starts(spark, tmp_path):
+    """Once the tables exist, a driver begins its attempt (fencing the older one) and chooses
+    its checkpoint, marking a bad one CORRUPT, with no Spark session at all."""
+    from spark_jobs.runtime import plan_start
+    from state.storage import open_storage
+
+    warehouse = tmp_path / "warehouse"
+    assert not DeltaCatalog.tables_exist(warehouse)
+    catalog = DeltaCatalog(spark, warehouse)
+    assert DeltaCatalog.tables_exist(warehouse)
+    first = catalog.begin_attempt("clicks")
+    catalog.commit_checkpoint(row(1, first))  # its manifest was never written
+
+    sparkless = DeltaCatalog(None, warehouse)
+    storage = open_storage(str(tmp_path / "checkpoints"))
+    logged: list[str] = []
+    with pytest.raises(RuntimeError, match="no restorable checkpoint of clicks"):
+        plan_start(sparkless, storage, "clicks", "latest", "run-2", logged.append)
+    assert "checkpoint 1 is not restorable, marking it CORRUPT" in logged[0]
+    assert [r.status for r in catalog.checkpoints("clicks")] == [CheckpointStatus.CORRUPT]
+    assert [(j["attempt"], j["status"]) for j in catalog.jobs("clicks")] == [
+        (1, "LOST"),
+        (2, "RUNNING"),
+    ]
+    with pytest.raises(FencedError):  # the new attempt fenced the old one
+        catalog.commit_checkpoint(row(2, first))
+
+    plan = plan_start(sparkless, storage, "clicks", None, "run-3")
+    assert (plan.attempt, plan.manifest, plan.fallbacks) == (3, None, [])

@@ -1,0 +1,37 @@
+"""The session factory's configuration: packages through Ivy, resolved once."""
+
+from __future__ import annotations
+
+from spark_jobs.session import delta_package, remember_resolved_jars, session_conf
+
+
+def test_jars_resolved_once_are_passed_as_files_while_they_exist(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUTLINE_IVY_DIR", str(tmp_path / "ivy"))
+    monkeypatch.delenv("CUTLINE_MAVEN_REPO", raising=False)
+    first = session_conf("local[2]")
+    assert first["spark.jars.packages"] == delta_package()
+    assert "spark.jars" not in first
+
+    jars = [tmp_path / "ivy" / "jars" / name for name in ("delta.jar", "storage.jar")]
+    jars[0].parent.mkdir(parents=True)
+    for jar in jars:
+        jar.write_bytes(b"PK")
+    # what Spark reports after resolving: file URLs of the jars it put in the Ivy cache
+    remember_resolved_jars(first, ",".join(f"file://{j}" for j in jars))
+
+    second = session_conf("local[2]")
+    assert "spark.jars.packages" not in second
+    assert second["spark.jars"] == ",".join(str(j) for j in jars)
+    # other packages are resolved on their own
+    other = {"spark.jars.packages": delta_package() + ",org.example:other:1.0"}
+    assert "spark.jars.packages" in session_conf("local[2]", extra=other)
+
+    jars[1].unlink()  # the cache lost a file: Ivy resolves again
+    assert session_conf("local[2]")["spark.jars.packages"] == delta_package()
+
+
+def test_nothing_is_recorded_when_a_resolved_jar_is_missing(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUTLINE_IVY_DIR", str(tmp_path / "ivy"))
+    conf = session_conf("local[2]")
+    remember_resolved_jars(conf, f"file://{tmp_path}/missing.jar")
+    assert session_conf("local[2]")["spark.jars.packages"] == delta_package()

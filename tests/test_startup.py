@@ -1,0 +1,30 @@
+"""The startup timeline: phases from the process start, and work done beside them."""
+
+from __future__ import annotations
+
+import time
+
+from spark_jobs.startup import StartupTimeline, process_started_monotonic
+
+
+def test_the_process_started_before_this_test_ran():
+    started = process_started_monotonic()
+    assert 0 < time.monotonic() - started < 3600  # a pytest process younger than an hour
+
+
+def test_phases_follow_each_other_and_overlapped_work_stands_apart():
+    timeline = StartupTimeline(origin=time.monotonic() - 1.0)
+    first = timeline.mark("spark session")
+    time.sleep(0.05)
+    second = timeline.mark("state restored")
+    timeline.note_overlapped("attempt and checkpoint", 0.7)
+    assert first >= 1.0 and second >= 0.05
+    assert abs(timeline.total_s() - (first + second)) < 1e-9
+    assert list(timeline.as_dict()) == [
+        "spark session",
+        "state restored",
+        "(attempt and checkpoint)",
+    ]
+    line = timeline.summary()
+    assert line.startswith(f"{timeline.total_s():.1f} s from the process start: spark session ")
+    assert line.endswith("(beside them: attempt and checkpoint 0.7 s)")
