@@ -640,7 +640,7 @@ def main() -> None:
     kept = {}
     if args.merge and (args.out / "peer.json").exists():
         kept = {e["size_mib"]: e for e in json.loads((args.out / "peer.json").read_text())["sizes"]}
-        results["sizes"] = [kept[s] for s in sorted(kept) if s not in args.sizes]
+        results["sizes"] = [kept[s] for s in sorted(kept)]  # replaced as sizes complete
     try:
         for size in args.sizes:
             keys = size * 2**20 // args.bytes_per_key
@@ -667,7 +667,7 @@ def main() -> None:
                 shutil.rmtree(home, ignore_errors=True)
             state = entry["systems"].get("cutline", {}).get("state_bytes")
             entry["checkpoint_mib_cutline"] = round(state / 2**20) if state else None
-            results["sizes"].append(entry)
+            results["sizes"] = [e for e in results["sizes"] if e["size_mib"] != size] + [entry]
             results["sizes"].sort(key=lambda e: e["size_mib"])
             shutil.rmtree(base, ignore_errors=True)
             (args.out / "peer.json").write_text(json.dumps(results, indent=1) + "\n")
