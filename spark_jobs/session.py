@@ -149,14 +149,27 @@ def _resolution_record(conf: Mapping[str, str]) -> Path | None:
     return Path(conf.get("spark.jars.ivy") or ivy_dir()) / "resolved" / f"{digest}.txt"
 
 
+def _complete(conf: Mapping[str, str], jars: list[str]) -> bool:
+    """Every jar exists, and every package of ``conf`` is among them (Ivy names the jar of
+    ``group:artifact:version`` ``group_artifact-version.jar``)."""
+    names = {Path(j).name for j in jars}
+    packages = [p.split(":") for p in conf["spark.jars.packages"].split(",") if p]
+    return (
+        bool(jars)
+        and all(f"{g}_{a}-{v}.jar" in names for g, a, v in packages)
+        and all(Path(j).is_file() for j in jars)
+    )
+
+
 def resolved_jars(conf: Mapping[str, str]) -> list[str] | None:
     """The jars an earlier start resolved for ``conf``'s packages, if it recorded them and
-    every one is still in the cache; else None (Ivy resolves them again)."""
+    every one is still in the cache; else None (Ivy resolves them again). Only for a
+    configuration that names no jars of its own."""
     record = _resolution_record(conf)
-    if record is None or not record.is_file():
+    if record is None or conf.get("spark.jars") or not record.is_file():
         return None
     jars = record.read_text().split()
-    return jars if jars and all(Path(j).is_file() for j in jars) else None
+    return jars if _complete(conf, jars) else None
 
 
 def remember_resolved_jars(conf: Mapping[str, str], spark_jars: str) -> None:
@@ -166,10 +179,10 @@ def remember_resolved_jars(conf: Mapping[str, str], spark_jars: str) -> None:
     from urllib.parse import urlparse
 
     record = _resolution_record(conf)
-    if record is None or record.is_file():
-        return
+    if record is None or conf.get("spark.jars") or record.is_file():
+        return  # jars of its own hide the resolved ones from spark.jars
     jars = [urlparse(j).path if j.startswith("file:") else j for j in spark_jars.split(",") if j]
-    if not jars or not all(Path(j).is_file() for j in jars):
+    if not _complete(conf, jars):
         return
     record.parent.mkdir(parents=True, exist_ok=True)
     tmp = record.with_suffix(f".{os.getpid()}.tmp")
@@ -191,18 +204,16 @@ def build_spark(
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if not launched_by_spark_submit():  # otherwise spark-submit applied submit_command()'s conf
-        for key, value in session_conf(
+        applied = session_conf(
             master, kafka=kafka, shuffle_partitions=shuffle_partitions, extra=extra
-        ).items():
-            builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    applied = spark.sparkContext.getConf()
-    if applied.get("spark.jars.packages"):  # resolved by Ivy in this start
-        remember_resolved_jars(
-            {k: applied.get(k) or "" for k in (*RESOLUTION_KEYS, "spark.jars.ivy")},
-            applied.get("spark.jars") or "",
         )
-    return spark
+        for key, value in applied.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        if applied.get("spark.jars.packages"):  # resolved by Ivy in this start
+            remember_resolved_jars(applied, spark.sparkContext.getConf().get("spark.jars") or "")
+        return spark
+    return builder.getOrCreate()
 
 
 def launched_by_spark_submit() -> bool:

@@ -12,7 +12,9 @@ def test_jars_resolved_once_are_passed_as_files_while_they_exist(tmp_path, monke
     assert first["spark.jars.packages"] == delta_package()
     assert "spark.jars" not in first
 
-    jars = [tmp_path / "ivy" / "jars" / name for name in ("delta.jar", "storage.jar")]
+    group, artifact, version = delta_package().split(":")
+    names = (f"{group}_{artifact}-{version}.jar", "io.delta_delta-storage-4.4.0.jar")
+    jars = [tmp_path / "ivy" / "jars" / name for name in names]
     jars[0].parent.mkdir(parents=True)
     for jar in jars:
         jar.write_bytes(b"PK")
@@ -30,8 +32,25 @@ def test_jars_resolved_once_are_passed_as_files_while_they_exist(tmp_path, monke
     assert session_conf("local[2]")["spark.jars.packages"] == delta_package()
 
 
-def test_nothing_is_recorded_when_a_resolved_jar_is_missing(tmp_path, monkeypatch):
+def test_nothing_is_recorded_unless_every_package_resolved_to_a_file(tmp_path, monkeypatch):
     monkeypatch.setenv("CUTLINE_IVY_DIR", str(tmp_path / "ivy"))
     conf = session_conf("local[2]")
     remember_resolved_jars(conf, f"file://{tmp_path}/missing.jar")
     assert session_conf("local[2]")["spark.jars.packages"] == delta_package()
+    other = tmp_path / "other.jar"  # a jar of its own, not the package's
+    other.write_bytes(b"PK")
+    remember_resolved_jars(conf, f"file://{other}")
+    assert session_conf("local[2]")["spark.jars.packages"] == delta_package()
+
+
+def test_a_configuration_with_jars_of_its_own_always_resolves(tmp_path, monkeypatch):
+    """spark.jars set by the caller hides the resolved jars from the started session's
+    spark.jars (the Kafka connector's case), so nothing is recorded or reused for it."""
+    monkeypatch.setenv("CUTLINE_IVY_DIR", str(tmp_path / "ivy"))
+    own = tmp_path / "own.jar"
+    own.write_bytes(b"PK")
+    conf = session_conf("local[2]", extra={"spark.jars": str(own)})
+    remember_resolved_jars(conf, f"file://{own}")
+    again = session_conf("local[2]", extra={"spark.jars": str(own)})
+    assert (again["spark.jars.packages"], again["spark.jars"]) == (delta_package(), str(own))
+    assert not (tmp_path / "ivy" / "resolved").exists()
