@@ -331,7 +331,9 @@ class StreamingRun:
             self.timeline.note_overlapped("attempt and checkpoint", plan.seconds)
             self.timeline.mark("waiting for the plan")
         else:
-            plan = self.plan_start()
+            plan = plan_start(
+                self.catalog, self.storage, job.name, self.restore, self.run_id, self.log
+            )
             self.timeline.mark("attempt and checkpoint")
         self.attempt = plan.attempt
         manifest = plan.manifest
@@ -451,10 +453,6 @@ class StreamingRun:
         return self.summary
 
     # -- restore -----------------------------------------------------------------------------
-
-    def plan_start(self) -> StartPlan:
-        """The Spark-free part of a start (see :func:`plan_start`), on this run's catalog."""
-        return plan_start(self.catalog, self.storage, self.job.name, self.restore, self.run_id)
 
     def _recover_sink(self, manifest: CheckpointManifest | None) -> None:
         """Redo the restored checkpoint's sink commit (a no-op if it landed), drop output staged
