@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 from spark_jobs.delta_catalog import DeltaCatalog, now_ms  # noqa: E402
 from spark_jobs.gc import collect_garbage  # noqa: E402
 from spark_jobs.job import get_job  # noqa: E402
-from spark_jobs.runtime import RuntimePaths  # noqa: E402
 from spark_jobs.session import build_spark  # noqa: E402
+from spark_jobs.settings import RuntimePaths  # noqa: E402
 from state.catalog import CheckpointStatus, CompletedCheckpoint  # noqa: E402
 from state.handles import StateFile, SubtaskStateHandle  # noqa: E402
 from state.keygroups import key_group_range  # noqa: E402

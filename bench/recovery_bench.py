@@ -36,8 +36,9 @@ sys.path.insert(0, str(ROOT))
 from spark_jobs.delta_catalog import CatalogReader  # noqa: E402
 from spark_jobs.job import DeltaSink, EnrichWithLatest, JobDefinition, LogSource  # noqa: E402
 from spark_jobs.local_log import append_records  # noqa: E402
-from spark_jobs.runtime import RuntimePaths, run_job  # noqa: E402
+from spark_jobs.runtime import run_job  # noqa: E402
 from spark_jobs.session import build_spark  # noqa: E402
+from spark_jobs.settings import RuntimePaths  # noqa: E402
 from spark_jobs.standalone import StandaloneCluster  # noqa: E402
 from state.config import CheckpointConfig  # noqa: E402
 from tests.moto_server import MotoServer  # noqa: E402

@@ -1,32 +1,35 @@
 """Resources: where jobs keep their files, how drivers are submitted to Spark, and S3.
 
-The embedded default puts everything under one home directory (``$CUTLINE_HOME``, else
-``.cutline`` in the working directory): checkpoints, warehouse (catalog and output tables),
-local state and the input log. Credentials for S3 never pass through here: boto3 finds them
-through its standard chain.
+Every field defaults to the deployment's settings (spark_jobs/settings.py: the environment, or the
+file ``$CUTLINE_CONFIG``), which the ``cutline`` command reads too; the embedded default puts
+everything under one home directory. A run's resource config overrides them, and a restore run
+carries the failed run's config (orchestration/sensors/restore.py). Credentials for S3 never pass
+through here: boto3 finds them through its standard chain.
 """
-
-import os
-from pathlib import Path
 
 from dagster import ConfigurableResource
 from pydantic import Field
 
 from spark_jobs.delta_catalog import CatalogReader
-from spark_jobs.runtime import RuntimePaths
 from spark_jobs.session import SubmitCommand, submit_command
+from spark_jobs.settings import RuntimePaths, Settings, load_settings
 from state.storage import DurableStorage, open_storage
 
 
 def default_home() -> str:
-    return str(Path(os.environ.get("CUTLINE_HOME", ".cutline")).resolve())
+    return load_settings().home
+
+
+def _setting(name: str):
+    """A field whose default is the deployment's setting ``name``."""
+    return Field(default_factory=lambda: getattr(load_settings(), name))
 
 
 class S3Resource(ConfigurableResource):
     """An S3-compatible endpoint (None: AWS, or boto3's own ``AWS_ENDPOINT_URL_S3``)."""
 
-    endpoint_url: str | None = None
-    region: str | None = None
+    endpoint_url: str | None = _setting("s3_endpoint")
+    region: str | None = _setting("s3_region")
 
     def env(self) -> dict[str, str]:
         """Environment for a driver process (no credentials: boto3's chain supplies them)."""
@@ -42,20 +45,20 @@ class CutlinePaths(ConfigurableResource):
     """Checkpoint root, warehouse, local state root and input log; each defaults to a
     directory under ``home``. The checkpoint root may be ``s3://bucket/prefix``."""
 
-    home: str = Field(default_factory=default_home)
-    checkpoint_root: str | None = None
-    warehouse: str | None = None
-    local_state_root: str | None = None
-    log_root: str | None = None
+    home: str = _setting("home")
+    checkpoint_root: str | None = _setting("checkpoint_root")
+    warehouse: str | None = _setting("warehouse")
+    local_state_root: str | None = _setting("local_state_root")
+    log_root: str | None = _setting("log_root")
 
     def paths(self) -> RuntimePaths:
-        base = RuntimePaths.under(self.home)
-        return RuntimePaths(
-            checkpoint_root=self.checkpoint_root or base.checkpoint_root,
-            warehouse=self.warehouse or base.warehouse,
-            local_state_root=self.local_state_root or base.local_state_root,
-            log_root=self.log_root or base.log_root,
-        )
+        return Settings(
+            home=self.home,
+            checkpoint_root=self.checkpoint_root,
+            warehouse=self.warehouse,
+            local_state_root=self.local_state_root,
+            log_root=self.log_root,
+        ).paths()
 
     def cli_args(self) -> list[str]:
         """The ``cutline run`` options that select these paths."""
@@ -82,10 +85,10 @@ class CutlinePaths(ConfigurableResource):
 
 
 class SparkSubmit(ConfigurableResource):
-    """How a driver is submitted: the Spark master (default ``$CUTLINE_SPARK_MASTER`` or
+    """How a driver is submitted: the Spark master (default: the settings' ``spark_master``, else
     ``local[*]``) and extra Spark conf, applied on top of the session's own."""
 
-    master: str | None = None
+    master: str | None = _setting("spark_master")
     conf: dict[str, str] = Field(default_factory=dict)
 
     def command(self, app_args: list[str], *, kafka: bool = False) -> SubmitCommand:

@@ -4,14 +4,15 @@ as pure functions (tested without Dagster).
 Restarts follow Flink's exponential-delay strategy with a failure-rate cap: the n-th restore
 within ``window_s`` waits ``initial_backoff_s * multiplier**(n-1)`` (at most ``max_backoff_s``);
 once ``max_restores`` restores were launched in the window, the strategy stops and says why.
-A failure that a restore cannot fix (bad input or configuration) is never restarted.
+A failure that a restore cannot fix (bad input or configuration, exit 2) is never restarted, nor
+is an attempt that stopped because a newer one started (exit 3): spark_jobs/errors.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-EXIT_BAD_INPUT = 2  # ``cutline run``: bad input or configuration; 1: the run failed
+from spark_jobs.errors import EXIT_BAD_INPUT, EXIT_SUPERSEDED
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ def decide(strategy: RestartStrategy, restores_in_window: int, exit_code: int | 
     launched within the window (the failed run itself counts if it was one)."""
     if exit_code == EXIT_BAD_INPUT:
         return Decision(False, reason="the driver rejected its input or configuration (exit 2)")
+    if exit_code == EXIT_SUPERSEDED:
+        return Decision(False, reason="a newer attempt of the job started (exit 3)")
     if restores_in_window >= strategy.max_restores:
         return Decision(
             False,

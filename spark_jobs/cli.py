@@ -9,21 +9,26 @@ import os
 import sys
 from pathlib import Path
 
+from spark_jobs.errors import ConfigurationError
 from state.manifest import ManifestError
 from state.paths import JobLayout
 from state.restore import read_manifest, validate_checkpoint
 from state.storage import StorageError, open_storage
 
 
-def default_home() -> Path:
-    """``$CUTLINE_HOME``, else ``.cutline`` in the working directory."""
-    return Path(os.environ.get("CUTLINE_HOME", ".cutline")).resolve()
+def _settings(args: argparse.Namespace):
+    """The deployment's settings (spark_jobs/settings.py); ``--home`` puts every path that no
+    flag names under that home."""
+    from spark_jobs.settings import load_settings
+
+    settings = load_settings()
+    return settings.at_home(args.home) if args.home else settings
 
 
 def _core_demo(args: argparse.Namespace) -> int:
     from spark_jobs.local_demo import main_demo
 
-    return main_demo(Path(args.home) / "core-demo")
+    return main_demo(Path(_settings(args).home) / "core-demo")
 
 
 def _checkpoints(args: argparse.Namespace) -> int:
@@ -36,7 +41,7 @@ def _checkpoints(args: argparse.Namespace) -> int:
         print(json.dumps([r.to_dict() for r in rows], indent=1))
         return 0
     if not rows:
-        print(f"no checkpoints of job {args.job!r} in the catalog under {args.home}")
+        print(f"no checkpoints of job {args.job!r} in the catalog under {_paths(args).warehouse}")
         return 1
     print(
         f"{'id':>5} {'attempt':>7} {'batch':>6} {'status':9} {'full B':>13} {'uploaded B':>13} "
@@ -90,15 +95,9 @@ def _demo(args: argparse.Namespace) -> int:
     paths = _paths(args)
     if records_in(paths.log_root, "clicks", 0) == 0:
         generate(paths.log_root, "clicks", "clicks", count=100_000, seed=42)
-    args.job, args.restore, args.hints, args.max_batches = "clicks_per_user", "latest", None, None
-    args.idle_timeout, args.master, args.run_id, args.mode, args.interval_ms = (
-        10.0,
-        None,
-        "",
-        None,
-        None,
-    )
-    rc = _run(args)
+    home = ["--home", args.home] if args.home else []
+    run_args = build_parser().parse_args([*home, "run", "clicks_per_user", "--idle-timeout", "10"])
+    rc = _run(run_args)
     args.json = False
     _checkpoints(args)
     print(f"output: Delta table {paths.warehouse}/tables/clicks_per_user")
@@ -106,10 +105,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _paths(args: argparse.Namespace):
-    """The embedded-default paths under ``--home``, with any of them overridden."""
-    from spark_jobs.runtime import RuntimePaths
-
-    paths = RuntimePaths.under(Path(args.home))
+    """The settings' paths, with any of them overridden by a flag."""
+    paths = _settings(args).paths()
     overrides = {
         f.name: getattr(args, f.name)
         for f in dataclasses.fields(paths)
@@ -123,12 +120,16 @@ def job_for_run(args: argparse.Namespace):
     from spark_jobs.job import get_job
 
     job = get_job(args.job)
-    overrides = {k: v for k, v in (("mode", args.mode), ("interval_ms", args.interval_ms)) if v}
-    if overrides:
-        job = dataclasses.replace(job, checkpoint=dataclasses.replace(job.checkpoint, **overrides))
-    if args.parallelism:
+    checkpoint = {
+        k: v for k, v in (("mode", args.mode), ("interval_ms", args.interval_ms)) if v is not None
+    }
+    if checkpoint:
+        job = dataclasses.replace(job, checkpoint=dataclasses.replace(job.checkpoint, **checkpoint))
+    if args.parallelism is not None:
         job = dataclasses.replace(job, parallelism=args.parallelism)
-    if args.max_records_per_partition:
+    if args.bad_records is not None:
+        job = dataclasses.replace(job, bad_records=args.bad_records)
+    if args.max_records_per_partition is not None:
         limit = args.max_records_per_partition
         job = dataclasses.replace(
             job,
@@ -142,8 +143,9 @@ def job_for_run(args: argparse.Namespace):
 def _run(args: argparse.Namespace) -> int:
     from spark_jobs.events import open_events
     from spark_jobs.job import KafkaSource
-    from spark_jobs.runtime import abandon_plan, plan_start_early, run_job
+    from spark_jobs.runtime import run_job
     from spark_jobs.session import build_spark
+    from spark_jobs.start import abandon_plan, plan_start_early
     from spark_jobs.startup import StartupTimeline
 
     timeline = StartupTimeline()
@@ -151,13 +153,18 @@ def _run(args: argparse.Namespace) -> int:
     paths = _paths(args)
     hints = json.loads(Path(args.hints).read_text()) if args.hints else None
     restore = None if args.restore == "none" else args.restore
+    if args.reset_sink and restore is not None:
+        raise ConfigurationError("--reset-sink only goes with --restore none (a start-over)")
     kafka = any(isinstance(s, KafkaSource) for s in job.sources)
     watch = os.environ.get("CUTLINE_WATCH_PID")
+    master = args.master or _settings(args).spark_master
     with open_events() as events:
         # the new attempt and its checkpoint are decided while the JVM starts
-        plan = plan_start_early(job, paths, restore, args.run_id, events.log)
+        plan = plan_start_early(
+            job, paths, restore, args.run_id, events.log, reset_sink=args.reset_sink
+        )
         try:
-            spark = build_spark(args.master, f"cutline-{job.name}", kafka=kafka)
+            spark = build_spark(master, f"cutline-{job.name}", kafka=kafka)
         except BaseException as e:
             abandon_plan(plan, paths, job.name, f"the Spark session did not start: {e}")
             raise
@@ -168,6 +175,7 @@ def _run(args: argparse.Namespace) -> int:
             paths,
             plan=plan,
             restore=restore,
+            reset_sink=args.reset_sink,
             hints=hints,
             max_batches=args.max_batches,
             idle_timeout_s=args.idle_timeout,
@@ -182,6 +190,12 @@ def _run(args: argparse.Namespace) -> int:
         f"{job.name} attempt {summary.attempt}: {summary.batches} micro-batches, "
         f"{summary.records:,} records, checkpoints {summary.checkpoints}, "
         f"positions {summary.positions}"
+        + (f", {summary.bad_records} bad records dead-lettered" if summary.bad_records else "")
+        + (
+            f", {summary.replayed_epochs} committed epochs replayed"
+            if summary.replayed_epochs
+            else ""
+        )
     )
     return 0
 
@@ -191,7 +205,7 @@ def _gc(args: argparse.Namespace) -> int:
     from spark_jobs.gc import collect_garbage
     from spark_jobs.session import build_spark
 
-    spark = build_spark(args.master, f"cutline-gc-{args.job}")
+    spark = build_spark(args.master or _settings(args).spark_master, f"cutline-gc-{args.job}")
     report = collect_garbage(
         spark, args.job, _paths(args), dry_run=args.dry_run, grace_s=args.grace_s
     )
@@ -265,11 +279,39 @@ def _add_path_options(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--{name}", help=f"default: {default}")
 
 
+def _positive(kind):
+    """An argparse type: a number of ``kind`` above zero (zero and negatives are refused, not
+    ignored)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+def _restore_choice(text: str) -> str:
+    if text in ("latest", "none") or (text.isdigit() and int(text) > 0):
+        return text
+    raise argparse.ArgumentTypeError(f"latest, none or a checkpoint id, got {text!r}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from spark_jobs.generate import KINDS
+    from spark_jobs.job import BAD_RECORD_POLICIES
 
     parser = argparse.ArgumentParser(prog="cutline", description=__doc__)
-    parser.add_argument("--home", default=str(default_home()), help="embedded-default home")
+    parser.add_argument(
+        "--home",
+        help="put every path no flag names under this directory "
+        "(default: the settings, $CUTLINE_HOME or ./.cutline)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the main job (clicks_per_user) on the embedded default")
     demo.set_defaults(func=_demo)
@@ -278,25 +320,42 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a registered streaming job (one attempt)")
     run.add_argument("job")
     run.add_argument(
-        "--restore", default="latest", help="latest (default), a checkpoint id, or none"
+        "--restore",
+        default="latest",
+        type=_restore_choice,
+        help="latest (default), a checkpoint id, or none (start over on purpose)",
+    )
+    run.add_argument(
+        "--reset-sink",
+        action="store_true",
+        help="with --restore none: delete the output a start-over would append to again",
     )
     run.add_argument("--hints", help="JSON file: executor hints {subtask: host}")
-    run.add_argument("--max-batches", type=int, help="stop after N micro-batches")
-    run.add_argument("--idle-timeout", type=float, help="stop after S seconds without new input")
-    run.add_argument("--master", help="Spark master (default local[*] or $CUTLINE_SPARK_MASTER)")
+    run.add_argument("--max-batches", type=_positive(int), help="stop after N micro-batches")
+    run.add_argument(
+        "--idle-timeout", type=_positive(float), help="stop after S seconds without new input"
+    )
+    run.add_argument("--master", help="Spark master (default: the settings, or local[*])")
     run.add_argument("--mode", choices=["exactly_once", "at_least_once"], help="override")
-    run.add_argument("--interval-ms", type=int, help="override the checkpoint interval")
+    run.add_argument("--interval-ms", type=_positive(int), help="override the checkpoint interval")
     run.add_argument(
         "--max-records-per-partition",
-        type=int,
+        type=_positive(int),
         help="override every source's admission limit per partition and micro-batch",
     )
     run.add_argument(
-        "--parallelism", type=int, help="override (a restore needs the checkpoint's parallelism)"
+        "--parallelism",
+        type=_positive(int),
+        help="override (a restore needs the checkpoint's parallelism)",
+    )
+    run.add_argument(
+        "--bad-records",
+        choices=BAD_RECORD_POLICIES,
+        help="override: fail on a bad record (exit 2), or skip it into the dead-letter table",
     )
     run.add_argument(
         "--executor-wait-s",
-        type=float,
+        type=_positive(float),
         help="how long a restore on a cluster waits for executors on the hinted hosts (60)",
     )
     run.add_argument("--run-id", default="", help="orchestrator run id, recorded in the catalog")
@@ -306,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("job")
     gc.add_argument("--dry-run", action="store_true", help="report what would go; delete nothing")
     gc.add_argument("--grace-s", type=float, help="default: the job's checkpoint timeout")
-    gc.add_argument("--master", help="Spark master (default local[*] or $CUTLINE_SPARK_MASTER)")
+    gc.add_argument("--master", help="Spark master (default: the settings, or local[*])")
     gc.add_argument("--json", action="store_true")
     _add_path_options(gc)
     gc.set_defaults(func=_gc)
@@ -346,15 +405,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; the exit code says what an orchestrator should do (spark_jobs/errors.py):
+    1 failed (restore it), 2 bad input or configuration (do not), 3 superseded (do not)."""
+    from spark_jobs.errors import exit_code
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, StorageError) as e:  # bad input or configuration
-        print(f"cutline: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:  # a failed run (the catalog records why), or no Java
-        print(f"cutline: {e}", file=sys.stderr)
-        return 1
+    except (Exception, KeyboardInterrupt) as e:
+        if isinstance(e, KeyboardInterrupt):
+            return 130
+        code = exit_code(e)
+        if code == 1 and not isinstance(e, RuntimeError | StorageError):
+            raise  # a bug, not an outcome: keep its traceback
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        more = " (the log above has the rest)" if len(lines) > 1 else ""
+        print(f"cutline: {lines[0]}{more}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from typing import Any
 
 from spark_jobs.delta_catalog import CatalogReader, now_ms
 from spark_jobs.job import get_job
-from spark_jobs.runtime import RuntimePaths
+from spark_jobs.settings import RuntimePaths
 from state.catalog import CheckpointStatus
 from state.compaction import (
     CompactionRequest,

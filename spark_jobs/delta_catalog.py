@@ -1,17 +1,21 @@
-"""The catalog on Delta tables (DESIGN.md §4): `state.catalog.CheckpointCatalog` for the runtime.
+"""The catalog on Delta tables (docs/design.md): `state.catalog.CheckpointCatalog` for the runtime.
 
-Reads use delta-rs (``deltalake``), which needs no Spark job. So do the writes on the restart
-path: ``streaming_jobs`` and ``recoveries`` (a new attempt, the LOST marking of its predecessor,
-the allocation it restored), the attempt's fencing commit and the CORRUPT marking of a checkpoint
-that fails validation. A Delta UPDATE through Spark on a freshly started JVM took 4-15 s each,
-and without Spark a driver does this work while its JVM starts. The other writes go through
-delta-spark.
+Reads use delta-rs (``deltalake``), which needs no Spark job. So do the writes a start and a
+checkpoint make: a new attempt, its fencing commit, the LOST marking of its predecessors, the
+allocation it restored, recoveries, CORRUPT marking and checkpoint commits. A Delta UPDATE through
+Spark on a freshly started JVM took 4-15 s, and without Spark a driver plans its start while its
+JVM starts. Registry MERGEs, subsumption and table maintenance go through delta-spark.
 
-Fencing uses Delta's idempotent-transaction ids: every write to ``completed_checkpoints`` carries
-``txnAppId = cutline-<job>`` and ``txnVersion = attempt << 32 | checkpoint_id``. Starting attempt
-*a* writes version ``a << 32``; Delta then skips any later write of an older attempt (a smaller
-version), atomically with its own conflict detection. A commit that was skipped is detected and
-raised as :class:`FencedError`.
+Conditional commits. The writes that decide something (which attempt a starter gets, whether a
+checkpoint of an attempt may complete) are compare-and-swap commits: planned on one version of
+the table, committed with no retry, so a commit that another writer got in before fails and is
+planned again on the new version (:meth:`DeltaCatalog._cas_commit`). Two starters can therefore
+never get the same attempt number.
+
+Fencing. ``completed_checkpoints`` records the Delta app transaction ``cutline-<job>`` with version
+``attempt << 32 | checkpoint_id``. A starting attempt *a* first commits version ``a << 32``; a
+checkpoint commit of attempt *b* is planned only if the recorded version's attempt is not above
+*b*, so once *a* has started no older attempt can complete a checkpoint (:class:`FencedError`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ TABLES: dict[str, str] = {
     "streaming_jobs": (
         "job_id string, attempt int, run_id string, status string, started_ms long, "
         "ended_ms long, restored_from long, allocation string, last_heartbeat_ms long, "
-        "failure_reason string"
+        "failure_reason string, checkpoint_root string"
     ),
     "completed_checkpoints": (
         "job_id string, checkpoint_id long, batch_id long, attempt int, trigger_time_ms long, "
@@ -58,6 +62,7 @@ _ARROW_TYPES = {
 }
 _ATTEMPT_SHIFT = 32
 _UPDATE_TRIES = 10
+_CAS_TRIES = 40  # conditional commits lose to any concurrent commit of the table
 _CONFLICTS = (  # Delta's commit conflicts, by the names the JVM gives them
     "ConcurrentAppendException",
     "ConcurrentDeleteReadException",
@@ -102,11 +107,6 @@ def arrow_schema(table: str):
     return pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in fields])
 
 
-def _sql_str(value: str) -> str:
-    """A Spark SQL string literal."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
-
-
 def _rs_literal(value: str | int | None) -> str:
     """A delta-rs (DataFusion) SQL literal: standard strings, where a backslash is itself."""
     if value is None:
@@ -116,8 +116,11 @@ def _rs_literal(value: str | int | None) -> str:
     return str(int(value))
 
 
-def read_delta(path: str | Path, job_id: str | None = None, columns: list[str] | None = None):
-    """A Delta table, or one job's rows of it, as a pyarrow Table (delta-rs; no Spark).
+def read_delta(
+    table: str | Path | Any, job_id: str | None = None, columns: list[str] | None = None
+):
+    """A Delta table (a path, or a ``deltalake.DeltaTable`` at the version it was loaded at), or
+    one job's rows of it, as a pyarrow Table (delta-rs; no Spark).
 
     Read through delta-rs's own query engine, not ``DeltaTable.to_pyarrow_table``: the latter's
     pyarrow dataset makes about every other interpreter abort at exit ("terminate called without
@@ -128,7 +131,8 @@ def read_delta(path: str | Path, job_id: str | None = None, columns: list[str] |
 
     select = ", ".join(f'"{c}"' for c in columns) if columns else "*"
     where = f" WHERE job_id = {_rs_literal(job_id)}" if job_id is not None else ""
-    query = QueryBuilder().register("t", DeltaTable(str(path)))
+    loaded = table if isinstance(table, DeltaTable) else DeltaTable(str(table))
+    query = QueryBuilder().register("t", loaded)
     return pa.table(query.execute(f"SELECT {select} FROM t{where}").read_all())
 
 
@@ -239,42 +243,103 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
             )
         )
 
+    def _cas_commit(self, table: str, plan) -> Any:
+        """A compare-and-swap append: ``plan(dt)`` looks at ``table`` as of one version (a
+        ``deltalake.DeltaTable``) and returns ``(rows, app transactions, result)`` or raises to
+        refuse; the rows are committed only on that version. When another writer committed
+        first, the commit fails and is planned again on the new version. Returns ``result``."""
+        import pyarrow as pa
+        from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+        from deltalake.exceptions import CommitFailedError
+
+        for tries in range(_CAS_TRIES):
+            with self._lock:
+                dt = DeltaTable(self.path(table))
+                rows, transactions, result = plan(dt)
+                commit = CommitProperties(
+                    max_commit_retries=0,
+                    app_transactions=[Transaction(app, v) for app, v in transactions] or None,
+                )
+                try:
+                    write_deltalake(
+                        dt,
+                        pa.Table.from_pylist(rows, schema=arrow_schema(table)),
+                        mode="append",
+                        schema_mode="merge",
+                        commit_properties=commit,
+                    )
+                    return result
+                except CommitFailedError:
+                    pass
+            time.sleep(min(2.0, 0.02 * 2**tries) * random.uniform(0.5, 1.5))
+        raise RuntimeError(f"{table}: no conditional commit landed in {_CAS_TRIES} tries")
+
     def _fence_app(self, job_id: str) -> str:
         return f"cutline-{job_id}"
 
-    def begin_attempt(self, job_id: str, run_id: str = "", restored_from: int | None = None) -> int:
-        """A new attempt that fences every older one; older attempts still marked RUNNING (their
-        driver died without saying so) become LOST."""
-        with self._lock:
-            previous = self.jobs(job_id)
-            attempt = max((r["attempt"] for r in previous), default=0) + 1
-            lost = [r["attempt"] for r in previous if r["status"] == "RUNNING"]
-            if lost:
-                self._rs_update(
-                    "streaming_jobs",
-                    f"job_id = {_rs_literal(job_id)} AND attempt IN ({','.join(map(str, lost))})",
-                    status="LOST",
-                    ended_ms=now_ms(),
-                    failure_reason=f"superseded by attempt {attempt} while marked RUNNING",
+    def begin_attempt(
+        self,
+        job_id: str,
+        run_id: str = "",
+        restored_from: int | None = None,
+        checkpoint_root: str = "",
+    ) -> int:
+        """A new attempt that fences every older one. Its number is allocated by a conditional
+        commit of its ``streaming_jobs`` row, so two starters never share one; then the fencing
+        commit (raises :class:`FencedError` if a newer attempt fenced first: two starters raced
+        and this one lost). Older attempts still marked RUNNING (their driver died without
+        saying so, or lives on as a zombie that the fence stops) become LOST."""
+
+        def allocate(dt):
+            previous = read_delta(dt, job_id, ["attempt"]).column("attempt").to_pylist()
+            attempt = max(previous, default=0) + 1
+            row = {
+                "job_id": job_id,
+                "attempt": attempt,
+                "run_id": run_id,
+                "status": "RUNNING",
+                "started_ms": now_ms(),
+                "restored_from": restored_from,
+                "last_heartbeat_ms": now_ms(),
+                "checkpoint_root": checkpoint_root,
+            }
+            return [row], [], attempt
+
+        attempt = self._cas_commit("streaming_jobs", allocate)
+        app, version = self._fence_app(job_id), attempt << _ATTEMPT_SHIFT
+
+        def fence(dt):
+            recorded = dt.transaction_version(app) or 0
+            if recorded >> _ATTEMPT_SHIFT > attempt:
+                raise FencedError(
+                    f"attempt {attempt} of {job_id} was superseded by attempt "
+                    f"{recorded >> _ATTEMPT_SHIFT} before it started"
                 )
-            self._rs_append(
-                "completed_checkpoints", [], (self._fence_app(job_id), attempt << _ATTEMPT_SHIFT)
-            )
-            self._rs_append(
+            return [], [(app, max(recorded, version))], None
+
+        try:
+            self._cas_commit("completed_checkpoints", fence)
+        except FencedError as e:
+            self.set_job_status(job_id, attempt, "SUPERSEDED", str(e))
+            raise
+        lost = [
+            r["attempt"]
+            for r in self.jobs(job_id)
+            if r["status"] == "RUNNING" and r["attempt"] < attempt
+        ]
+        if lost:
+            self._rs_update(
                 "streaming_jobs",
-                [
-                    {
-                        "job_id": job_id,
-                        "attempt": attempt,
-                        "run_id": run_id,
-                        "status": "RUNNING",
-                        "started_ms": now_ms(),
-                        "restored_from": restored_from,
-                        "last_heartbeat_ms": now_ms(),
-                    }
-                ],
+                f"job_id = {_rs_literal(job_id)} AND attempt IN ({','.join(map(str, lost))})",
+                status="LOST",
+                ended_ms=now_ms(),
+                failure_reason=f"superseded by attempt {attempt} while marked RUNNING",
             )
-            return attempt
+        return attempt
+
+    def newest_attempt(self, job_id: str) -> int:
+        """The highest attempt number of ``job_id`` that has begun (0 if none)."""
+        return max((r["attempt"] for r in self.jobs(job_id)), default=0)
 
     def import_checkpoints(self, checkpoints: list[CompletedCheckpoint]) -> None:
         """Load checkpoint rows as they are, in one unfenced commit (rebuilding a catalog from
@@ -283,43 +348,37 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
             self._append("completed_checkpoints", [_checkpoint_row(c) for c in checkpoints])
 
     def commit_checkpoint(self, checkpoint: CompletedCheckpoint) -> None:
-        row = _checkpoint_row(checkpoint)
-        with self._lock:
-            self._append(
-                "completed_checkpoints",
-                [row],
-                txnAppId=self._fence_app(checkpoint.job_id),
-                txnVersion=str((checkpoint.attempt << _ATTEMPT_SHIFT) | checkpoint.checkpoint_id),
-            )
-            landed = any(
-                c.checkpoint_id == checkpoint.checkpoint_id and c.attempt == checkpoint.attempt
-                for c in self.checkpoints(checkpoint.job_id)
-            )
-        if not landed:
-            raise FencedError(
-                f"attempt {checkpoint.attempt} of {checkpoint.job_id} is fenced: a newer attempt "
-                f"started, so checkpoint {checkpoint.checkpoint_id} was not committed"
-            )
+        """Record ``checkpoint`` as COMPLETED, conditionally: only while no newer attempt of its
+        job has started (else :class:`FencedError`)."""
+        app = self._fence_app(checkpoint.job_id)
+        version = (checkpoint.attempt << _ATTEMPT_SHIFT) | checkpoint.checkpoint_id
+
+        def plan(dt):
+            recorded = dt.transaction_version(app) or 0
+            if recorded >> _ATTEMPT_SHIFT > checkpoint.attempt:
+                raise FencedError(
+                    f"attempt {checkpoint.attempt} of {checkpoint.job_id} is fenced: attempt "
+                    f"{recorded >> _ATTEMPT_SHIFT} started, so checkpoint "
+                    f"{checkpoint.checkpoint_id} was not committed"
+                )
+            return [_checkpoint_row(checkpoint)], [(app, max(recorded, version))], None
+
+        self._cas_commit("completed_checkpoints", plan)
 
     def _set_status(self, job_id: str, ids: Iterable[int], status: CheckpointStatus) -> None:
         ids = sorted(set(ids))
         if ids:
-            self._update(
+            self._rs_update(
                 "completed_checkpoints",
-                f"job_id = '{job_id}' AND checkpoint_id IN ({','.join(map(str, ids))})",
-                status=_sql_str(status.value),
+                f"job_id = {_rs_literal(job_id)} AND checkpoint_id IN ({','.join(map(str, ids))})",
+                status=status.value,
             )
 
     def mark_subsumed(self, job_id: str, checkpoint_ids: list[int]) -> None:
         self._set_status(job_id, checkpoint_ids, CheckpointStatus.SUBSUMED)
 
     def mark_corrupt(self, job_id: str, checkpoint_id: int, reason: str) -> None:
-        """On the restart path, so through delta-rs."""
-        self._rs_update(
-            "completed_checkpoints",
-            f"job_id = {_rs_literal(job_id)} AND checkpoint_id = {int(checkpoint_id)}",
-            status=CheckpointStatus.CORRUPT.value,
-        )
+        self._set_status(job_id, [checkpoint_id], CheckpointStatus.CORRUPT)
 
     def _retrying(self, action) -> None:
         """Run a read-modify-write ``action``, again when a concurrent writer's commit conflicts
@@ -336,15 +395,6 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
                 if not _is_conflict(e) or attempt == _UPDATE_TRIES - 1:
                     raise
                 time.sleep(min(5.0, 0.1 * 2**attempt) * random.uniform(0.5, 1.5))
-
-    def _update(self, table: str, condition: str, **set_sql: str) -> None:
-        from delta.tables import DeltaTable
-
-        self._retrying(
-            lambda: DeltaTable.forPath(self.spark, self.path(table)).update(
-                condition=condition, set=set_sql
-            )
-        )
 
     def _rs_update(self, table: str, condition: str, **values: str | int | None) -> None:
         """Set columns of the rows of ``table`` matching ``condition`` (delta-rs SQL; no Spark)."""

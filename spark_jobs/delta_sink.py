@@ -1,98 +1,285 @@
 """The Delta sink: exactly-once by two-phase commit, or at-least-once.
 
 Pre-commit: each subtask stages its micro-batch output (epoch *e*) as Parquet under
-``<warehouse>/staging/<job>/<sink>/epoch=<e>/``. Commit (when checkpoint *n* completes): every
-staged epoch up to the checkpoint's epoch is appended to the Delta table in one write tagged
-``txnAppId = cutline-sink-<job>-<sink>``, ``txnVersion = <last epoch>``; Delta ignores a write whose
-version it has already seen, so a commit repeated after a crash is a no-op. Staged epochs at or
-below the table's committed version are leftovers of a commit that landed and are dropped.
-On restore from checkpoint *k*, epoch *k*'s commit is redone (a no-op if it had landed) and staged
-epochs after *k* are discarded: they will be recomputed.
+``<warehouse>/staging/<job>/<sink>/a<attempt>/epoch=<e>/``: every attempt stages apart, so an
+older attempt that still runs can never add files to what a newer one commits.
 
-At-least-once: every micro-batch's output is appended right away without a transaction id, so a
-replay after a restore appends it again (duplicates, never losses).
+Commit (when checkpoint *n* completes): the staged epochs up to *n*'s epoch are appended in one
+conditional delta-rs commit (planned on one table version, never retried blindly) that records
+two Delta app transactions, ``cutline-sink-<job>-<sink>`` = the last committed epoch and
+``cutline-fence-<job>-<sink>`` = the committing attempt. A commit is planned only if no newer
+attempt has fenced the table (:class:`FencedError`) and only for epochs above the committed one,
+so a commit redone after a crash commits nothing twice. Every attempt fences the table when it
+starts (:meth:`DeltaSinkWriter.fence`, creating the table if it does not exist yet).
+
+Each commit also records, in its commit info (``cutline``), the source positions at the end of
+every epoch it commits. A restore from a checkpoint older than the committed epoch (a fallback
+past damaged checkpoints) replays those epochs exactly, producing no output for them
+(spark_jobs/replay.py).
+
+At-least-once: every micro-batch's output is appended right away (fenced the same way), so a
+replay after a restore appends it again: duplicates, never losses.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 from pathlib import Path
+from typing import Any
 
-from spark_jobs.job import DeltaSink
-from spark_jobs.subtask import staging_dir
+import pyarrow as pa
+
+from state.catalog import FencedError
+from state.faults import kill_point
+
+EPOCH_COLUMN = "_epoch"
+Positions = dict[str, dict[str, int]]  # source -> partition -> position after the epoch
+_TRIES = 40
+
+
+def staging_dir(staging_root: str | Path, job_id: str, sink: str, attempt: int, epoch: int) -> Path:
+    """Where attempt ``attempt`` stages epoch ``epoch`` of a sink (subtasks write, the sink
+    commits)."""
+    return Path(staging_root) / job_id / sink / f"a{int(attempt)}" / f"epoch={int(epoch)}"
 
 
 class DeltaSinkWriter:
-    def __init__(self, spark, job_id: str, sink: DeltaSink, warehouse: str | Path) -> None:
-        self.spark = spark
-        self.job_id = job_id
-        self.sink = sink
-        self.table_path = str(Path(warehouse) / "tables" / sink.table)
-        self.staging_root = str(Path(warehouse) / "staging")
-        self.app_id = f"cutline-sink-{job_id}-{sink.name}"
+    """One Delta table written by one attempt of a job."""
+
+    def __init__(
+        self, job_id: str, sink: str, table: str, warehouse: str | Path, attempt: int
+    ) -> None:
+        self.job_id, self.sink, self.attempt = job_id, sink, attempt
+        self.table_path = str(Path(warehouse) / "tables" / table)
+        self.staging_root = Path(warehouse) / "staging"
+        self.epoch_app = f"cutline-sink-{job_id}-{sink}"
+        self.fence_app = f"cutline-fence-{job_id}-{sink}"
         self._lock = threading.Lock()
 
-    def _epoch_dir(self, epoch: int) -> Path:
-        return staging_dir(self.staging_root, self.job_id, self.sink.name, epoch)
+    # -- reading the table ------------------------------------------------------------------
 
-    def staged_epochs(self) -> list[int]:
-        root = self._epoch_dir(0).parent
-        if not root.is_dir():
-            return []
-        return sorted(int(p.name.split("=", 1)[1]) for p in root.glob("epoch=*"))
-
-    def committed_version(self) -> int:
-        """The last epoch committed to the table (-1 if none)."""
+    def _table(self):
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
         try:
-            version = DeltaTable(self.table_path).transaction_version(self.app_id)
+            return DeltaTable(self.table_path)
         except TableNotFoundError:
-            return -1
+            return None
+
+    def committed_epoch(self) -> int:
+        """The last epoch committed to the table (-1 if none)."""
+        dt = self._table()
+        version = dt.transaction_version(self.epoch_app) if dt is not None else None
         return -1 if version is None else int(version)
 
-    def _files(self, epochs: list[int]) -> list[str]:
-        return [str(f) for e in epochs for f in sorted(self._epoch_dir(e).glob("part-*.parquet"))]
+    def has_output(self) -> bool:
+        """Whether the table holds any row."""
+        dt = self._table()
+        if dt is None:
+            return False
+        actions = dt.get_add_actions(flatten=True)
+        return actions.num_rows > 0 and (
+            "num_records" not in actions.column_names
+            or any((n or 0) > 0 for n in actions.column("num_records").to_pylist())
+        )
 
-    def commit_through(self, epoch: int) -> int:
-        """Commit every staged epoch <= ``epoch`` exactly once; returns rows committed."""
+    def committed_ends(self, after: int) -> dict[int, Positions]:
+        """Source positions at the end of each committed epoch above ``after``, from the commit
+        infos. Raises ``LookupError`` naming the epochs the history does not cover."""
+        committed = self.committed_epoch()
+        wanted = set(range(after + 1, committed + 1))
+        if not wanted:
+            return {}
+        dt = self._table()
+        found: dict[int, Positions] = {}
+        limit = 64
+        while True:
+            history = dt.history(limit)
+            for entry in history:
+                info = entry.get("cutline")
+                if not info:
+                    continue
+                for epoch, ends in json.loads(info).get("epochs", {}).items():
+                    if int(epoch) in wanted:
+                        found[int(epoch)] = ends
+            if wanted <= found.keys() or len(history) < limit:
+                break
+            limit *= 8
+        missing = sorted(wanted - found.keys())
+        if missing:
+            raise LookupError(
+                f"{self.table_path}: the commit history does not say where epochs "
+                f"{missing[0]}..{missing[-1]} ended"
+            )
+        return {e: found[e] for e in sorted(wanted)}
+
+    # -- staging -----------------------------------------------------------------------------
+
+    def staged_epochs(self, attempt: int) -> list[int]:
+        root = staging_dir(self.staging_root, self.job_id, self.sink, attempt, 0).parent
+        if not root.is_dir():
+            return []
+        return sorted(int(p.name.split("=", 1)[1]) for p in root.glob("epoch=*"))
+
+    def _staged(self, attempt: int, epochs: list[int]) -> pa.Table | None:
+        import pyarrow.parquet as pq
+
+        files = [
+            f
+            for e in epochs
+            for f in sorted(
+                staging_dir(self.staging_root, self.job_id, self.sink, attempt, e).glob("*.parquet")
+            )
+        ]
+        if not files:
+            return None
+        return pa.concat_tables(
+            [pq.read_table(f, partitioning=None) for f in files], promote_options="permissive"
+        ).combine_chunks()
+
+    def _drop_staged(self, attempt: int, epochs: list[int]) -> None:
+        for e in epochs:
+            shutil.rmtree(
+                staging_dir(self.staging_root, self.job_id, self.sink, attempt, e),
+                ignore_errors=True,
+            )
+
+    def discard_other_attempts(self) -> None:
+        """Drop what other attempts staged (after a restore redid its commit): older attempts'
+        output is recomputed, never committed by this one."""
+        root = self.staging_root / self.job_id / self.sink
+        if root.is_dir():
+            for directory in root.glob("a*"):
+                if directory.name != f"a{self.attempt}":
+                    shutil.rmtree(directory, ignore_errors=True)
+
+    # -- committing --------------------------------------------------------------------------
+
+    def fence(self) -> None:
+        """Fence the table for this attempt (creating it if missing): from now on no older
+        attempt commits to it. Raises :class:`FencedError` if a newer attempt fenced it."""
+        self._conditional_commit(lambda dt, fence, committed: (None, None, None))
+
+    def commit_through(
+        self, epoch: int, ends: dict[int, Positions], *, staged_by: int | None = None
+    ) -> int:
+        """Commit every epoch up to ``epoch`` that attempt ``staged_by`` (default: this one)
+        staged and the table lacks, with the end positions of the epochs it covers (``ends``);
+        returns the rows committed. Repeating it commits nothing twice."""
+        attempt = self.attempt if staged_by is None else staged_by
+
+        def plan(dt, fence, committed):
+            todo = [e for e in self.staged_epochs(attempt) if committed < e <= epoch]
+            covered = {str(e): ends[e] for e in sorted(ends) if committed < e <= epoch}
+            data = self._staged(attempt, todo) if todo else None
+            if data is None:
+                return None, None, 0
+            info = {"attempt": self.attempt, "epochs": covered, "rows": data.num_rows}
+            return data, (max(todo), info), data.num_rows
+
         with self._lock:
-            committed = self.committed_version()
-            staged = [e for e in self.staged_epochs() if e <= epoch]
-            todo = [e for e in staged if e > committed]
-            rows = 0
-            files = self._files(todo)
-            if files:
-                df = self.spark.read.parquet(*files)
-                rows = df.count()
-                (
-                    df.write.format("delta")
-                    .mode("append")
-                    .option("txnAppId", self.app_id)
-                    .option("txnVersion", str(max(todo)))
-                    .save(self.table_path)
+            rows = self._conditional_commit(plan)
+            self._drop_staged(attempt, [e for e in self.staged_epochs(attempt) if e <= epoch])
+        return rows
+
+    def append_now(self, epoch: int, ends: dict[int, Positions]) -> int:
+        """At-least-once: append epoch ``epoch``'s output immediately (no skip of replays)."""
+
+        def plan(dt, fence, committed):
+            data = self._staged(self.attempt, [epoch])
+            if data is None:
+                return None, None, 0
+            info = {"attempt": self.attempt, "epochs": {str(epoch): ends.get(epoch, {})}}
+            return data, (max(epoch, committed), info), data.num_rows
+
+        with self._lock:
+            rows = self._conditional_commit(plan)
+            self._drop_staged(self.attempt, [epoch])
+        return rows
+
+    def reset(self) -> int:
+        """Delete every row (an explicit start-over); returns how many there were."""
+        from deltalake import CommitProperties, Transaction
+
+        dt = self._table()
+        if dt is None:
+            return 0
+        metrics = dt.delete(
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(self.fence_app, self.attempt)]
+            )
+        )
+        return int(metrics.get("num_deleted_rows", 0) or 0)
+
+    def _conditional_commit(self, plan) -> Any:
+        """Plan a commit on one version of the table and land it only on that version; a
+        concurrent commit makes it start over. ``plan(dt, fence, committed)`` returns ``(data,
+        (epoch, info) | None, result)``; ``data=None`` with no epoch commits only the fence when
+        this attempt has not fenced the table yet."""
+        import random
+        import time
+
+        from deltalake import CommitProperties, Transaction, write_deltalake
+        from deltalake.exceptions import CommitFailedError
+
+        for tries in range(_TRIES):
+            dt = self._table()
+            if dt is None:
+                self._create()
+                continue
+            fence = dt.transaction_version(self.fence_app) or 0
+            if fence > self.attempt:
+                raise FencedError(
+                    f"attempt {self.attempt} of {self.job_id} is fenced from sink {self.sink!r}: "
+                    f"attempt {fence} started"
                 )
-            for e in staged:
-                shutil.rmtree(self._epoch_dir(e), ignore_errors=True)
-            return rows
+            recorded = dt.transaction_version(self.epoch_app)
+            committed = -1 if recorded is None else int(recorded)
+            data, commit, result = plan(dt, fence, committed)
+            if data is None and fence == self.attempt:
+                return result
+            transactions = [Transaction(self.fence_app, self.attempt)]
+            metadata = None
+            if commit is not None:
+                transactions.append(Transaction(self.epoch_app, int(commit[0])))
+                metadata = {"cutline": json.dumps(commit[1], sort_keys=True)}
+            if data is None:
+                data = pa.table({EPOCH_COLUMN: pa.array([], pa.int64())})
+            first_data = data.num_rows > 0 and [f.name for f in dt.schema().fields] == [
+                EPOCH_COLUMN
+            ]
+            kill_point("sink-committing")
+            try:
+                write_deltalake(
+                    dt,
+                    data,
+                    mode="overwrite" if first_data else "append",
+                    schema_mode="overwrite" if first_data else "merge",
+                    commit_properties=CommitProperties(
+                        max_commit_retries=0,
+                        app_transactions=transactions,
+                        custom_metadata=metadata,
+                    ),
+                )
+            except CommitFailedError:
+                time.sleep(min(2.0, 0.02 * 2**tries) * random.uniform(0.5, 1.5))
+                continue
+            kill_point("sink-committed")
+            return result
+        raise RuntimeError(f"{self.table_path}: no conditional commit landed in {_TRIES} tries")
 
-    def append_now(self, epoch: int) -> int:
-        """At-least-once: append epoch ``epoch``'s output immediately, without a transaction."""
-        with self._lock:
-            files = self._files([epoch])
-            rows = 0
-            if files:
-                df = self.spark.read.parquet(*files)
-                rows = df.count()
-                df.write.format("delta").mode("append").save(self.table_path)
-            shutil.rmtree(self._epoch_dir(epoch), ignore_errors=True)
-            return rows
+    def _create(self) -> None:
+        """An empty table holding only the epoch column: the first commit with output replaces
+        the schema with the output's (so the table exists, and can be fenced, before any output)."""
+        from deltalake import write_deltalake
 
-    def discard_after(self, epoch: int) -> list[int]:
-        """Drop staged epochs after ``epoch`` (they are recomputed after a restore)."""
-        dropped = [e for e in self.staged_epochs() if e > epoch]
-        for e in dropped:
-            shutil.rmtree(self._epoch_dir(e), ignore_errors=True)
-        return dropped
+        try:
+            write_deltalake(
+                self.table_path, pa.table({EPOCH_COLUMN: pa.array([], pa.int64())}), mode="append"
+            )
+        except Exception:
+            if self._table() is None:  # lost a creation race: fine once the table exists
+                raise

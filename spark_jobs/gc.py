@@ -22,7 +22,7 @@ from typing import Any
 
 from spark_jobs.delta_catalog import DeltaCatalog, now_ms
 from spark_jobs.job import get_job
-from spark_jobs.runtime import RuntimePaths
+from spark_jobs.settings import RuntimePaths
 from state.gc import ACKS_DIR, plan_gc, select_retention
 from state.handles import SubtaskStateHandle
 from state.manifest import ManifestError

@@ -18,6 +18,8 @@ from state.keygroups import DEFAULT_MAX_PARALLELISM, KEY_TYPES, check_parallelis
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 AGGREGATES = ("count", "sum", "min", "max", "last")
+BAD_RECORD_POLICIES = ("fail", "dead_letter")
+DEAD_LETTER_SINK = "dead_letters"
 
 
 class JobDefinitionError(ValueError):
@@ -222,9 +224,19 @@ class JobDefinition:
     max_parallelism: int = DEFAULT_MAX_PARALLELISM
     description: str = ""
     tags: dict[str, Any] = field(default_factory=dict)
+    # a record that cannot be processed: "fail" the attempt (naming it; not retried), or
+    # "dead_letter": skip it into the Delta table ``dead_letter_table`` (default <job>_dead_letters)
+    bad_records: str = "fail"
+    dead_letter_table: str | None = None
 
     def __post_init__(self) -> None:
         _check_name("job.name", self.name)
+        if self.bad_records not in BAD_RECORD_POLICIES:
+            raise JobDefinitionError(
+                f"job.bad_records must be one of {BAD_RECORD_POLICIES}, got {self.bad_records!r}"
+            )
+        if self.dead_letter_table is not None:
+            _check_name("job.dead_letter_table", self.dead_letter_table)
         try:
             check_parallelism(self.parallelism, self.max_parallelism)
         except ValueError as e:
@@ -242,6 +254,13 @@ class JobDefinition:
 
     def source(self, name: str) -> Source:
         return next(s for s in self.sources if s.name == name)
+
+    def sinks(self) -> list[DeltaSink]:
+        """The output sink, then the dead-letter table if bad records go to one."""
+        if self.bad_records != "dead_letter":
+            return [self.sink]
+        table = self.dead_letter_table or f"{self.name}_dead_letters"
+        return [self.sink, DeltaSink(DEAD_LETTER_SINK, table)]
 
 
 _REGISTRY: dict[str, Callable[[], JobDefinition]] = {}

@@ -8,7 +8,13 @@ with one write each; readers only consider data up to the last newline.
 :class:`LocalLogDataSource` reads a topic through PySpark's Python Data Source streaming API,
 vectorised: each partition's byte range is parsed by Arrow's JSON reader into record batches.
 Every record carries ``_partition`` and ``_next_offset`` (the position after it), from which the
-runtime takes the position at each cut.
+runtime takes the position at each cut. A record that cannot be processed (not JSON, a value of
+the wrong type, a null key) is not an error here: it is returned with null fields and the bad-record
+columns set (:data:`BAD_COLUMNS`: the reason, the raw line, its offset), and the job's policy
+decides what happens to it (spark_jobs/bad_records.py).
+
+The same data source reads a fixed range of offsets as a batch (``startingOffsets`` to
+``endingOffsets``): a restore replays committed epochs exactly (spark_jobs/recovery.py).
 """
 
 from __future__ import annotations
@@ -24,7 +30,16 @@ import pyarrow as pa
 
 PARTITION_COLUMN = "_partition"
 NEXT_OFFSET_COLUMN = "_next_offset"
+BAD_REASON = "_bad_reason"  # why a record is bad; null for a good one
+BAD_RAW = "_bad_raw"  # a bad record as it was read
+BAD_OFFSET = "_bad_offset"  # where a bad record starts in its partition
+BAD_COLUMNS = pa.schema(
+    [(BAD_REASON, pa.string()), (BAD_RAW, pa.string()), (BAD_OFFSET, pa.int64())]
+)
+POSITION_DDL = f"{PARTITION_COLUMN} int, {NEXT_OFFSET_COLUMN} long"
+BAD_DDL = f"{BAD_REASON} string, {BAD_RAW} string, {BAD_OFFSET} long"
 _SCAN_CHUNK = 1 << 20
+_RAW_LIMIT = 64 << 10  # characters of a bad record kept
 
 
 class MalformedRecordError(ValueError):
@@ -98,34 +113,120 @@ def append_records(root: str | Path, topic: str, partition: int, lines: Sequence
         return f.tell()
 
 
-def read_range(path: Path, partition: int, start: int, end: int, schema: pa.Schema) -> pa.Table:
-    """Parse the records in bytes ``[start, end)`` of ``path`` with Arrow's JSON reader."""
-    import pyarrow.json as pajson
-
+def read_range(
+    path: Path,
+    partition: int,
+    start: int,
+    end: int,
+    schema: pa.Schema,
+    key: str | None = None,
+) -> pa.Table:
+    """The records in bytes ``[start, end)`` of ``path``, parsed with Arrow's JSON reader, with
+    their positions and the bad-record columns (set on records that are not JSON objects, have a
+    value of the wrong type, or a null ``key``)."""
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read(end - start)
     newlines = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
+    ends = start + newlines.astype(np.int64) + 1
+    lines = data.split(b"\n")[: len(newlines)]
     try:
-        table = pajson.read_json(
-            io.BytesIO(data),
-            read_options=pajson.ReadOptions(block_size=max(len(data), 1 << 16)),
-            parse_options=pajson.ParseOptions(
-                explicit_schema=schema, unexpected_field_behavior="ignore"
-            ),
+        table = _parse(data, schema)
+        good = np.ones(len(newlines), bool)
+        reasons: list[str | None] = [None] * len(newlines)
+        if table.num_rows != len(newlines):
+            raise _LineByLine
+    except (pa.ArrowInvalid, pa.ArrowTypeError, _LineByLine):
+        reasons = [_problem(line, schema) for line in lines]
+        good = np.array([r is None for r in reasons], bool)
+        kept = b"".join(line + b"\n" for line, ok in zip(lines, good, strict=True) if ok)
+        try:
+            table = _parse(kept, schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise MalformedRecordError(
+                f"malformed record in {path} between byte offsets {start} and {end}: {e}"
+            ) from e
+    if key is not None and table.column(key).null_count:
+        null_key = np.asarray(table.column(key).is_null())
+        positions = np.flatnonzero(good)[null_key]
+        for i in positions:
+            reasons[i] = f"null key {key!r}"
+        good[positions] = False
+        table = table.filter(pa.array(~null_key))
+    out = _with_positions(table, partition, ends[good])
+    if good.all():
+        return out
+    bad = np.flatnonzero(~good)
+    starts = np.concatenate([[start], ends[:-1]])[bad]
+    raw = [lines[i][:_RAW_LIMIT].decode("utf-8", "replace") for i in bad]
+    rejects = _with_positions(schema.empty_table().slice(0, 0), partition, ends[bad], len(bad))
+    for column, values in zip(BAD_COLUMNS, ([reasons[i] for i in bad], raw, starts), strict=True):
+        rejects = rejects.set_column(
+            rejects.schema.get_field_index(column.name), column, pa.array(values, column.type)
         )
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-        raise MalformedRecordError(
-            f"malformed record in {path} between byte offsets {start} and {end}: {e}"
-        ) from e
-    if table.num_rows != len(newlines):
-        raise MalformedRecordError(
-            f"{path} bytes {start}..{end}: {len(newlines)} lines but {table.num_rows} records "
-            "(blank or split lines)"
+    return pa.concat_tables([out, rejects])
+
+
+class _LineByLine(Exception):
+    """The fast path cannot tell which lines are bad: check them one by one."""
+
+
+def _parse(data: bytes, schema: pa.Schema) -> pa.Table:
+    import pyarrow.json as pajson
+
+    return pajson.read_json(
+        io.BytesIO(data),
+        read_options=pajson.ReadOptions(block_size=max(len(data), 1 << 16)),
+        parse_options=pajson.ParseOptions(
+            explicit_schema=schema, unexpected_field_behavior="ignore"
+        ),
+    )
+
+
+def _with_positions(table: pa.Table, partition: int, ends: np.ndarray, n: int | None = None):
+    """``table`` (or ``n`` all-null rows of its schema) with the position and bad-record
+    columns."""
+    if n is not None:
+        table = pa.Table.from_arrays(
+            [pa.nulls(n, f.type) for f in table.schema], schema=table.schema
         )
-    return table.append_column(
-        PARTITION_COLUMN, pa.array(np.full(table.num_rows, partition, np.int32))
-    ).append_column(NEXT_OFFSET_COLUMN, pa.array(start + newlines.astype(np.int64) + 1))
+    rows = table.num_rows
+    table = table.append_column(
+        PARTITION_COLUMN, pa.array(np.full(rows, partition, np.int32))
+    ).append_column(NEXT_OFFSET_COLUMN, pa.array(ends.astype(np.int64)))
+    for column in BAD_COLUMNS:
+        table = table.append_column(column, pa.nulls(rows, column.type))
+    return table
+
+
+def _problem(line: bytes, schema: pa.Schema) -> str | None:
+    """Why ``line`` is not a record of ``schema``, or None."""
+    if not line.strip():
+        return "empty line"
+    try:
+        doc = json.loads(line)
+    except ValueError as e:
+        return f"not valid JSON ({e})"
+    if not isinstance(doc, dict):
+        return f"not a JSON object but {type(doc).__name__}"
+    for field in schema:
+        value = doc.get(field.name)
+        if value is None:
+            continue
+        t = field.type
+        if pa.types.is_string(t):
+            ok = isinstance(value, str)
+        elif pa.types.is_boolean(t):
+            ok = isinstance(value, bool)
+        elif pa.types.is_integer(t):
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif pa.types.is_floating(t):
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        else:
+            ok = True  # left to Arrow's reader
+        if not ok:
+            return f"field {field.name!r} must be {t}, got {json.dumps(value)[:40]}"
+    return None
 
 
 def register_data_source(spark) -> None:
@@ -134,25 +235,56 @@ def register_data_source(spark) -> None:
 
 
 def _data_source_class():
-    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceReader,
+        DataSourceStreamReader,
+        InputPartition,
+    )
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+    from pyspark.sql.types import StructType
 
     class LogRange(InputPartition):
         def __init__(self, partition: int, start: int, end: int) -> None:
             self.partition, self.start, self.end = partition, start, end
 
-    class LocalLogStreamReader(DataSourceStreamReader):
+    class _Ranges:
+        """What both readers share: options, and reading one partition's byte range."""
+
         def __init__(self, schema, options) -> None:
             self.root = options["path"]
             self.topic = options["topic"]
             self.partitions_ = [int(p) for p in json.loads(options["partitions"])]
             self.starting = json.loads(options.get("startingOffsets", "{}"))
-            self.max_records = int(options.get("maxRecordsPerPartition", "0")) or None
+            self.ending = json.loads(options.get("endingOffsets", "{}"))
+            self.key = options.get("keyColumn") or None
             fields = [f for f in schema.fields if not f.name.startswith("_")]
-            from pyspark.sql.types import StructType
-
             self.arrow_schema = to_arrow_schema(StructType(fields))
+
+        def ranges(self, start: dict, end: dict) -> list:
+            return [
+                LogRange(p, int(start.get(str(p), 0)), int(end[str(p)]))
+                for p in self.partitions_
+                if int(end.get(str(p), 0)) > int(start.get(str(p), 0))
+            ]
+
+        def read(self, partition) -> Iterator[pa.RecordBatch]:
+            path = partition_path(self.root, self.topic, partition.partition)
+            table = read_range(
+                path,
+                partition.partition,
+                partition.start,
+                partition.end,
+                self.arrow_schema,
+                self.key,
+            )
+            yield from table.to_batches()
+
+    class LocalLogStreamReader(_Ranges, DataSourceStreamReader):
+        def __init__(self, schema, options) -> None:
+            super().__init__(schema, options)
+            self.max_records = int(options.get("maxRecordsPerPartition", "0")) or None
 
         def initialOffset(self) -> dict:
             return {str(p): int(self.starting.get(str(p), 0)) for p in self.partitions_}
@@ -174,21 +306,16 @@ def _data_source_class():
             return out
 
         def partitions(self, start: dict, end: dict):
-            return [
-                LogRange(p, int(start.get(str(p), 0)), int(end[str(p)]))
-                for p in self.partitions_
-                if int(end[str(p)]) > int(start.get(str(p), 0))
-            ]
-
-        def read(self, partition) -> Iterator[pa.RecordBatch]:
-            path = partition_path(self.root, self.topic, partition.partition)
-            table = read_range(
-                path, partition.partition, partition.start, partition.end, self.arrow_schema
-            )
-            yield from table.to_batches()
+            return self.ranges(start, end)
 
         def commit(self, end: dict) -> None:
             pass  # the log is retained; Cutline's checkpoints decide what is replayed
+
+    class LocalLogRangeReader(_Ranges, DataSourceReader):
+        """One fixed range, ``startingOffsets`` to ``endingOffsets``, as a batch."""
+
+        def partitions(self):
+            return self.ranges(self.starting, self.ending)
 
     class LocalLogDataSource(DataSource):
         @classmethod
@@ -200,5 +327,8 @@ def _data_source_class():
 
         def streamReader(self, schema):
             return LocalLogStreamReader(schema, self.options)
+
+        def reader(self, schema):
+            return LocalLogRangeReader(schema, self.options)
 
     return LocalLogDataSource

@@ -1,22 +1,25 @@
-"""The driver of a checkpointed streaming job: one attempt, from restore to stop.
+"""The driver of a checkpointed streaming job: one attempt, from its start to its stop.
 
-1. Start a new attempt in the catalog (fencing every older one).
-2. Restore: pick the latest completed checkpoint that validates (marking bad ones CORRUPT and
-   falling back), redo its sink commit, drop later staged output, and restore every subtask's
-   working state local-first in a Spark job of ``parallelism`` tasks, each placed on the host its
-   executor hint names. Record the recovery.
-3. Run the streaming query from the checkpoint's source positions. Each micro-batch (in
+1. Start (spark_jobs/start.py, on a thread while the JVM starts): a new attempt that fences every
+   older one, the sinks fenced, the checkpoint to restore chosen and its sink commit redone.
+2. Restore (spark_jobs/recovery.py), on a thread beside the streaming query's start: every
+   subtask's working state local-first, placed on the host its executor hint names, falling back
+   past checkpoints that fail their checksums; then the epochs the sinks committed after the
+   restored checkpoint are replayed without output. The first micro-batch waits for it.
+3. Run the streaming query from the positions the restore ends at. Each micro-batch (in
    ``foreachBatch``) is one Spark job: records are routed by key group to subtask partitions,
    every subtask runs on the host that holds its working state (placement.py), and at a barrier
-   each takes its synchronous snapshot. The coordinator collects acks from durable storage on a
-   background thread, so uploads never hold up the next micro-batch; a completed checkpoint
-   commits the sink.
+   each takes its synchronous snapshot. The ack poller delivers the subtasks' acks to the
+   coordinator, so uploads never hold up the next micro-batch; a completed checkpoint commits the
+   sinks.
 4. Stop (max batches or idle): take a final checkpoint, wait for it, commit, mark FINISHED.
+
+An attempt that learns that a newer one has started (its checkpoint or sink commit is fenced, or
+its heartbeat sees the newer attempt) stops at once (exit 3); it could not commit anything anyway.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import shutil
@@ -25,30 +28,32 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
+from spark_jobs.bad_records import bad_record_error
 from spark_jobs.delta_catalog import DeltaCatalog, now_ms
-from spark_jobs.delta_sink import DeltaSinkWriter
+from spark_jobs.errors import AttemptFailedError, NonRetryableError
 from spark_jobs.events import EventChannel
-from spark_jobs.job import JobDefinition, KafkaSource, WindowedAggregate
-from spark_jobs.local_log import (
-    NEXT_OFFSET_COLUMN,
-    PARTITION_COLUMN,
-    register_data_source,
-    topic_partitions,
-)
-from spark_jobs.operators import KEY_GROUP_COLUMN, SOURCE_COLUMN
+from spark_jobs.job import JobDefinition, WindowedAggregate
+from spark_jobs.operators import KEY_GROUP_COLUMN
 from spark_jobs.placement import (
     anchor_rdd,
     executor_hosts,
     lost_subtasks,
     pin_to_anchor,
-    placed_rdd,
     preferred_hosts,
     subtask_partition,
-    wait_for_hosts,
 )
+from spark_jobs.recovery import (
+    ReplayEpoch,
+    Restored,
+    recovery_row,
+    replay_epochs,
+    restore_with_fallback,
+)
+from spark_jobs.settings import RuntimePaths
+from spark_jobs.sources import empty_frame, partitions_of, range_frame, stream_frame, tag_and_union
+from spark_jobs.start import StartPlan, plan_start, sink_writers
 from spark_jobs.startup import StartupTimeline
 from spark_jobs.subtask import (
     CHUNKS_SCHEMA,
@@ -56,13 +61,12 @@ from spark_jobs.subtask import (
     SUBTASK_COLUMN,
     BatchPlan,
     RunContext,
-    ack_path,
-    prepare_subtask,
     run_subtask,
     split_by_subtask,
     warm_up_worker,
 )
-from state.catalog import CheckpointStatus
+from state.acks import Ack, ack_location, ack_path, inbox
+from state.catalog import FencedError
 from state.compaction import (
     COMPACT_REQUEST,
     CompactionRequest,
@@ -72,40 +76,17 @@ from state.compaction import (
 )
 from state.config import EXACTLY_ONCE
 from state.coordinator import CheckpointCoordinator
-from state.handles import SubtaskStateHandle
+from state.faults import kill_point
 from state.keygroups import spark_key_group_sql
-from state.manifest import CheckpointManifest, ManifestError
+from state.manifest import CheckpointManifest
 from state.paths import JobLayout
-from state.restore import read_manifest, validate_checkpoint
 from state.storage import StorageError, open_storage
 
 HEARTBEAT_S = 10.0
 EXECUTOR_WAIT_S = 60.0  # how long a restore waits for executors on the hinted hosts
 HOST_CHECK_S = 2.0  # how often a run on a cluster checks that its subtasks' hosts have executors
 
-
-class NoRestorableCheckpointError(RuntimeError):
-    """Checkpoints exist, but none of them validates."""
-
-
-@dataclass(frozen=True)
-class RuntimePaths:
-    """Where a job keeps its checkpoints, catalog and output, local state and input log."""
-
-    checkpoint_root: str
-    warehouse: str
-    local_state_root: str
-    log_root: str
-
-    @classmethod
-    def under(cls, home: str | Path) -> RuntimePaths:
-        home = Path(home).resolve()
-        return cls(
-            checkpoint_root=str(home / "checkpoints"),
-            warehouse=str(home / "warehouse"),
-            local_state_root=str(home / "local-state"),
-            log_root=str(home / "log"),
-        )
+Positions = dict[str, dict[str, int]]  # source -> partition -> position
 
 
 @dataclass
@@ -119,96 +100,11 @@ class RunSummary:
     restore_reports: list[dict[str, Any]] = field(default_factory=list)
     positions: dict[str, dict[str, int]] = field(default_factory=dict)
     late_records: int = 0
+    bad_records: int = 0
+    replayed_epochs: int = 0  # committed epochs replayed without output after the restore
     failure: str | None = None
     batch_ms: list[float] = field(default_factory=list)  # wall time of each micro-batch
     batch_checkpointing: list[bool] = field(default_factory=list)  # a checkpoint was in flight
-
-
-@dataclass(frozen=True)
-class StartPlan:
-    """What a start decided before it needs Spark: its attempt (every older one fenced) and the
-    checkpoint it restores (validated; ``None``: start empty), with the fallbacks taken."""
-
-    attempt: int
-    manifest: CheckpointManifest | None
-    fallbacks: list[str]
-    seconds: float = 0.0  # how long deciding took
-
-
-def plan_start(
-    catalog: DeltaCatalog,
-    storage,
-    job_id: str,
-    restore: str | int | None,
-    run_id: str = "",
-    log=print,
-) -> StartPlan:
-    """Begin a new attempt and choose the checkpoint it restores. Needs no Spark session once
-    the catalog tables exist (delta-rs and durable storage only), so a driver runs it while its
-    session starts (:func:`plan_start_early`)."""
-    started = time.monotonic()
-    attempt = catalog.begin_attempt(job_id, run_id=run_id)
-    manifest, fallbacks = (None, [])
-    if restore is not None:
-        manifest, fallbacks = select_checkpoint(catalog, storage, job_id, restore, log)
-    return StartPlan(attempt, manifest, fallbacks, time.monotonic() - started)
-
-
-def plan_start_early(
-    job: JobDefinition, paths: RuntimePaths, restore: str | int | None, run_id: str = "", log=print
-) -> Future[StartPlan] | None:
-    """:func:`plan_start` on a thread of its own, to overlap the JVM's start; ``None`` when the
-    catalog tables do not exist yet (creating them takes Spark: the run plans after it)."""
-    if not DeltaCatalog.tables_exist(paths.warehouse):
-        return None
-    catalog = DeltaCatalog(None, paths.warehouse)
-    storage = open_storage(paths.checkpoint_root)
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cutline-plan")
-    future = pool.submit(plan_start, catalog, storage, job.name, restore, run_id, log)
-    pool.shutdown(wait=False)
-    return future
-
-
-def abandon_plan(
-    plan: Future[StartPlan] | None, paths: RuntimePaths, job_id: str, reason: str
-) -> None:
-    """A start planned early that cannot go on (its Spark session failed): its attempt, if one
-    began, is marked FAILED with ``reason``."""
-    if plan is None:
-        return
-    try:
-        attempt = plan.result().attempt
-    except Exception:  # the plan failed too; no attempt to close, or it is left to the sensor
-        return
-    DeltaCatalog(None, paths.warehouse).set_job_status(job_id, attempt, "FAILED", reason)
-
-
-def select_checkpoint(
-    catalog: DeltaCatalog, storage, job_id: str, wanted: str | int, log=print
-) -> tuple[CheckpointManifest | None, list[str]]:
-    """The checkpoint to restore: ``latest`` (falling back past corrupt ones) or an id."""
-    rows = catalog.checkpoints(job_id, (CheckpointStatus.COMPLETED,))
-    if wanted != "latest":
-        rows = [r for r in catalog.checkpoints(job_id) if r.checkpoint_id == int(wanted)]
-        if not rows:
-            raise NoRestorableCheckpointError(f"{job_id} has no checkpoint {wanted}")
-    fallbacks: list[str] = []
-    for row in sorted(rows, key=lambda r: r.checkpoint_id, reverse=True):
-        try:
-            manifest = read_manifest(storage, row.metadata_path)
-            problems = validate_checkpoint(manifest, storage)
-            if problems:
-                raise StorageError(f"checkpoint {row.checkpoint_id}: " + "; ".join(problems[:3]))
-            return manifest, fallbacks
-        except (ManifestError, StorageError) as e:
-            log(f"checkpoint {row.checkpoint_id} is not restorable, marking it CORRUPT: {e}")
-            catalog.mark_corrupt(job_id, row.checkpoint_id, str(e))
-            fallbacks.append(f"checkpoint {row.checkpoint_id}: {e}")
-    if rows:
-        raise NoRestorableCheckpointError(
-            f"no restorable checkpoint of {job_id}: " + " | ".join(fallbacks)
-        )
-    return None, fallbacks
 
 
 class _Listener:
@@ -223,7 +119,7 @@ class _Listener:
         self.run.log(f"checkpoint {checkpoint_id} aborted: {reason}")
 
     def on_job_failed(self, error: BaseException) -> None:
-        self.run.fail(f"checkpointing failed: {error}")
+        self.run.fail(f"checkpointing failed: {error}", error)
 
 
 class StreamingRun:
@@ -236,6 +132,7 @@ class StreamingRun:
         paths: RuntimePaths,
         *,
         restore: str | int | None = "latest",
+        reset_sink: bool = False,
         hints: dict[str, str] | None = None,
         max_batches: int | None = None,
         idle_timeout_s: float | None = None,
@@ -252,6 +149,7 @@ class StreamingRun:
         self.job = job
         self.paths = paths
         self.restore = restore
+        self.reset_sink = reset_sink
         self.hints = hints or {}
         self.max_batches = max_batches
         self.idle_timeout_s = idle_timeout_s
@@ -265,118 +163,78 @@ class StreamingRun:
         self._early_plan = plan  # the attempt and checkpoint, decided while the session started
         self.storage = open_storage(paths.checkpoint_root)
         self.catalog = DeltaCatalog(spark, paths.warehouse)
-        self.sink = DeltaSinkWriter(spark, job.name, job.sink, paths.warehouse)
+        self.layout = JobLayout(job.name)
         self.exactly_once = job.checkpoint.mode == EXACTLY_ONCE
         self._failure: str | None = None
+        self._error: BaseException | None = None  # the typed cause, when there is one
         self._stop = threading.Event()  # stop taking micro-batches
         self._restored = threading.Event()  # the working state is restored: micro-batches may run
         self._shutdown = threading.Event()  # stop the ack poller (after the final checkpoint)
         self._batch_lock = threading.Lock()
         self._cuts: queue.Queue = queue.Queue()  # cuts recorded by micro-batches, for the poller
+        self._ends_lock = threading.Lock()
+        self._epoch_ends: dict[int, Positions] = {}  # epochs the sinks have not committed yet
         self._last_progress = time.monotonic()
         self._query_has_run = False
         self._in_batch = False
         # on a cluster, a host that loses its executors takes its subtasks' working state along
         self._watch_hosts = not spark.sparkContext.master.startswith("local")
         self.aborted: set[int] = set()
-        self.layout = JobLayout(job.name)
         # a compaction request being served: (checkpoint id, request, compaction ms)
         self._compaction: tuple[int, CompactionRequest, float] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, error: BaseException | None = None) -> None:
         if self._failure is None:
-            self._failure = reason
+            self._failure, self._error = reason, error
         self._stop.set()
 
-    def on_complete(self, record, manifest: CheckpointManifest) -> None:
-        epoch = manifest.sink_epochs.get(self.job.sink.name)
-        committed = 0
-        if self.exactly_once and epoch is not None:
-            committed = self.sink.commit_through(epoch)
-        new_files = [
-            {
-                "job_id": self.job.name,
-                "path": f.path,
-                "operator": h.operator,
-                "subtask": h.subtask,
-                "size": f.size,
-                "created_by": manifest.checkpoint_id,
-                "last_used": manifest.checkpoint_id,
-                "refcount": 1,
-                "status": "LIVE",
-            }
-            for h in manifest.subtasks
-            for f in h.files
-            if f.shared and f.path not in self._known_shared
-        ]
-        self._known_shared.update(f.path for f in manifest.files() if f.shared)
-        if new_files:
-            self.catalog.record_shared_files(new_files)
-        self._compaction_done(manifest)
-        self._latest_manifest = manifest
-        self.summary.checkpoints.append(manifest.checkpoint_id)
-        self.log(
-            f"checkpoint {manifest.checkpoint_id} complete: batch {manifest.batch_id}, "
-            f"full {manifest.full_size:,} B, uploaded {manifest.uploaded_bytes:,} B, "
-            f"sink rows committed {committed}"
-        )
-        self.events.emit("checkpoint", record.to_dict())
-
-    def run(self) -> RunSummary:
-        job = self.job
+    def _plan_start(self) -> StartPlan:
         if self._early_plan is not None:
             plan = self._early_plan.result()
             self.timeline.note_overlapped("attempt and checkpoint", plan.seconds)
             self.timeline.mark("waiting for the plan")
-        else:
-            plan = plan_start(
-                self.catalog, self.storage, job.name, self.restore, self.run_id, self.log
-            )
-            self.timeline.mark("attempt and checkpoint")
+            return plan
+        plan = plan_start(
+            self.catalog,
+            self.storage,
+            self.job,
+            self.paths,
+            self.restore,
+            self.run_id,
+            self.log,
+            reset_sink=self.reset_sink,
+        )
+        self.timeline.mark("attempt and checkpoint")
+        return plan
+
+    def run(self) -> RunSummary:
+        job = self.job
+        plan = self._plan_start()
         self.attempt = plan.attempt
+        self.sinks = sink_writers(job, self.paths.warehouse, self.attempt)
         manifest = plan.manifest
         self.ctx = RunContext(
             job=job,
             attempt=self.attempt,
             checkpoint_root=self.paths.checkpoint_root,
             local_state_root=self.paths.local_state_root,
-            staging_root=str(Path(self.paths.warehouse) / "staging"),
+            staging_root=str(self.sinks[0].staging_root),
         )
         self.summary = RunSummary(
             job.name, self.attempt, manifest.checkpoint_id if manifest else None
         )
-        self._known_shared = {f.path for f in manifest.files() if f.shared} if manifest else set()
-        self._latest_manifest = manifest
-        self.partitions: dict[str, list[int]] = {}
-        self.positions: dict[str, dict[str, int]] = {}
         self.allocation: dict[str, str] = {}
-        self.watermark = manifest.watermarks.get(job.operator.name) if manifest else None
-        poller = None
-        query = None
+        self.positions: Positions = {}
+        self._adopt(manifest)
+        poller = query = None
         spark_checkpoint = tempfile.mkdtemp(prefix=f"cutline-{job.name}-query-")
         try:
-            self._recover_sink(manifest)
-            self.epoch = self._start_epoch
-            self._rewind_sources(manifest)
-            self.coordinator = CheckpointCoordinator(
-                job.name,
-                self.attempt,
-                job.checkpoint,
-                [(job.operator.name, i) for i in range(job.parallelism)],
-                self.storage,
-                self.catalog,
-                listeners=[_Listener(self)],
-                restored=manifest,
-                now_ms=now_ms(),
-            )
-            poller = threading.Thread(target=self._poll_acks, name="cutline-acks", daemon=True)
-            poller.start()
+            self.epoch, self.positions = self._starting_point(manifest, plan.committed_epoch)
             threading.Thread(target=self._heartbeat, name="cutline-heartbeat", daemon=True).start()
             # The state restores on a thread of its own while the query starts: Spark starts
-            # its source and plans the first trigger meanwhile, and the first micro-batch waits
-            # for the restore.
+            # its source and plans the first trigger meanwhile; the first micro-batch waits.
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cutline-restore") as pool:
                 restoring = pool.submit(self._restore_state, manifest, plan.fallbacks)
                 threading.Thread(target=self._warm_up, name="cutline-warm-up", daemon=True).start()
@@ -386,9 +244,21 @@ class StreamingRun:
                 except BaseException:
                     restoring.exception()  # wait for it; the query's error is the run's
                     raise
-                restoring.result()
+                restored = restoring.result()
             self.timeline.mark("state restored")
-            self.summary.restore_reports = self._restore_reports
+            self.coordinator = CheckpointCoordinator(
+                job.name,
+                self.attempt,
+                job.checkpoint,
+                [(job.operator.name, i) for i in range(job.parallelism)],
+                self.storage,
+                self.catalog,
+                listeners=[_Listener(self)],
+                restored=restored.manifest,
+                now_ms=now_ms(),
+            )
+            poller = threading.Thread(target=self._poll_acks, name="cutline-acks", daemon=True)
+            poller.start()
             self._restored.set()
             self.events.emit(
                 "started",
@@ -396,36 +266,11 @@ class StreamingRun:
                     "attempt": self.attempt,
                     "restored_from": self.summary.restored_from,
                     "allocation": self.allocation,
-                    "restore_reports": self._restore_reports,
+                    "restore_reports": self.summary.restore_reports,
                 },
             )
             self._last_progress = time.monotonic()
-            hosts_checked, suspect = time.monotonic(), None
-            while not self._stop.wait(0.2):
-                if self._watch_hosts and time.monotonic() - hosts_checked > HOST_CHECK_S:
-                    hosts_checked = time.monotonic()
-                    lost = lost_subtasks(self.allocation, executor_hosts(self.spark.sparkContext))
-                    if lost and lost == suspect:  # two checks in a row: not a registration race
-                        self.fail(
-                            f"executors lost on {sorted(lost)}, which held the working state of "
-                            f"subtasks {sorted(s for v in lost.values() for s in v)}: "
-                            "restore from the latest checkpoint"
-                        )
-                        # a micro-batch waiting for those subtasks' tasks would wait forever
-                        self.spark.sparkContext.cancelAllJobs()
-                    suspect = lost or None
-                if query.exception() is not None:
-                    self.fail(f"micro-batch failed: {query.exception()}")
-                elif not query.isActive:
-                    self.fail("the streaming query stopped")
-                elif self.idle_timeout_s is not None and not self._idle(query):
-                    self._last_progress = time.monotonic()  # idle time counts from here
-                elif (
-                    self.idle_timeout_s is not None
-                    and time.monotonic() - self._last_progress > self.idle_timeout_s
-                ):
-                    self.log(f"no new input for {self.idle_timeout_s} s: stopping")
-                    self._stop.set()
+            self._watch(query)
             with self._batch_lock:  # let a running micro-batch finish; later ones are skipped
                 pass
             query.stop()
@@ -433,7 +278,7 @@ class StreamingRun:
             if self._failure is None:
                 self._final_checkpoint()
         except BaseException as e:
-            self.fail(f"{type(e).__name__}: {e}")
+            self.fail(f"{type(e).__name__}: {e}", e)
             raise
         finally:
             self._stop.set()
@@ -444,157 +289,201 @@ class StreamingRun:
             if poller is not None:
                 poller.join(timeout=5)
             shutil.rmtree(spark_checkpoint, ignore_errors=True)
-            status = "FAILED" if self._failure else "FINISHED"
-            self.summary.failure = self._failure
-            self.summary.positions = {k: dict(v) for k, v in self.positions.items()}
-            self.catalog.set_job_status(job.name, self.attempt, status, self._failure or "")
+            self._record_end()
         if self._failure:
-            raise RuntimeError(f"{job.name} attempt {self.attempt} failed: {self._failure}")
+            if isinstance(self._error, NonRetryableError | FencedError):
+                raise self._error
+            raise AttemptFailedError(f"{job.name} attempt {self.attempt} failed: {self._failure}")
         return self.summary
 
-    # -- restore -----------------------------------------------------------------------------
+    def _record_end(self) -> None:
+        self.summary.failure = self._failure
+        self.summary.positions = {k: dict(v) for k, v in self.positions.items()}
+        status = "FINISHED"
+        if isinstance(self._error, FencedError):
+            status = "SUPERSEDED"
+        elif self._failure:
+            status = "FAILED"
+        try:
+            self.catalog.set_job_status(self.job.name, self.attempt, status, self._failure or "")
+        except Exception as e:  # the run's own error matters more; the sensor sees the rest
+            self.log(f"could not record the attempt's end: {type(e).__name__}: {e}")
 
-    def _recover_sink(self, manifest: CheckpointManifest | None) -> None:
-        """Redo the restored checkpoint's sink commit (a no-op if it landed), drop output staged
-        after it, and set the epoch micro-batches continue from."""
-        job = self.job
-        started = time.perf_counter()
-        if manifest is not None:
-            epoch = manifest.sink_epochs.get(job.sink.name, manifest.batch_id)
-            if self.exactly_once:
-                redone = self.sink.commit_through(epoch)
-                self.log(f"sink: epoch {epoch} commit redone ({redone} rows were missing)")
-            dropped = self.sink.discard_after(epoch)
-            if dropped:
-                self.log(f"sink: discarded staged epochs {dropped} (recomputed after restore)")
-        else:
-            self.sink.discard_after(-1)
-        # Epochs continue above what the sink already committed, even on a fresh start
-        # (--restore none): Delta would silently skip a reused transaction version.
-        self._start_epoch = max(
-            manifest.batch_id if manifest else -1, self.sink.committed_version()
-        )
-        self._sink_recovery_s = time.perf_counter() - started
-        self.timeline.mark("sink recovered")
+    def _watch(self, query) -> None:
+        """Until the run stops: the query's health, lost hosts, and the idle timeout."""
+        hosts_checked, suspect = time.monotonic(), None
+        while not self._stop.wait(0.2):
+            if self._watch_hosts and time.monotonic() - hosts_checked > HOST_CHECK_S:
+                hosts_checked = time.monotonic()
+                lost = lost_subtasks(self.allocation, executor_hosts(self.spark.sparkContext))
+                if lost and lost == suspect:  # two checks in a row: not a registration race
+                    self.fail(
+                        f"executors lost on {sorted(lost)}, which held the working state of "
+                        f"subtasks {sorted(s for v in lost.values() for s in v)}: "
+                        "restore from the latest checkpoint"
+                    )
+                    # a micro-batch waiting for those subtasks' tasks would wait forever
+                    self.spark.sparkContext.cancelAllJobs()
+                suspect = lost or None
+            if query.exception() is not None:
+                self.fail(f"micro-batch failed: {query.exception()}")
+            elif not query.isActive:
+                self.fail("the streaming query stopped")
+            elif self.idle_timeout_s is not None and not self._idle(query):
+                self._last_progress = time.monotonic()  # idle time counts from here
+            elif (
+                self.idle_timeout_s is not None
+                and time.monotonic() - self._last_progress > self.idle_timeout_s
+            ):
+                self.log(f"no new input for {self.idle_timeout_s} s: stopping")
+                self._stop.set()
 
-    def _rewind_sources(self, manifest: CheckpointManifest | None) -> None:
-        """Every input partition's start: the checkpoint's position, else the beginning."""
+    # -- start and restore -------------------------------------------------------------------
+
+    def _starting_point(
+        self, manifest: CheckpointManifest | None, committed: int
+    ) -> tuple[int, Positions]:
+        """The epoch the streaming micro-batches continue after, and the positions they read
+        from: the checkpoint's, or (exactly once, when the sinks committed epochs after it)
+        where the last committed epoch ended, which the restore reaches by replaying them."""
+        base = manifest.source_positions if manifest else {}
+        positions: Positions = {}
         for name in self.job.operator.inputs:
-            source = self.job.source(name)
-            if isinstance(source, KafkaSource):
-                parts = list(range(source.partitions))
-                unread = -2  # Kafka's "earliest"
-            else:
-                parts = topic_partitions(self.paths.log_root, source.topic)
-                unread = 0
-            if not parts:
-                raise ValueError(
-                    f"source {name!r}: no partitions under {self.paths.log_root}/{source.topic}"
-                )
-            start = (manifest.source_positions.get(name) if manifest else None) or {}
-            self.partitions[name] = parts
-            self.positions[name] = {str(p): int(start.get(str(p), unread)) for p in parts}
+            parts, unread = partitions_of(self.job.source(name), self.paths.log_root)
+            start = base.get(name, {})
+            positions[name] = {str(p): int(start.get(str(p), unread)) for p in parts}
+        if manifest is None:
+            return committed, positions  # epochs continue above the sinks' committed ones
+        if not self.exactly_once:
+            return max(manifest.batch_id, committed), positions
+        if committed <= manifest.batch_id:
+            with self._ends_lock:
+                self._epoch_ends = {e: p for e, p in manifest.epoch_ends.items() if e > committed}
+            return manifest.batch_id, positions
+        ends = self._committed_ends(manifest, committed)
+        for name, parts in ends[committed].items():
+            positions.setdefault(name, {}).update(parts)
+        return committed, positions
 
-    def _restore_state(self, manifest: CheckpointManifest | None, fallbacks: list[str]) -> None:
-        """Restore every subtask's working state local-first, each on the host its executor
-        hint names (a Spark job of ``parallelism`` tasks), record the recovery and anchor the
-        subtasks to their hosts for the attempt."""
-        job = self.job
-        started = time.perf_counter()
-        handles: dict[int, SubtaskStateHandle | None] = {
-            i: manifest.handle(job.operator.name, i) if manifest else None
-            for i in range(job.parallelism)
-        }
-        ctx, epoch = self.ctx, self._start_epoch
+    def _committed_ends(self, manifest: CheckpointManifest, through: int) -> dict[int, Positions]:
+        """Where each epoch after ``manifest``'s ended, up to ``through``: from the commit
+        history of the sink that committed furthest, and the first candidate's own record of
+        its epochs the sinks had not committed."""
+        from spark_jobs.errors import NoRestorableCheckpointError
+
+        sink = max(self.sinks, key=lambda s: s.committed_epoch())
+        try:
+            ends = sink.committed_ends(manifest.batch_id)
+        except LookupError as e:
+            raise NoRestorableCheckpointError(
+                f"restoring checkpoint {manifest.checkpoint_id} would emit committed output "
+                f"again: {e}"
+            ) from e
+        with self._ends_lock:
+            known = {**self._epoch_ends, **ends}
+        missing = [e for e in range(manifest.batch_id + 1, through + 1) if e not in known]
+        if missing:
+            raise NoRestorableCheckpointError(
+                f"restoring checkpoint {manifest.checkpoint_id}: no record of where epochs "
+                f"{missing} ended, so they cannot be replayed exactly"
+            )
+        return known
+
+    def _adopt(self, manifest: CheckpointManifest | None) -> None:
+        """Take the restored checkpoint's watermark, counters and shared files as the run's."""
+        self._known_shared = {f.path for f in manifest.files() if f.shared} if manifest else set()
+        self._latest_manifest = manifest
+        self.watermark = manifest.watermarks.get(self.job.operator.name) if manifest else None
+        self.counters = dict(manifest.counters) if manifest else {}
+
+    def _restore_state(self, manifest: CheckpointManifest | None, fallbacks: list[str]) -> Restored:
+        """Restore every subtask (falling back past checkpoints with positive evidence against
+        them), anchor the subtasks to their hosts, replay committed epochs, record the
+        recovery."""
+        job, started = self.job, time.perf_counter()
+        target = self.epoch
+
+        def epoch_of(m: CheckpointManifest | None) -> int:
+            return m.batch_id if m is not None and self.exactly_once else target
+
+        restored = restore_with_fallback(
+            self.spark,
+            self.ctx,
+            self.catalog,
+            self.storage,
+            manifest,
+            epoch_of,
+            wanted=self.restore,
+            hints=self.hints,
+            executor_wait_s=self.executor_wait_s,
+            log=self.log,
+        )
+        restored.fallbacks[:0] = fallbacks
+        if restored.manifest is not manifest:
+            self._adopt(restored.manifest)
+            self.summary.restored_from = restored.manifest.checkpoint_id
+        self.summary.restore_reports = restored.reports
+        self.allocation = {str(r["subtask"]): r["host"] for r in restored.reports}
         sc = self.spark.sparkContext
-        if self.hints and not sc.master.startswith("local"):
-            missing = wait_for_hosts(sc, set(self.hints.values()), self.executor_wait_s)
-            if missing:
-                self.log(
-                    f"no executor on hinted hosts {sorted(missing)} after {self.executor_wait_s} s:"
-                    " their subtasks restore wherever Spark has room"
-                )
-        prefs = preferred_hosts(self.hints, job.parallelism, executor_hosts(sc))
-        reports = (
-            placed_rdd(sc, prefs)
-            .mapPartitionsWithIndex(
-                lambda i, _: [json.dumps(prepare_subtask(ctx, i, handles[i], epoch))]
-            )
-            .collect()
-        )
-        self._restore_reports = sorted((json.loads(r) for r in reports), key=lambda r: r["subtask"])
-        for report, preferred in zip(self._restore_reports, prefs, strict=True):
-            report["hint"] = self.hints.get(str(report["subtask"]))
-            report["placed"] = bool(preferred)  # an executor ran on the hinted host
-        self.allocation = {str(r["subtask"]): r["host"] for r in self._restore_reports}
-        self.catalog.set_restored(
-            job.name, self.attempt, manifest.checkpoint_id if manifest else None, self.allocation
-        )
-        if manifest is not None:
-            local = [r for r in self._restore_reports if r["source"] == "local"]
-            row = {
-                "job_id": job.name,
-                "attempt": self.attempt,
-                "checkpoint_id": manifest.checkpoint_id,
-                "subtasks_local": len(local),
-                "subtasks_remote": len(self._restore_reports) - len(local),
-                "bytes_local": sum(r.get("bytes_local", 0) for r in self._restore_reports),
-                "bytes_remote": sum(r.get("bytes_remote", 0) for r in self._restore_reports),
-                "duration_ms": (time.perf_counter() - started + self._sink_recovery_s) * 1000,
-                "fallbacks": json.dumps(
-                    fallbacks + [f for r in self._restore_reports for f in r.get("fallbacks", [])]
-                ),
-                "hints": json.dumps(self.hints),
-                "recovered_at_ms": now_ms(),
-                "files_local": sum(r.get("files_local", 0) for r in self._restore_reports),
-                "files_remote": sum(r.get("files_remote", 0) for r in self._restore_reports),
-                "placement": json.dumps(
-                    [
-                        {k: r.get(k) for k in ("subtask", "host", "hint", "source")}
-                        for r in self._restore_reports
-                    ]
-                ),
-            }
-            self.catalog.record_recovery(row)
-            self.log(
-                f"restored checkpoint {manifest.checkpoint_id} (batch {manifest.batch_id}): "
-                f"{row['subtasks_local']} subtasks local, {row['subtasks_remote']} remote, "
-                f"{row['files_local'] + row['files_remote']} files: "
-                f"{row['bytes_local']:,} B local, {row['bytes_remote']:,} B remote"
-            )
         # every micro-batch task of subtask i runs where subtask i was restored (placement.py)
         self._anchor = anchor_rdd(
             sc, preferred_hosts(self.allocation, job.parallelism, executor_hosts(sc))
         )
-        self.timeline.note_overlapped("restore", time.perf_counter() - started)
-
-    # -- micro-batches -----------------------------------------------------------------------
-
-    def _idle(self, query) -> bool:
-        """The query has run a trigger (on a loaded machine the first can take longer than the
-        idle timeout) and no micro-batch is running: a micro-batch longer than the idle timeout
-        is not idle time."""
-        if not self._query_has_run:
-            self._query_has_run = self.summary.batches > 0 or query.lastProgress is not None
-        return self._query_has_run and not self._in_batch
-
-    def _source_ddl(self, name: str) -> str:
-        return f"{self.job.source(name).schema}, {PARTITION_COLUMN} int, {NEXT_OFFSET_COLUMN} long"
-
-    def _tag_and_union(self, frames: dict[str, Any]):
-        """One DataFrame of all operator inputs, each record tagged with its source and key."""
-        from pyspark.sql import functions as F
-
-        tagged = [
-            df.withColumn(SOURCE_COLUMN, F.lit(name)).withColumn(
-                KEY_COLUMN, F.col(self.job.operator.inputs[name])
+        m = restored.manifest
+        if m is not None and epoch_of(m) < target:
+            self._replay(replay_epochs(m, target, self._committed_ends(m, target)))
+        self.catalog.set_restored(
+            job.name, self.attempt, m.checkpoint_id if m else None, self.allocation
+        )
+        if m is not None:
+            row = recovery_row(
+                job.name, self.attempt, restored, self.hints, time.perf_counter() - started
             )
-            for name, df in frames.items()
-        ]
-        union = tagged[0]
-        for df in tagged[1:]:
-            union = union.unionByName(df, allowMissingColumns=True)
-        return union
+            self.catalog.record_recovery(row)
+            self.log(
+                f"restored checkpoint {m.checkpoint_id} (batch {m.batch_id}): "
+                f"{row['subtasks_local']} subtasks local, {row['subtasks_remote']} remote, "
+                f"{row['files_local'] + row['files_remote']} files: "
+                f"{row['bytes_local']:,} B local, {row['bytes_remote']:,} B remote"
+            )
+        self.timeline.note_overlapped("restore", time.perf_counter() - started)
+        return restored
+
+    def _replay(self, epochs: list[ReplayEpoch]) -> None:
+        """Run committed micro-batches again, exactly as they ran, without output."""
+        records = 0
+        for r in epochs:
+            frames = {
+                name: range_frame(
+                    self.spark, self.job, name, self.paths.log_root, r.start[name], r.end[name]
+                )
+                for name in self.job.operator.inputs
+            }
+            stats = self._execute(
+                tag_and_union(self.job, frames), self._plan(r.epoch, None, emit=False)
+            )
+            self._fold(stats)
+            records += sum(s["records"] for s in stats)
+        self.summary.replayed_epochs = len(epochs)
+        self.log(
+            f"replayed epochs {epochs[0].epoch}..{epochs[-1].epoch} ({records:,} records) "
+            "without output: the sinks had committed them"
+        )
+
+    def _start_query(self, spark_checkpoint: str):
+        frames = {
+            name: stream_frame(
+                self.spark, self.job, name, self.paths.log_root, dict(self.positions[name])
+            )
+            for name in self.job.operator.inputs
+        }
+        return (
+            tag_and_union(self.job, frames)
+            .writeStream.foreachBatch(self._process_batch)
+            .option("checkpointLocation", spark_checkpoint)
+            .queryName(f"cutline-{self.job.name}-{self.attempt}")
+            .start()
+        )
 
     def _warm_up(self) -> None:
         """Start the Python workers of Spark's SQL side (they are not the restore's) and load
@@ -615,56 +504,19 @@ class StreamingRun:
             return
         self.timeline.note_overlapped("Python workers warmed", time.perf_counter() - started)
 
-    def _start_query(self, spark_checkpoint: str):
-        register_data_source(self.spark)
-        frames = {}
-        for name in self.job.operator.inputs:
-            source = self.job.source(name)
-            if isinstance(source, KafkaSource):
-                frames[name] = self._kafka_frame(name, source)
-                continue
-            frames[name] = (
-                self.spark.readStream.format("cutline_log")
-                .schema(self._source_ddl(name))
-                .option("path", self.paths.log_root)
-                .option("topic", source.topic)
-                .option("partitions", json.dumps(self.partitions[name]))
-                .option("startingOffsets", json.dumps(self.positions[name]))
-                .option("maxRecordsPerPartition", str(source.max_records_per_partition))
-                .load()
-            )
-        return (
-            self._tag_and_union(frames)
-            .writeStream.foreachBatch(self._process_batch)
-            .option("checkpointLocation", spark_checkpoint)
-            .queryName(f"cutline-{self.job.name}-{self.attempt}")
-            .start()
-        )
+    # -- micro-batches -----------------------------------------------------------------------
 
-    def _kafka_frame(self, name: str, source: KafkaSource):
-        """JSON records of a Kafka topic from the recorded offsets, with the log source's
-        position columns (partition, offset of the next record)."""
-        from pyspark.sql import functions as F
+    def _idle(self, query) -> bool:
+        """The query has run a trigger (on a loaded machine the first can take longer than the
+        idle timeout) and no micro-batch is running: a micro-batch longer than the idle timeout
+        is not idle time."""
+        if not self._query_has_run:
+            self._query_has_run = self.summary.batches > 0 or query.lastProgress is not None
+        return self._query_has_run and not self._in_batch
 
-        raw = (
-            self.spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", source.servers())
-            .option("subscribe", source.topic)
-            .option("startingOffsets", json.dumps({source.topic: self.positions[name]}))
-            .option(
-                "maxOffsetsPerTrigger", str(source.max_records_per_partition * source.partitions)
-            )
-            .option("failOnDataLoss", "true")
-            .load()
-        )
-        return raw.select(
-            F.from_json(F.col("value").cast("string"), source.schema).alias("_v"),
-            F.col("partition").alias(PARTITION_COLUMN),
-            (F.col("offset") + 1).alias(NEXT_OFFSET_COLUMN),
-        ).select("_v.*", PARTITION_COLUMN, NEXT_OFFSET_COLUMN)
-
-    def _plan(self, epoch: int, checkpoint_id: int | None) -> BatchPlan:
-        latest = self.coordinator.latest_completed
+    def _plan(self, epoch: int, checkpoint_id: int | None, *, emit: bool = True) -> BatchPlan:
+        coordinator = getattr(self, "coordinator", None)
+        latest = coordinator.latest_completed if coordinator else None
         op = self.job.operator.name
         return BatchPlan(
             ctx=self.ctx,
@@ -672,13 +524,14 @@ class StreamingRun:
             previous_epoch=epoch - 1,
             checkpoint_id=checkpoint_id,
             base_handles={
-                i: self.coordinator.base_handle((op, i))
+                i: coordinator.base_handle((op, i))
                 for i in range(self.job.parallelism)
                 if checkpoint_id is not None and self.job.checkpoint.incremental
             },
             confirmed_checkpoint=latest.checkpoint_id if latest else None,
             watermark=self.watermark,
             compact=self._compact_at(checkpoint_id),
+            emit=emit,
         )
 
     def _execute(self, df, plan: BatchPlan) -> list[dict]:
@@ -723,8 +576,7 @@ class StreamingRun:
         started = time.perf_counter()
         self.epoch += 1
         epoch = self.epoch
-        now = now_ms()
-        pending = self.coordinator.trigger(epoch, None, now)
+        pending = self.coordinator.trigger(epoch, None, now_ms())
         cid = pending.checkpoint_id if pending else None
         in_flight = bool(self.coordinator.pending_ids())
         stats = self._execute(df, self._plan(epoch, cid))
@@ -742,37 +594,59 @@ class StreamingRun:
         if self.max_batches is not None and self.summary.batches >= self.max_batches:
             self._stop.set()
 
+    def _fold(self, stats: list[dict]) -> None:
+        """The subtasks' reports of one micro-batch into the watermark and the counters."""
+        event_times = [r["max_event_time"] for r in stats if r["max_event_time"] is not None]
+        op = self.job.operator
+        if isinstance(op, WindowedAggregate) and event_times:
+            candidate = max(event_times) - op.out_of_orderness_ms
+            self.watermark = candidate if self.watermark is None else max(self.watermark, candidate)
+        bad = sum(r["bad_records"] for r in stats)
+        if bad:
+            self.counters["bad_records"] = self.counters.get("bad_records", 0) + bad
+
     def _after_batch(self, epoch: int, checkpoint_id: int | None, stats: list) -> int:
-        """Folds the subtasks' reports into the run's positions and counters; returns the
-        micro-batch's record count."""
+        """Folds the subtasks' reports into the run's positions and counters, records the cut
+        of a checkpoint, and commits at-least-once output; returns the record count."""
+        found = [r["first_bad"] for r in stats if r["first_bad"]]
+        if found and self.job.bad_records == "fail":
+            error = bad_record_error(found, sum(r["bad_records"] for r in stats))
+            self.fail(str(error), error)
+            return 0
         records = sum(r["records"] for r in stats)
         for r in stats:
             for source, parts in r["positions"].items():
                 current = self.positions[source]
                 for part, end in parts.items():
                     current[part] = max(current.get(part, 0), end)
-        op = self.job.operator
-        event_times = [r["max_event_time"] for r in stats if r["max_event_time"] is not None]
-        if isinstance(op, WindowedAggregate) and event_times:
-            candidate = max(event_times) - op.out_of_orderness_ms
-            self.watermark = candidate if self.watermark is None else max(self.watermark, candidate)
+        self._fold(stats)
         self.summary.late_records += sum(r["late_records"] for r in stats)
+        self.summary.bad_records += sum(r["bad_records"] for r in stats)
+        ends = {k: dict(v) for k, v in self.positions.items()}
+        with self._ends_lock:
+            self._epoch_ends[epoch] = ends
+            uncommitted = dict(self._epoch_ends)
         served = self._compaction
         if checkpoint_id is not None and served is not None and served[0] == checkpoint_id:
             self._compaction = (*served[:2], max(r["compact_ms"] for r in stats))
         if checkpoint_id is not None:
             # Completion commits Delta transactions: it runs on the ack poller's thread, never on
             # Spark's stream thread, which a stopping query interrupts.
+            op = self.job.operator
             self._cuts.put(
                 (
                     checkpoint_id,
-                    {k: dict(v) for k, v in self.positions.items()},
-                    {self.job.sink.name: epoch},
+                    ends,
+                    {s.sink: epoch for s in self.sinks},
                     {op.name: self.watermark} if self.watermark is not None else {},
+                    uncommitted,
+                    dict(self.counters),
                 )
             )
         if not self.exactly_once:
-            self.sink.append_now(epoch)
+            for sink in self.sinks:
+                sink.append_now(epoch, {epoch: ends})
+            self._forget_ends(epoch)
         self.summary.batches += 1
         self.summary.records += records
         return records
@@ -782,7 +656,7 @@ class StreamingRun:
         self.epoch += 1
         deadline = time.monotonic() + timeout_s
         pending = None
-        while pending is None and time.monotonic() < deadline:
+        while pending is None and time.monotonic() < deadline and self._failure is None:
             # max_concurrent may be reached: the pending ones finish first
             pending = self.coordinator.trigger(self.epoch, None, now_ms(), force=True)
             if pending is None:
@@ -791,20 +665,75 @@ class StreamingRun:
             self.fail("no final checkpoint could be triggered")
             return
         cid = pending.checkpoint_id
-        empty = self._tag_and_union(
-            {
-                n: self.spark.createDataFrame([], self._source_ddl(n))
-                for n in self.job.operator.inputs
-            }
+        empty = tag_and_union(
+            self.job,
+            {n: empty_frame(self.spark, self.job, n) for n in self.job.operator.inputs},
         )
         stats = self._execute(empty, self._plan(self.epoch, cid))
         self._after_batch(self.epoch, cid, stats)
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self._failure is None:
             if cid in self.summary.checkpoints or cid in self.aborted:
                 break
             time.sleep(0.1)
         if cid not in self.summary.checkpoints:
             self.fail(f"final checkpoint {cid} did not complete")
+
+    # -- completion --------------------------------------------------------------------------
+
+    def on_complete(self, record, manifest: CheckpointManifest) -> None:
+        """Checkpoint ``manifest`` is complete: commit the sinks through its epoch, register its
+        new shared files, report it."""
+        kill_point("catalog-committed")
+        committed = 0
+        if self.exactly_once:
+            try:
+                for sink in self.sinks:
+                    epoch = manifest.sink_epochs.get(sink.sink)
+                    if epoch is not None:
+                        rows = sink.commit_through(epoch, manifest.epoch_ends)
+                        committed += rows if sink is self.sinks[0] else 0
+            except Exception as e:  # the restore redoes the commit; never go on without it
+                self.fail(f"sink commit of checkpoint {manifest.checkpoint_id}: {e}", e)
+                return
+            self._forget_ends(manifest.batch_id)
+        new_files = [
+            {
+                "job_id": self.job.name,
+                "path": f.path,
+                "operator": h.operator,
+                "subtask": h.subtask,
+                "size": f.size,
+                "created_by": manifest.checkpoint_id,
+                "last_used": manifest.checkpoint_id,
+                "refcount": 1,
+                "status": "LIVE",
+            }
+            for h in manifest.subtasks
+            for f in h.files
+            if f.shared and f.path not in self._known_shared
+        ]
+        self._known_shared.update(f.path for f in manifest.files() if f.shared)
+        if new_files:
+            self.catalog.record_shared_files(new_files)
+        self._compaction_done(manifest)
+        self._latest_manifest = manifest
+        self.summary.checkpoints.append(manifest.checkpoint_id)
+        self.log(
+            f"checkpoint {manifest.checkpoint_id} complete: batch {manifest.batch_id}, "
+            f"full {manifest.full_size:,} B, uploaded {manifest.uploaded_bytes:,} B, "
+            f"sink rows committed {committed}"
+        )
+        self.events.emit("checkpoint", {**record.to_dict(), "counters": manifest.counters})
+
+    def _forget_ends(self, through: int) -> None:
+        with self._ends_lock:
+            self._epoch_ends = {e: p for e, p in self._epoch_ends.items() if e > through}
+
+    def on_aborted(self, checkpoint_id: int) -> None:
+        self.aborted.add(checkpoint_id)
+        served = self._compaction
+        if served is not None and served[0] == checkpoint_id:
+            self._compaction = None  # the next barrier serves the request
 
     # -- state compaction --------------------------------------------------------------------
 
@@ -858,70 +787,78 @@ class StreamingRun:
         # last: whoever waits for the request to go has the log line and the event
         clear_request(self.storage, self.layout, request)
 
-    def on_aborted(self, checkpoint_id: int) -> None:
-        self.aborted.add(checkpoint_id)
-        served = self._compaction
-        if served is not None and served[0] == checkpoint_id:
-            self._compaction = None  # the next barrier serves the request
-
     # -- liveness ----------------------------------------------------------------------------
 
     def _heartbeat(self) -> None:
         """Every ``heartbeat_s``: record a heartbeat in ``streaming_jobs`` (an orchestrator
-        that sees it stop fails the run) and stop if the orchestrator process that launched this
-        driver is gone (so an orphaned driver never runs beside the restore that replaces it)."""
+        that sees it stop fails the run); stop if a newer attempt of the job has begun (this one
+        is superseded) or if the orchestrator process that launched this driver is gone (so an
+        orphaned driver never runs beside the restore that replaces it)."""
         while not self._shutdown.wait(self.heartbeat_s):
             if self.watch_pid is not None and not _alive(self.watch_pid):
                 self.fail(f"the orchestrator process {self.watch_pid} is gone")
                 return
             try:
                 self.catalog.heartbeat(self.job.name, self.attempt)
+                newest = self.catalog.newest_attempt(self.job.name)
             except Exception as e:  # a missed heartbeat is not a failure; many are
                 self.log(f"heartbeat: {type(e).__name__}: {e}")
+                continue
+            if newest > self.attempt:
+                error = FencedError(
+                    f"attempt {newest} of {self.job.name} has started: attempt {self.attempt} "
+                    "is superseded and stops"
+                )
+                self.fail(str(error), error)
+                return
 
     # -- acks --------------------------------------------------------------------------------
 
     def _poll_acks(self) -> None:
-        """Deliver acks that subtasks left in durable storage; expire overdue checkpoints."""
+        """Deliver the acks subtasks left in this attempt's inbox; expire overdue checkpoints."""
         op = self.job.operator.name
         seen: set[tuple[int, int]] = set()
+        self._drop_acks(lambda attempt, cid: attempt < self.attempt)  # older attempts' inboxes
         while not self._shutdown.is_set():
             try:
                 while not self._cuts.empty():
-                    cid, positions, epochs, watermarks = self._cuts.get_nowait()
+                    cid, positions, epochs, watermarks, ends, counters = self._cuts.get_nowait()
                     self.coordinator.record_cut(
-                        cid, positions, now_ms(), sink_epochs=epochs, watermarks=watermarks
+                        cid,
+                        positions,
+                        now_ms(),
+                        sink_epochs=epochs,
+                        watermarks=watermarks,
+                        epoch_ends=ends,
+                        counters=counters,
                     )
                 self.coordinator.expire(now_ms())
                 for cid in self.coordinator.pending_ids():
                     for subtask in range(self.job.parallelism):
                         if (cid, subtask) in seen:
                             continue
-                        path = ack_path(self.job.name, cid, op, subtask)
+                        path = ack_path(self.layout, self.attempt, cid, op, subtask)
                         if not self.storage.exists(path):
                             continue
                         seen.add((cid, subtask))
-                        doc = json.loads(self.storage.get_bytes(path))
-                        if "declined" in doc:
-                            self.coordinator.decline(cid, (op, subtask), doc["declined"])
-                        else:
-                            handle = SubtaskStateHandle.from_dict(doc["handle"])
-                            self.coordinator.acknowledge(cid, (op, subtask), handle, now_ms())
-                self._drop_finished_acks()
-            except Exception as e:  # keep polling; a persistent failure shows up as timeouts
+                        ack = Ack.from_json(self.storage.get_bytes(path), source=path)
+                        self.coordinator.receive(ack, now_ms())
+                pending = set(self.coordinator.pending_ids())
+                self._drop_acks(lambda _, cid, live=pending: cid not in live, inbox(self.attempt))
+            except Exception as e:  # keep polling; persistent failures show up as timeouts
                 self.log(f"ack poller: {type(e).__name__}: {e}")
             self._shutdown.wait(0.1)
 
-    def _drop_finished_acks(self) -> None:
-        pending = set(self.coordinator.pending_ids())
-        prefix = JobLayout(self.job.name).job_path("_acks")
-        stale = [
-            i.path
-            for i in self.storage.list(prefix)
-            if JobLayout.checkpoint_id_of(i.path[len(prefix) + 1 :]) not in pending
+    def _drop_acks(self, stale, prefix: str = "_acks") -> None:
+        """Delete the acks under ``prefix`` for which ``stale(attempt, checkpoint_id)`` holds."""
+        skip = len(self.layout.job_id) + 1  # storage paths are "<job>/<relative path>"
+        paths = [
+            info.path
+            for info in self.storage.list(self.layout.job_path(prefix))
+            if (where := ack_location(info.path[skip:])) is not None and stale(*where)
         ]
-        if stale:
-            self.storage.delete_many(stale)
+        if paths:
+            self.storage.delete_many(paths)
 
 
 def _alive(pid: int) -> bool:

@@ -4,11 +4,14 @@ operator for one micro-batch.
 The map side (:func:`split_by_subtask`, in ``mapInArrow``) cuts each source partition's Arrow
 batches into one Arrow IPC chunk per subtask. After the shuffle (placement.py), partition *i* is
 exactly subtask *i* and runs on the host that holds its working state. The task opens the
-subtask's working RocksDB on the executor's local disk, checks that it holds the state the driver
-expects (right attempt, previous micro-batch applied), applies the batch and records its progress
-in the same write batch, stages the sink output, and at a barrier takes the synchronous snapshot
-and leaves the upload to a background thread, whose ack (or decline) lands in durable storage for
-the driver's coordinator. It returns one small statistics dict.
+subtask's working RocksDB on the executor's local disk (one per attempt: a zombie attempt never
+touches it), checks that it holds the state the driver expects (right attempt, previous
+micro-batch applied), applies the batch and records its progress, stages the sink output (under
+this attempt's staging directory; a replayed epoch stages nothing), and at a barrier takes the
+synchronous snapshot and leaves the upload to a background thread, whose
+:class:`~state.acks.Ack` lands in this attempt's inbox in durable storage for the driver's
+coordinator. Bad records are split off first (spark_jobs/bad_records.py). It returns one small
+statistics dict.
 """
 
 from __future__ import annotations
@@ -20,20 +23,23 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.job import JobDefinition
+from spark_jobs.bad_records import dead_letters, first_bad, split_bad
+from spark_jobs.delta_sink import EPOCH_COLUMN, staging_dir
+from spark_jobs.job import DEAD_LETTER_SINK, JobDefinition
 from spark_jobs.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from spark_jobs.operators import SOURCE_COLUMN, make_operator
+from state.acks import Ack, ack_path
+from state.faults import kill_point
 from state.handles import SubtaskStateHandle
 from state.keygroups import key_group_range
 from state.local_copies import LocalCopies
 from state.paths import JobLayout
-from state.storage import open_storage
+from state.storage import CorruptFileError, MissingFileError, open_storage
 
 if TYPE_CHECKING:
     from state.rocksdb_store import RocksDBStore
@@ -72,7 +78,7 @@ class RunContext:
         in an executor's environment overrides the job's root, for several workers on one
         machine)."""
         root = os.environ.get("CUTLINE_LOCAL_STATE_ROOT") or self.local_state_root
-        return LocalCopies(root, self.job.name, self.job.operator.name, subtask)
+        return LocalCopies(root, self.job.name, self.job.operator.name, subtask, self.attempt)
 
     def key_groups(self, subtask: int):
         return key_group_range(subtask, self.job.parallelism, self.job.max_parallelism)
@@ -89,16 +95,7 @@ class BatchPlan:
     watermark: int | None = None
     compact: frozenset[int] = frozenset()  # subtasks that compact RocksDB before the snapshot
     schema: pa.Schema | None = None  # of the routed records (an idle subtask gets none)
-
-
-def ack_path(job_id: str, checkpoint_id: int, operator: str, subtask: int) -> str:
-    return JobLayout(job_id).job_path(
-        f"_acks/chk-{int(checkpoint_id)}/{operator}-{int(subtask)}.json"
-    )
-
-
-def staging_dir(staging_root: str, job_id: str, sink: str, epoch: int) -> Path:
-    return Path(staging_root) / job_id / sink / f"epoch={int(epoch)}"
+    emit: bool = True  # False: a replayed epoch whose output the sinks already committed
 
 
 def read_progress(store: RocksDBStore) -> dict | None:
@@ -130,15 +127,18 @@ def _positions(table: pa.Table) -> dict[str, dict[str, int]]:
     return out
 
 
-def _stage_output(plan: BatchPlan, subtask: int, output: pa.Table) -> None:
+def _stage_output(plan: BatchPlan, subtask: int, sink: str, output: pa.Table) -> None:
+    """Stage ``output`` as this subtask's part of epoch ``plan.epoch`` of ``sink``."""
     import pyarrow.parquet as pq
 
-    if output.num_rows == 0:
+    if output.num_rows == 0 or not plan.emit:
         return
     ctx = plan.ctx
     output = output.select([c for c in output.column_names if not c.startswith("_")])
-    output = output.append_column("_epoch", pa.array([plan.epoch] * output.num_rows, pa.int64()))
-    directory = staging_dir(ctx.staging_root, ctx.job.name, ctx.job.sink.name, plan.epoch)
+    output = output.append_column(
+        EPOCH_COLUMN, pa.array([plan.epoch] * output.num_rows, pa.int64())
+    )
+    directory = staging_dir(ctx.staging_root, ctx.job.name, sink, ctx.attempt, plan.epoch)
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"part-{subtask:05d}-a{ctx.attempt}.parquet"
     tmp = directory / f".tmp-{uuid.uuid4().hex}"
@@ -169,11 +169,17 @@ def _snapshot_executor():
     return _DelayedExecutor(delay) if delay > 0 else None
 
 
-def _send_ack(storage_url: str, path: str, future) -> None:
-    storage = open_storage(storage_url)
+def _send_ack(ctx: RunContext, checkpoint_id: int, subtask: int, future) -> None:
+    """Put the ack of a finished snapshot (its handle, or its failure as a decline) into the
+    attempt's inbox."""
     error = future.exception()
-    doc = {"declined": repr(error)} if error else {"handle": future.result().to_dict()}
-    storage.put_bytes(path, json.dumps(doc).encode())
+    operator = ctx.job.operator.name
+    if error is None:
+        ack = Ack(ctx.attempt, checkpoint_id, operator, subtask, future.result())
+    else:
+        ack = Ack(ctx.attempt, checkpoint_id, operator, subtask, None, repr(error))
+    path = ack_path(JobLayout(ctx.job.name), ctx.attempt, checkpoint_id, operator, subtask)
+    open_storage(ctx.checkpoint_root).put_bytes(path, ack.to_json())
 
 
 def split_by_subtask(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -223,7 +229,7 @@ def run_subtask(plan: BatchPlan, subtask: int, chunks: Iterable) -> dict:
 
     ctx = plan.ctx
     op = ctx.job.operator
-    table = _read_chunks(plan, chunks)
+    table, bad = split_bad(_read_chunks(plan, chunks))
     copies = ctx.copies(subtask)
     if plan.confirmed_checkpoint is not None:
         copies.confirm(plan.confirmed_checkpoint)
@@ -246,8 +252,11 @@ def run_subtask(plan: BatchPlan, subtask: int, chunks: Iterable) -> dict:
         txn = store.begin()
         write_progress(txn, store, ctx.attempt, plan.epoch)
         txn.commit()
+        kill_point("batch-applied")
         output = result.output
-        _stage_output(plan, subtask, output)
+        _stage_output(plan, subtask, ctx.job.sink.name, output)
+        if bad.num_rows and ctx.job.bad_records == "dead_letter":
+            _stage_output(plan, subtask, DEAD_LETTER_SINK, dead_letters(bad))
         if plan.checkpoint_id is not None:
             if subtask in plan.compact:  # at the barrier, so this snapshot holds the result
                 started = time.perf_counter()
@@ -264,10 +273,11 @@ def run_subtask(plan: BatchPlan, subtask: int, chunks: Iterable) -> dict:
                 local_recovery=ctx.job.checkpoint.local_recovery,
                 executor=_snapshot_executor(),
             )
-            future = snapshotter.snapshot(store, plan.checkpoint_id, plan.base_handles.get(subtask))
-            path = ack_path(ctx.job.name, plan.checkpoint_id, op.name, subtask)
-            future.add_done_callback(lambda f: _send_ack(ctx.checkpoint_root, path, f))
+            cid = plan.checkpoint_id
+            future = snapshotter.snapshot(store, cid, plan.base_handles.get(subtask))
+            future.add_done_callback(lambda f: _send_ack(ctx, cid, subtask, f))
             sync_ms = (time.perf_counter() - started) * 1000
+            kill_point("snapshot-taken")
     finally:
         store.close()
     return {
@@ -275,11 +285,13 @@ def run_subtask(plan: BatchPlan, subtask: int, chunks: Iterable) -> dict:
         "host": host_name(),
         "records": table.num_rows,
         "output_rows": output.num_rows,
-        "positions": _positions(table),
+        "positions": _positions(pa.concat_tables([table, bad]) if bad.num_rows else table),
         "sync_ms": sync_ms,
         "compact_ms": compact_ms,
         "late_records": result.late_records,
         "max_event_time": result.max_event_time,
+        "bad_records": bad.num_rows,
+        "first_bad": first_bad(bad),
     }
 
 
@@ -293,27 +305,31 @@ def prepare_subtask(
     """
     import shutil
 
-    from state.restore import restore_subtask
+    from state.restore import ChecksumMismatchError, restore_subtask
     from state.rocksdb_store import RocksDBStore
 
     copies = ctx.copies(subtask)
+    copies.drop_older_working_dirs()
+    shutil.rmtree(copies.db_dir, ignore_errors=True)
     report = {"subtask": subtask, "host": host_name(), "source": "empty"}
-    if handle is None:
-        shutil.rmtree(copies.root, ignore_errors=True)
-    else:
+    if handle is not None:
         if handle.key_group_range != ctx.key_groups(subtask):
             raise SubtaskStateError(
                 f"checkpoint {handle.checkpoint_id} holds key groups {handle.key_group_range} for "
                 f"subtask {subtask}, but the job now assigns {ctx.key_groups(subtask)} "
                 "(changing parallelism on restore is not supported yet)"
             )
-        r = restore_subtask(
-            handle,
-            open_storage(ctx.checkpoint_root),
-            JobLayout(ctx.job.name),
-            copies.db_dir,
-            copies if ctx.job.checkpoint.local_recovery else None,
-        )
+        try:
+            r = restore_subtask(
+                handle,
+                open_storage(ctx.checkpoint_root),
+                JobLayout(ctx.job.name),
+                copies.db_dir,
+                copies if ctx.job.checkpoint.local_recovery else None,
+            )
+        except (ChecksumMismatchError, MissingFileError, CorruptFileError) as e:
+            # positive evidence against the checkpoint: the driver marks it CORRUPT, falls back
+            return {**report, "corrupt": f"{type(e).__name__}: {e}"}
         report.update(
             source=r.source,
             bytes_local=r.bytes_local,
@@ -327,4 +343,5 @@ def prepare_subtask(
         txn = store.begin()
         write_progress(txn, store, ctx.attempt, epoch)
         txn.commit()
+    kill_point("subtask-restored")
     return report

@@ -77,8 +77,9 @@ class CheckpointCatalog(ABC):
     """What the coordinator needs from the catalog. Implementations must be thread-safe."""
 
     @abstractmethod
-    def begin_attempt(self, job_id: str) -> int:
-        """Start a new attempt of ``job_id`` and return its number; older attempts are fenced."""
+    def begin_attempt(self, job_id: str, run_id: str = "", **details: Any) -> int:
+        """Start a new attempt of ``job_id`` and return its number, which no other starter gets;
+        from then on no older attempt can commit a checkpoint (:class:`FencedError`)."""
 
     @abstractmethod
     def commit_checkpoint(self, checkpoint: CompletedCheckpoint) -> None:

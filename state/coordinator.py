@@ -7,9 +7,13 @@ loop triggers. Listener callbacks run outside the state lock, in the order the e
 Lifecycle of checkpoint n:
 
 1. :meth:`trigger` at a micro-batch cut, when the interval has elapsed since the last trigger,
-   ``min_pause`` since the last completion, and fewer than ``max_concurrent`` are pending.
-2. :meth:`acknowledge` per task with its state handle (duplicate, late and unknown acks are
-   answered, not applied); :meth:`decline` aborts; :meth:`expire` aborts those past ``timeout``.
+   ``min_pause`` since the last completion, and fewer than ``max_concurrent`` are pending. The id
+   is claimed first (``chk-<n>/_claim``, created exclusively in durable storage), skipping ids
+   another attempt claimed: ids never collide, with a zombie attempt or with the orphan manifest
+   of a driver killed before its catalog commit.
+2. :meth:`receive` per task with its :class:`~state.acks.Ack` (a state handle, or a decline that
+   aborts); duplicate, late, unknown and other attempts' acks are answered, not applied;
+   :meth:`expire` aborts those past ``timeout``.
 3. With all acks in: write ``_metadata``, commit the catalog row (only now is n complete), abort
    older pending checkpoints, subsume completed ones beyond ``num_retained``, notify.
 4. Consecutive failures beyond ``tolerable_failed_checkpoints`` fail the job.
@@ -18,19 +22,22 @@ Lifecycle of checkpoint n:
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from state.acks import Ack
 from state.catalog import CheckpointCatalog, CheckpointStatus, CompletedCheckpoint, FencedError
 from state.config import CheckpointConfig
+from state.faults import kill_point
 from state.handles import SubtaskStateHandle
 from state.manifest import CheckpointManifest
 from state.paths import JobLayout
 from state.registry import select_subsumed
-from state.storage import AlreadyExistsError, DurableStorage
+from state.storage import AlreadyExistsError, DurableStorage, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +78,8 @@ class PendingCheckpoint:
     acks: dict[TaskId, SubtaskStateHandle | None] = field(default_factory=dict)
     savepoint: bool = False
     cut_recorded: bool = True
+    epoch_ends: dict[int, dict[str, dict[str, int]]] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
 
 
 class CheckpointCoordinator:
@@ -114,7 +123,13 @@ class CheckpointCoordinator:
         self._last_completion_ms: int = now_ms
         self._consecutive_failures = 0
         self.failure: CheckpointFailureError | FencedError | None = None
-        self.stats = {"triggered": 0, "completed": 0, "aborted": 0, "late_acks": 0}
+        self.stats = {
+            "triggered": 0,
+            "completed": 0,
+            "aborted": 0,
+            "late_acks": 0,
+            "ids_skipped": 0,  # claimed by another attempt
+        }
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -187,8 +202,19 @@ class CheckpointCoordinator:
                 return None
             if force and len(self._pending) >= self.config.max_concurrent:
                 return None
+            try:
+                checkpoint_id = self._claim_locked(self._next_id)
+            except (StorageError, OSError) as e:
+                self._count_failure_locked(f"claiming checkpoint {self._next_id}: {e}")
+                claim_failed = True
+            else:
+                claim_failed = False
+        if claim_failed:
+            self._deliver()
+            return None
+        with self._lock:
             pending = PendingCheckpoint(
-                checkpoint_id=self._next_id,
+                checkpoint_id=checkpoint_id,
                 batch_id=batch_id,
                 trigger_time_ms=now_ms,
                 source_positions={s: dict(p) for s, p in (source_positions or {}).items()},
@@ -197,11 +223,26 @@ class CheckpointCoordinator:
                 savepoint=savepoint,
                 cut_recorded=source_positions is not None,
             )
-            self._next_id += 1
+            self._next_id = checkpoint_id + 1
             self._pending[pending.checkpoint_id] = pending
             self._last_trigger_ms = now_ms
             self.stats["triggered"] += 1
             return pending
+
+    def _claim_locked(self, first: int, limit: int = 100_000) -> int:
+        """The lowest id from ``first`` that this attempt could claim (exclusive create)."""
+        claim = {"attempt": self.attempt}
+        for checkpoint_id in range(first, first + limit):
+            try:
+                self.storage.put_bytes(
+                    self.layout.job_path(self.layout.claim(checkpoint_id)),
+                    json.dumps(claim).encode(),
+                    exclusive=True,
+                )
+                return checkpoint_id
+            except AlreadyExistsError:
+                self.stats["ids_skipped"] += 1
+        raise StorageError(f"no free checkpoint id in {first}..{first + limit - 1}")
 
     def record_cut(
         self,
@@ -211,8 +252,11 @@ class CheckpointCoordinator:
         *,
         sink_epochs: dict[str, int] | None = None,
         watermarks: dict[str, int] | None = None,
+        epoch_ends: dict[int, dict[str, dict[str, int]]] | None = None,
+        counters: dict[str, int] | None = None,
     ) -> AckResult:
-        """Record the source positions (sink epochs, watermarks) at ``checkpoint_id``'s cut."""
+        """Record the source positions (sink epochs, watermarks, the end positions of the epochs
+        the sinks have not committed, counters) at ``checkpoint_id``'s cut."""
         with self._lock:
             pending = self._pending.get(checkpoint_id)
             if pending is None:
@@ -220,12 +264,24 @@ class CheckpointCoordinator:
             pending.source_positions = {s: dict(p) for s, p in source_positions.items()}
             pending.sink_epochs.update(sink_epochs or {})
             pending.watermarks.update(watermarks or {})
+            pending.epoch_ends.update(epoch_ends or {})
+            pending.counters.update(counters or {})
             pending.cut_recorded = True
             if not self._take_if_ready_locked(pending):
                 return AckResult.ACCEPTED
         return self._complete_and_notify(pending, now_ms)
 
     # -- acks --------------------------------------------------------------------------------
+
+    def receive(self, ack: Ack, now_ms: int) -> AckResult:
+        """Deliver a subtask's ack: its handle, or its decline. An ack of another attempt is
+        answered UNKNOWN and never applied."""
+        if ack.attempt != self.attempt:
+            return AckResult.UNKNOWN
+        if ack.declined is not None:
+            self.decline(ack.checkpoint_id, ack.task, ack.declined)
+            return AckResult.ACCEPTED
+        return self.acknowledge(ack.checkpoint_id, ack.task, ack.handle, now_ms)
 
     def acknowledge(
         self, checkpoint_id: int, task: TaskId, handle: SubtaskStateHandle | None, now_ms: int
@@ -337,6 +393,8 @@ class CheckpointCoordinator:
                 sorted((h for h in pending.acks.values() if h is not None), key=lambda h: h.task)
             ),
             savepoint=pending.savepoint,
+            epoch_ends=pending.epoch_ends,
+            counters=pending.counters,
         )
         record = CompletedCheckpoint.from_manifest(manifest, now_ms)
         try:
@@ -346,6 +404,7 @@ class CheckpointCoordinator:
                 manifest.to_json(),
                 exclusive=True,
             )
+            kill_point("metadata-written")
             self.catalog.commit_checkpoint(record)
         except AlreadyExistsError as e:
             self._abort_completion(

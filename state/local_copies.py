@@ -2,13 +2,16 @@
 
 Directory layout, one per subtask under the local state root::
 
-    <local_state_root>/<job>/<operator>/<subtask>/db/          working RocksDB
-    <local_state_root>/<job>/<operator>/<subtask>/chk-<n>/     snapshot n (hard links)
+    <local_state_root>/<job>/<operator>/<subtask>/db-a<attempt>/  working RocksDB of an attempt
+    <local_state_root>/<job>/<operator>/<subtask>/chk-<n>/        snapshot n (hard links)
     <local_state_root>/<job>/<operator>/<subtask>/chk-<n>/_handle.json
 
-A ``chk-<n>`` directory is a usable local copy only once its ``_handle.json`` (the handle the
-primary copy was acknowledged with) is written. Keeping a local copy is best effort: a failure
-to write it is logged and the copy dropped, never failing the checkpoint.
+Every attempt works in a database of its own, so an older attempt that still runs (a zombie) never
+touches the working state of a newer one; snapshot directories are named by checkpoint id, which
+no two attempts share (state/coordinator.py claims them). A ``chk-<n>`` directory is a usable
+local copy only once its ``_handle.json`` (the handle the primary copy was acknowledged with) is
+written. Keeping a local copy is best effort: a failure to write it is logged and the copy
+dropped, never failing the checkpoint.
 """
 
 from __future__ import annotations
@@ -30,13 +33,35 @@ HANDLE_FILE = "_handle.json"
 class LocalCopies:
     """The working database and the local snapshot directories of one subtask."""
 
-    def __init__(self, local_state_root: str | Path, job_id: str, operator: str, subtask: int):
+    def __init__(
+        self,
+        local_state_root: str | Path,
+        job_id: str,
+        operator: str,
+        subtask: int,
+        attempt: int = 0,
+    ):
         layout = JobLayout(job_id)
         self.root = Path(local_state_root) / layout.job_id / operator / str(int(subtask))
+        self.attempt = attempt
 
     @property
     def db_dir(self) -> Path:
-        return self.root / "db"
+        """This attempt's working database."""
+        return self.root / f"db-a{self.attempt}"
+
+    def drop_older_working_dirs(self) -> list[int]:
+        """Delete the working databases of older attempts (never a newer one's). Returns their
+        attempt numbers."""
+        if not self.root.is_dir():
+            return []
+        dropped = []
+        for directory in self.root.glob("db-a*"):
+            suffix = directory.name[len("db-a") :]
+            if suffix.isdigit() and int(suffix) < self.attempt:
+                shutil.rmtree(directory, ignore_errors=True)
+                dropped.append(int(suffix))
+        return sorted(dropped)
 
     def snapshot_dir(self, checkpoint_id: int) -> Path:
         return self.root / JobLayout.checkpoint_dir(checkpoint_id)

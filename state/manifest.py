@@ -35,6 +35,10 @@ class CheckpointManifest:
     watermarks: dict[str, int] = field(default_factory=dict)
     savepoint: bool = False
     version: int = MANIFEST_VERSION
+    # source positions at the end of each epoch not committed to the sinks before this cut (the
+    # sinks record them with the commit: a later fallback replays those epochs exactly)
+    epoch_ends: dict[int, dict[str, dict[str, int]]] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)  # e.g. bad records so far
 
     # -- figures -----------------------------------------------------------------------------
 
@@ -61,6 +65,7 @@ class CheckpointManifest:
         """Every path (relative to the job root) this checkpoint needs, ``_metadata`` included."""
         paths = {f.path for f in self.files()}
         paths.add(JobLayout.checkpoint_dir(self.checkpoint_id) + "/" + JobLayout.METADATA)
+        paths.add(JobLayout.checkpoint_dir(self.checkpoint_id) + "/" + JobLayout.CLAIM)
         return paths
 
     def handle(self, operator: str, subtask: int) -> SubtaskStateHandle | None:
@@ -83,6 +88,8 @@ class CheckpointManifest:
             "source_positions": self.source_positions,
             "sink_epochs": self.sink_epochs,
             "watermarks": self.watermarks,
+            "epoch_ends": {str(e): p for e, p in self.epoch_ends.items()},
+            "counters": self.counters,
             "subtasks": [h.to_dict() for h in self.subtasks],
         }
         return json.dumps(doc, indent=1, sort_keys=True).encode()
@@ -111,12 +118,13 @@ class CheckpointManifest:
                 attempt=_int(doc, "attempt"),
                 trigger_time_ms=_int(doc, "trigger_time_ms"),
                 savepoint=bool(doc.get("savepoint", False)),
-                source_positions={
-                    str(src): {str(p): int(o) for p, o in parts.items()}
-                    for src, parts in dict(doc["source_positions"]).items()
-                },
+                source_positions=_positions(doc["source_positions"]),
                 sink_epochs={str(k): int(v) for k, v in dict(doc.get("sink_epochs", {})).items()},
                 watermarks={str(k): int(v) for k, v in dict(doc.get("watermarks", {})).items()},
+                epoch_ends={
+                    int(e): _positions(p) for e, p in dict(doc.get("epoch_ends", {})).items()
+                },
+                counters={str(k): int(v) for k, v in dict(doc.get("counters", {})).items()},
                 subtasks=tuple(SubtaskStateHandle.from_dict(h) for h in doc["subtasks"]),
             )
         except PathEscapeError as e:
@@ -143,6 +151,12 @@ class CheckpointManifest:
                         f"{source}: file {f.path!r} is neither shared nor private to this "
                         f"checkpoint (under {own_dir!r})"
                     )
+
+
+def _positions(doc: Any) -> dict[str, dict[str, int]]:
+    return {
+        str(src): {str(p): int(o) for p, o in dict(parts).items()} for src, parts in doc.items()
+    }
 
 
 def _int(doc: dict[str, Any], name: str) -> int:

@@ -22,7 +22,7 @@ class InMemoryCatalog(CheckpointCatalog):
         self.attempts: dict[str, int] = {}
         self.fail_next_commit: Exception | None = None
 
-    def begin_attempt(self, job_id: str) -> int:
+    def begin_attempt(self, job_id: str, run_id: str = "", **details) -> int:
         with self._lock:
             self.attempts[job_id] = self.attempts.get(job_id, 0) + 1
             return self.attempts[job_id]

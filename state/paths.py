@@ -44,6 +44,7 @@ class JobLayout:
     """
 
     METADATA = "_metadata"
+    CLAIM = "_claim"  # created exclusively when checkpoint n is triggered: ids never collide
 
     def __init__(self, job_id: str) -> None:
         self.job_id = check_relative(job_id, what="job_id")
@@ -59,6 +60,9 @@ class JobLayout:
 
     def metadata(self, checkpoint_id: int) -> str:
         return f"{self.checkpoint_dir(checkpoint_id)}/{self.METADATA}"
+
+    def claim(self, checkpoint_id: int) -> str:
+        return f"{self.checkpoint_dir(checkpoint_id)}/{self.CLAIM}"
 
     def private_file(self, checkpoint_id: int, operator: str, subtask: int, name: str) -> str:
         return join(self.checkpoint_dir(checkpoint_id), operator, str(int(subtask)), name)

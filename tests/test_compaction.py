@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from spark_jobs.delta_catalog import CatalogReader
-from spark_jobs.runtime import RuntimePaths
+from spark_jobs.settings import RuntimePaths
 from state.compaction import (
     COMPACT_REQUEST,
     CompactionRequest,

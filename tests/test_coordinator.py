@@ -258,42 +258,54 @@ def test_manifest_path_layout():
     assert JobLayout(JOB).metadata(3) == "chk-3/_metadata"
 
 
-def test_a_zombie_attempt_cannot_replace_the_manifest_of_a_reused_checkpoint_id(tmp_path):
-    """Two attempts reach checkpoint id 1: the first manifest written wins, the other aborts."""
+def test_checkpoint_ids_never_collide_with_a_zombie_or_an_orphan_manifest(tmp_path):
+    """Ids are claimed at the trigger: a successor skips the ids a zombie (still running) claimed
+    and the id of an orphan manifest (written by a driver killed before its catalog commit), so
+    its checkpoints complete, the zombie's are fenced, and no manifest is ever replaced."""
     catalog = InMemoryCatalog()
     storage = LocalFileStorage(tmp_path / "remote")
-    zombie = CheckpointCoordinator(
-        JOB, catalog.begin_attempt(JOB), CheckpointConfig(interval_ms=1), TASKS, storage, catalog
-    )
-    zombie.trigger(1, {"src": {"0": 1}}, now_ms=0)
+    config = CheckpointConfig(interval_ms=1, max_concurrent=3)
+    zombie = CheckpointCoordinator(JOB, catalog.begin_attempt(JOB), config, TASKS, storage, catalog)
+    assert zombie.trigger(1, {"src": {"0": 1}}, now_ms=0).checkpoint_id == 1
     rec = Recorder()
     successor = CheckpointCoordinator(
-        JOB,
-        catalog.begin_attempt(JOB),
-        CheckpointConfig(interval_ms=1),
-        TASKS,
-        storage,
-        catalog,
-        listeners=[rec],
+        JOB, catalog.begin_attempt(JOB), config, TASKS, storage, catalog, listeners=[rec]
     )
-    successor.trigger(7, {"src": {"0": 7}}, now_ms=0)
-    ack_all(successor, 1, now=5)
-    ack_all(zombie, 1, now=6)  # its manifest write is refused, its commit would be fenced
-    [row] = catalog.checkpoints(JOB)
-    assert row.attempt == successor.attempt
-    manifest = CheckpointManifest.from_json(storage.get_bytes(row.metadata_path))
-    assert manifest.source_positions == {"src": {"0": 7}} and manifest.attempt == row.attempt
-    # And the other way round: the zombie wrote first; the successor aborts without failing.
-    zombie.trigger(2, {}, now_ms=100)
-    ack_all(zombie, 2, now=101)  # writes chk-2/_metadata, then is fenced at commit
-    successor.trigger(8, {}, now_ms=100)
-    ack_all(successor, 2, now=102)
-    assert [r.checkpoint_id for r in catalog.checkpoints(JOB)] == [1]
-    assert any(e[0] == "abort" and "taken by another attempt" in e[2] for e in rec.events)
-    assert successor.failure is None
-    successor.trigger(9, {}, now_ms=200)
-    ack_all(successor, 3, now=201)
-    assert [r.checkpoint_id for r in catalog.checkpoints(JOB)] == [1, 3]
+    assert successor.trigger(7, {"src": {"0": 7}}, now_ms=0).checkpoint_id == 2
+    assert zombie.trigger(2, {}, now_ms=10).checkpoint_id == 3  # 2 is the successor's
+    ack_all(zombie, 1, now=5)  # writes chk-1/_metadata, then its commit is fenced
+    ack_all(successor, 2, now=6)
+    assert [(r.checkpoint_id, r.attempt) for r in catalog.checkpoints(JOB)] == [(2, 2)]
+    assert isinstance(zombie.failure, FencedError)
+    orphan = CheckpointManifest.from_json(storage.get_bytes("job1/chk-1/_metadata"))
+    assert orphan.attempt == zombie.attempt  # left alone; GC collects it
+    # a third attempt (the successor died after chk-3 was claimed by the zombie and chk-4's
+    # manifest was written but never committed) starts from the catalog: 3 and 4 are skipped
+    storage.put_bytes("job1/chk-4/_claim", b"{}", exclusive=True)
+    storage.put_bytes("job1/chk-4/_metadata", b"{}", exclusive=True)
+    third = CheckpointCoordinator(
+        JOB, catalog.begin_attempt(JOB), config, TASKS, storage, catalog, listeners=[rec]
+    )
+    assert third.trigger(9, {}, now_ms=100).checkpoint_id == 5
+    ack_all(third, 5, now=101)
+    assert [r.checkpoint_id for r in catalog.checkpoints(JOB)] == [2, 5]
+    assert third.stats["ids_skipped"] == 2 and third.failure is None
+    assert not any(e[0] == "abort" for e in rec.events)
+
+
+def test_acks_of_another_attempt_are_never_applied(tmp_path):
+    from state.acks import Ack
+
+    coord, catalog, _ = make(tmp_path)
+    p = coord.trigger(1, {}, now_ms=0)
+    stale = Ack(coord.attempt - 1 or 99, p.checkpoint_id, "count", 0, handle(("count", 0), 1))
+    assert coord.receive(stale, 1) is AckResult.UNKNOWN
+    for task in TASKS:
+        h = handle(task, p.checkpoint_id) if task[0] != "sink" else None
+        ack = Ack(coord.attempt, p.checkpoint_id, *task, h, None if h else "no state")
+        coord.receive(ack, 2)
+    assert [r.checkpoint_id for r in catalog.checkpoints(JOB)] == []  # the sink declined
+    assert coord.stats["aborted"] == 1
 
 
 def test_a_checkpoint_waits_for_its_cut_to_be_recorded(tmp_path):

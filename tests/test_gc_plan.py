@@ -84,9 +84,11 @@ def test_seed_walkthrough_through_a_gc_pass_after_each_checkpoint():
             f"shared/op/0/{k}.sst" for k in deleted_shared[n]
         }, f"CP {n}"
         # the subsumed checkpoint's private files and manifest go with it
-        expected_private = {"chk-2/_metadata", "chk-2/op/0/MANIFEST-1"} if n == 4 else set()
-        if n == 3:
-            expected_private = {"chk-1/_metadata", "chk-1/op/0/MANIFEST-1"}
+        expected_private = set()
+        if n in (3, 4):
+            expected_private = {
+                f"chk-{n - 2}/{f}" for f in ("_metadata", "_claim", "op/0/MANIFEST-1")
+            }
         assert {p for p in gone if p.startswith("chk-")} == expected_private, f"CP {n}"
         rows = [
             row(c.checkpoint_id, c.complete_time_ms, CheckpointStatus.SUBSUMED)

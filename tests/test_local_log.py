@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 import pytest
 
 from spark_jobs.generate import PAYLOAD_BYTES, _records, generate, records_in
 from spark_jobs.local_log import (
-    MalformedRecordError,
     append_records,
     complete_size,
     offset_after_records,
@@ -50,13 +50,30 @@ def test_a_torn_last_line_is_not_read(tmp_path):
     assert offset_after_records(path, 0, 10, complete_size(path)) == end
 
 
-def test_malformed_record_is_a_clear_error_naming_file_and_offsets(tmp_path):
-    append_records(tmp_path, "t", 1, lines(2))
-    end = append_records(tmp_path, "t", 1, [b'{"user": "x", "n": "not a number"}'])
+def test_bad_records_are_returned_with_reason_raw_line_and_offset(tmp_path):
+    """Truncated JSON, a string where a number belongs, a null key, a blank line: each comes back
+    with its reason, its raw line and where it starts; the good records around them are parsed
+    as usual and nothing is consumed twice or lost."""
+    good = lines(2)
+    bad = [b'{"user": "x", "n": "not a number"}', b'{"user": "y", "n": 1', b'{"n": 4}', b""]
+    end = append_records(tmp_path, "t", 1, [*good, *bad, *lines(1, start=7)])
     path = partition_path(tmp_path, "t", 1)
-    with pytest.raises(MalformedRecordError, match=r"partition-1\.jsonl between byte offsets 0"):
-        read_range(path, 1, 0, end, SCHEMA)
-    assert complete_size(path) == end, "nothing was consumed or lost"
+    table = read_range(path, 1, 0, end, SCHEMA, key="user")
+    ok = table.filter(pa.compute.is_null(table["_bad_reason"]))
+    assert ok.column("user").to_pylist() == ["u0", "u1", "u7"]
+    rejects = table.filter(pa.compute.is_valid(table["_bad_reason"])).to_pylist()
+    assert [r["_bad_raw"] for r in rejects] == [b.decode() for b in bad]
+    reasons = [r["_bad_reason"] for r in rejects]
+    assert reasons[0] == "field 'n' must be int64, got \"not a number\""
+    assert reasons[1].startswith("not valid JSON")
+    assert reasons[2:] == ["null key 'user'", "empty line"]
+    data = path.read_bytes()
+    for r in rejects:  # the offset is where the raw line starts; the position is after it
+        offset = r["_bad_offset"]
+        assert data[offset : offset + len(r["_bad_raw"])] == r["_bad_raw"].encode()
+        assert r["_next_offset"] == offset + len(r["_bad_raw"]) + 1
+    assert max(table.column("_next_offset").to_pylist()) == end
+    assert read_range(path, 1, 0, end, SCHEMA).num_rows == 7  # without a key: 3 bad
 
 
 def test_generator_is_deterministic_and_chunk_aligned(tmp_path):

@@ -43,15 +43,17 @@ def doc(m: CheckpointManifest) -> dict:
 
 
 def test_round_trip_and_figures():
-    m = manifest()
+    m = manifest(epoch_ends={30: {"log": {"0": 9, "1": 11}}, 31: {"log": {"0": 10, "1": 12}}})
     back = CheckpointManifest.from_json(m.to_json())
     assert back == m
+    assert back.epoch_ends[31] == {"log": {"0": 10, "1": 12}}
     assert (m.full_size, m.uploaded_bytes, m.file_count) == (107, 7, 2)
     assert m.shared_paths() == {"shared/count/0/000009-ab.sst"}
     assert m.referenced_paths() == {
         "shared/count/0/000009-ab.sst",
         "chk-4/count/0/MANIFEST-000005",
         "chk-4/_metadata",
+        "chk-4/_claim",
     }
 
 

@@ -81,13 +81,16 @@ def restore_on_failure(context: RunFailureSensorContext, cutline_paths: CutlineP
             },
             tags={RESTORE_OF_TAG: failed.run_id},
         )
-    previous = failed.run_config.get("ops", {}).get("streaming_driver", {}).get("config", {})
+    # everything the failed run was launched with (op config and resources: roots, S3, master)
+    ops = failed.run_config.get("ops", {})
+    previous = ops.get("streaming_driver", {}).get("config", {})
     config = {
         **previous,
         "restore": "latest",
         "hints": failed_attempt_hints(cutline_paths, job_name, failed.run_id),
         "delay_s": decision.delay_s,
     }
+    run_config = {**failed.run_config, "ops": {**ops, "streaming_driver": {"config": config}}}
     context.instance.add_run_tags(
         failed.run_id, {RESTART_TAG: f"{decision.reason}, after {decision.delay_s:.0f} s"}
     )
@@ -95,6 +98,6 @@ def restore_on_failure(context: RunFailureSensorContext, cutline_paths: CutlineP
         run_key=f"restore-{failed.run_id}",
         job_name=streaming_job.name,
         partition_key=job_name,
-        run_config={"ops": {"streaming_driver": {"config": config}}},
+        run_config=run_config,
         tags={JOB_TAG: job_name, RESTORE_OF_TAG: failed.run_id, ATTEMPT_TAG: str(decision.number)},
     )

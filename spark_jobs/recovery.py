@@ -1,0 +1,176 @@
+"""Restoring an attempt's working state, and what it replays before new micro-batches run.
+
+:func:`restore_placed` rebuilds every subtask's RocksDB from a checkpoint, local copy first, in a
+Spark job of ``parallelism`` tasks placed on the hosts the executor hints name. A subtask that
+finds a file of the primary copy missing, of the wrong size or with the wrong checksum reports it
+instead of failing: that is positive evidence against the checkpoint, which the driver marks
+CORRUPT before restoring the next older one (:class:`Restorer`).
+
+Replaying committed epochs. A restore from checkpoint *k* whose sinks already committed epochs
+after *k*'s (a fallback past damaged checkpoints, or an explicit ``--restore ID``) must not emit
+those epochs again. The sinks recorded where each committed epoch ended (spark_jobs/delta_sink.py),
+so the driver replays exactly those micro-batches, from the same source ranges and in the same
+order, with their output suppressed: the state (and the watermark) comes out as it was when the
+sinks committed them, and the first new micro-batch continues from there.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_jobs.placement import executor_hosts, placed_rdd, preferred_hosts, wait_for_hosts
+from spark_jobs.subtask import RunContext, prepare_subtask
+from state.manifest import CheckpointManifest
+
+Positions = dict[str, dict[str, int]]  # source -> partition -> position
+
+
+@dataclass(frozen=True)
+class ReplayEpoch:
+    """One committed micro-batch to run again silently: its epoch and source ranges."""
+
+    epoch: int
+    start: Positions
+    end: Positions
+
+
+@dataclass
+class Restored:
+    """What a restore ended with: the checkpoint actually restored (after fallbacks), the
+    subtasks' reports, and the fallbacks taken on the way."""
+
+    manifest: CheckpointManifest | None
+    reports: list[dict[str, Any]]
+    fallbacks: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def restore_placed(
+    spark,
+    ctx: RunContext,
+    manifest: CheckpointManifest | None,
+    epoch: int,
+    hints: dict[str, str],
+    executor_wait_s: float,
+    log,
+) -> list[dict[str, Any]]:
+    """Restore (or, without ``manifest``, empty) every subtask's working state as of ``epoch``,
+    each on the host its hint names when an executor runs there; the subtasks' reports, by
+    subtask."""
+    job = ctx.job
+    handles = {
+        i: manifest.handle(job.operator.name, i) if manifest else None
+        for i in range(job.parallelism)
+    }
+    sc = spark.sparkContext
+    if hints and not sc.master.startswith("local"):
+        missing = wait_for_hosts(sc, set(hints.values()), executor_wait_s)
+        if missing:
+            log(
+                f"no executor on hinted hosts {sorted(missing)} after {executor_wait_s} s:"
+                " their subtasks restore wherever Spark has room"
+            )
+    prefs = preferred_hosts(hints, job.parallelism, executor_hosts(sc))
+    raw = (
+        placed_rdd(sc, prefs)
+        .mapPartitionsWithIndex(
+            lambda i, _: [json.dumps(prepare_subtask(ctx, i, handles[i], epoch))]
+        )
+        .collect()
+    )
+    reports = sorted((json.loads(r) for r in raw), key=lambda r: r["subtask"])
+    for report, preferred in zip(reports, prefs, strict=True):
+        report["hint"] = hints.get(str(report["subtask"]))
+        report["placed"] = bool(preferred)  # an executor ran on the hinted host
+    return reports
+
+
+def replay_epochs(
+    manifest: CheckpointManifest, through: int, ends: dict[int, Positions]
+) -> list[ReplayEpoch]:
+    """The micro-batches after ``manifest``'s cut up to epoch ``through``, each from where the
+    previous one ended (``ends``: source positions at the end of each epoch)."""
+    out, start = [], manifest.source_positions
+    for epoch in range(manifest.batch_id + 1, through + 1):
+        end = {src: {**start.get(src, {}), **parts} for src, parts in ends[epoch].items()}
+        out.append(ReplayEpoch(epoch, start, end))
+        start = end
+    return out
+
+
+def recovery_row(
+    job_id: str,
+    attempt: int,
+    restored: Restored,
+    hints: dict[str, str],
+    duration_s: float,
+) -> dict[str, Any]:
+    """The ``recoveries`` catalog row of a restore."""
+    reports = restored.reports
+    local = [r for r in reports if r["source"] == "local"]
+    return {
+        "job_id": job_id,
+        "attempt": attempt,
+        "checkpoint_id": restored.manifest.checkpoint_id,
+        "subtasks_local": len(local),
+        "subtasks_remote": len(reports) - len(local),
+        "bytes_local": sum(r.get("bytes_local", 0) for r in reports),
+        "bytes_remote": sum(r.get("bytes_remote", 0) for r in reports),
+        "duration_ms": duration_s * 1000,
+        "fallbacks": json.dumps(restored.fallbacks + [f for r in reports for f in r["fallbacks"]]),
+        "hints": json.dumps(hints),
+        "recovered_at_ms": int(time.time() * 1000),
+        "files_local": sum(r.get("files_local", 0) for r in reports),
+        "files_remote": sum(r.get("files_remote", 0) for r in reports),
+        "placement": json.dumps(
+            [{k: r.get(k) for k in ("subtask", "host", "hint", "source")} for r in reports]
+        ),
+    }
+
+
+def restore_with_fallback(
+    spark,
+    ctx: RunContext,
+    catalog,
+    storage,
+    manifest: CheckpointManifest | None,
+    epoch_of,
+    *,
+    wanted: str | int | None,
+    hints: dict[str, str],
+    executor_wait_s: float,
+    log,
+) -> Restored:
+    """:func:`restore_placed` from ``manifest``; while a subtask finds positive evidence against
+    it, mark it CORRUPT and restore the next older one that validates (only when restoring the
+    latest: a named checkpoint that is corrupt is an error). ``epoch_of(manifest)`` is the epoch
+    the restored state stands at."""
+    from spark_jobs.errors import NoRestorableCheckpointError
+    from spark_jobs.start import select_checkpoint
+
+    started = time.perf_counter()
+    job_id, fallbacks = ctx.job.name, []
+    while True:
+        reports = restore_placed(
+            spark, ctx, manifest, epoch_of(manifest), hints, executor_wait_s, log
+        )
+        corrupt = [r for r in reports if "corrupt" in r]
+        if not corrupt:
+            return Restored(manifest, reports, fallbacks, time.perf_counter() - started)
+        reason = "; ".join(f"subtask {r['subtask']}: {r['corrupt']}" for r in corrupt[:3])
+        log(f"checkpoint {manifest.checkpoint_id} is not restorable, marking it CORRUPT: {reason}")
+        catalog.mark_corrupt(job_id, manifest.checkpoint_id, reason)
+        fallbacks.append(f"checkpoint {manifest.checkpoint_id}: {reason}")
+        if wanted != "latest":
+            raise NoRestorableCheckpointError(f"checkpoint {wanted} of {job_id}: {reason}")
+        below = manifest.checkpoint_id
+        manifest, more = select_checkpoint(catalog, storage, job_id, "latest", log, below=below)
+        fallbacks += more
+        if manifest is None:
+            raise NoRestorableCheckpointError(
+                f"{job_id}: no checkpoint can be restored ({' | '.join(fallbacks)}); the run "
+                "does not start over from the beginning of its input"
+            )

@@ -1,0 +1,121 @@
+"""One configuration for every process of a deployment.
+
+The ``cutline`` command, the Dagster resources (and so the streaming runs, the sensors, the
+schedules and the asset checks, which all take their paths from the resources) and the drivers
+they launch read their settings here, so that no two of them can disagree about where a job's
+checkpoints, catalog and output live. Precedence, highest first:
+
+1. an explicit value: a ``cutline`` flag, or a Dagster resource's config;
+2. the environment (``CUTLINE_HOME``, ``CUTLINE_CHECKPOINT_ROOT``, ``CUTLINE_WAREHOUSE``,
+   ``CUTLINE_LOCAL_STATE_ROOT``, ``CUTLINE_LOG_ROOT``, ``CUTLINE_SPARK_MASTER``, and boto3's own
+   ``AWS_ENDPOINT_URL_S3`` and ``AWS_DEFAULT_REGION``);
+3. the TOML file named by ``CUTLINE_CONFIG`` (keys ``home``, ``checkpoint_root``, ``warehouse``,
+   ``local_state_root``, ``log_root``, ``spark_master``, ``s3_endpoint``, ``s3_region``);
+4. the embedded default: everything under the home directory (default ``./.cutline``).
+
+Credentials are never settings: boto3 finds them through its standard chain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from spark_jobs.errors import ConfigurationError
+
+CONFIG_ENV = "CUTLINE_CONFIG"
+_ENV = {
+    "home": "CUTLINE_HOME",
+    "checkpoint_root": "CUTLINE_CHECKPOINT_ROOT",
+    "warehouse": "CUTLINE_WAREHOUSE",
+    "local_state_root": "CUTLINE_LOCAL_STATE_ROOT",
+    "log_root": "CUTLINE_LOG_ROOT",
+    "spark_master": "CUTLINE_SPARK_MASTER",
+    "s3_endpoint": "AWS_ENDPOINT_URL_S3",
+    "s3_region": "AWS_DEFAULT_REGION",
+}
+
+
+@dataclass(frozen=True)
+class RuntimePaths:
+    """Where a job keeps its checkpoints, catalog and output, local state and input log."""
+
+    checkpoint_root: str
+    warehouse: str
+    local_state_root: str
+    log_root: str
+
+    @classmethod
+    def under(cls, home: str | Path) -> RuntimePaths:
+        home = Path(home).resolve()
+        return cls(
+            checkpoint_root=str(home / "checkpoints"),
+            warehouse=str(home / "warehouse"),
+            local_state_root=str(home / "local-state"),
+            log_root=str(home / "log"),
+        )
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A deployment's settings; a path left ``None`` lives under ``home``."""
+
+    home: str
+    checkpoint_root: str | None = None
+    warehouse: str | None = None
+    local_state_root: str | None = None
+    log_root: str | None = None
+    spark_master: str | None = None
+    s3_endpoint: str | None = None
+    s3_region: str | None = None
+
+    def paths(self) -> RuntimePaths:
+        base = RuntimePaths.under(self.home)
+        return RuntimePaths(
+            **{
+                f.name: getattr(self, f.name) or getattr(base, f.name)
+                for f in dataclasses.fields(RuntimePaths)
+            }
+        )
+
+    def at_home(self, home: str | Path) -> Settings:
+        """These settings with another home, under which every path then lives."""
+        cleared = {f.name: None for f in dataclasses.fields(RuntimePaths)}
+        return dataclasses.replace(self, home=str(Path(home).resolve()), **cleared)
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """The settings of this process (see the module docstring for where they come from)."""
+    env = os.environ if environ is None else environ
+    values: dict[str, str] = {}
+    config = env.get(CONFIG_ENV)
+    if config:
+        values.update(_read_file(Path(config)))
+    values.update({name: env[var] for name, var in _ENV.items() if env.get(var)})
+    home = Path(values.pop("home", ".cutline")).resolve()
+    return Settings(home=str(home), **values)
+
+
+def _read_file(path: Path) -> dict[str, str]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        doc = tomllib.loads(path.read_text())
+    except OSError as e:
+        raise ConfigurationError(f"{CONFIG_ENV}={path}: cannot read it ({e})") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigurationError(f"{CONFIG_ENV}={path}: not valid TOML ({e})") from e
+    unknown = sorted(set(doc) - set(_ENV))
+    if unknown:
+        raise ConfigurationError(
+            f"{CONFIG_ENV}={path}: unknown settings {unknown} (known: {sorted(_ENV)})"
+        )
+    bad = sorted(k for k, v in doc.items() if not isinstance(v, str) or not v)
+    if bad:
+        raise ConfigurationError(f"{CONFIG_ENV}={path}: settings {bad} must be non-empty strings")
+    return dict(doc)

@@ -1,0 +1,273 @@
+"""How an attempt starts: what it decides before it needs Spark.
+
+1. Begin the attempt in the catalog: a number no other starter gets, and the fence that stops
+   every older attempt from completing a checkpoint (``DeltaCatalog.begin_attempt``).
+2. Fence the job's sinks, so no older attempt commits output to them either.
+3. Choose what to start from: the latest completed checkpoint that validates (``latest``), a
+   named one, or nothing (``none``, an explicit start-over). The rules:
+
+   - the checkpoint root must be the one the checkpoints were written under, and must hold them:
+     a wrong root is a :class:`ConfigurationError`, never a reason to mark anything CORRUPT;
+   - a checkpoint is marked CORRUPT only on positive evidence: its manifest is there and
+     unreadable, or a file it names is missing or has the wrong size (a restore that finds a
+     checksum mismatch marks it too, spark_jobs/recovery.py); a missing manifest is skipped;
+   - a job that has made progress (completed or corrupt checkpoints, output in its sink) never
+     starts over silently: when nothing can be restored the start fails
+     (:class:`NoRestorableCheckpointError`);
+   - an explicit start-over refuses to append to a sink that has output unless told to reset it,
+     and retires the old checkpoints so that no later restore goes back to them.
+
+4. Redo the chosen checkpoint's sink commit (a no-op if it landed) and drop what other attempts
+   staged.
+
+All of it runs on delta-rs and durable storage, so a driver does it on a thread while its JVM
+starts (:func:`plan_start_early`).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from spark_jobs.delta_catalog import DeltaCatalog
+from spark_jobs.delta_sink import DeltaSinkWriter
+from spark_jobs.errors import ConfigurationError, NoRestorableCheckpointError
+from spark_jobs.job import JobDefinition
+from spark_jobs.settings import RuntimePaths
+from state.catalog import CheckpointStatus, FencedError
+from state.config import EXACTLY_ONCE
+from state.faults import kill_point
+from state.manifest import CheckpointManifest, ManifestError
+from state.restore import read_manifest, validate_checkpoint
+from state.storage import DurableStorage, MissingFileError, open_storage
+
+START_OVER_HINT = "to start over on purpose: cutline run JOB --restore none (--reset-sink)"
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """What a start decided: its attempt, the checkpoint it restores (validated; ``None``: start
+    empty), the fallbacks taken, and the sinks' last committed epoch after the redo."""
+
+    attempt: int
+    manifest: CheckpointManifest | None
+    fallbacks: list[str] = field(default_factory=list)
+    committed_epoch: int = -1
+    seconds: float = 0.0  # how long deciding took
+
+
+def sink_writers(job: JobDefinition, warehouse: str, attempt: int) -> list[DeltaSinkWriter]:
+    """The job's sinks (its output, and its dead-letter table if it keeps one) for one attempt;
+    the first is the output."""
+    return [DeltaSinkWriter(job.name, s.name, s.table, warehouse, attempt) for s in job.sinks()]
+
+
+def plan_start(
+    catalog: DeltaCatalog,
+    storage: DurableStorage,
+    job: JobDefinition,
+    paths: RuntimePaths,
+    restore: str | int | None,
+    run_id: str = "",
+    log=print,
+    *,
+    reset_sink: bool = False,
+) -> StartPlan:
+    """Steps 1 to 4 of the module docstring. Needs no Spark session once the catalog tables
+    exist (delta-rs and durable storage only)."""
+    started = time.monotonic()
+    attempt = catalog.begin_attempt(job.name, run_id=run_id, checkpoint_root=paths.checkpoint_root)
+    try:
+        sinks = sink_writers(job, paths.warehouse, attempt)
+        for sink in sinks:
+            sink.fence()
+        kill_point("restore-started")
+        if restore is None:
+            start_over(catalog, job, sinks, reset_sink, log)
+            manifest, fallbacks = None, []
+        else:
+            check_root(catalog, storage, job.name, paths.checkpoint_root)
+            manifest, fallbacks = select_checkpoint(catalog, storage, job.name, restore, log)
+            if manifest is None:
+                refuse_silent_start(catalog, job.name, sinks[0], fallbacks)
+        recover_sinks(job, sinks, manifest, log)
+    except BaseException as e:  # the attempt ends here: say so in the catalog
+        status = "SUPERSEDED" if isinstance(e, FencedError) else "FAILED"
+        catalog.set_job_status(job.name, attempt, status, f"{type(e).__name__}: {e}")
+        raise
+    return StartPlan(
+        attempt,
+        manifest,
+        fallbacks,
+        committed_epoch=max(s.committed_epoch() for s in sinks),
+        seconds=time.monotonic() - started,
+    )
+
+
+def plan_start_early(
+    job: JobDefinition,
+    paths: RuntimePaths,
+    restore: str | int | None,
+    run_id: str = "",
+    log=print,
+    *,
+    reset_sink: bool = False,
+) -> Future[StartPlan] | None:
+    """:func:`plan_start` on a thread of its own, to overlap the JVM's start; ``None`` when the
+    catalog tables do not exist yet (creating them takes Spark: the run plans after it)."""
+    if not DeltaCatalog.tables_exist(paths.warehouse):
+        return None
+    catalog = DeltaCatalog(None, paths.warehouse)
+    storage = open_storage(paths.checkpoint_root)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cutline-plan")
+    future = pool.submit(
+        plan_start, catalog, storage, job, paths, restore, run_id, log, reset_sink=reset_sink
+    )
+    pool.shutdown(wait=False)
+    return future
+
+
+def abandon_plan(
+    plan: Future[StartPlan] | None, paths: RuntimePaths, job_id: str, reason: str
+) -> None:
+    """A start planned early that cannot go on (its Spark session failed): its attempt, if one
+    began, is marked FAILED with ``reason``."""
+    if plan is None:
+        return
+    try:
+        attempt = plan.result().attempt
+    except Exception:  # the plan failed too; no attempt to close, or it is left to the sensor
+        return
+    DeltaCatalog(None, paths.warehouse).set_job_status(job_id, attempt, "FAILED", reason)
+
+
+def _same_root(a: str, b: str) -> bool:
+    if "://" in a or "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    return Path(a).resolve() == Path(b).resolve()
+
+
+def check_root(
+    catalog: DeltaCatalog, storage: DurableStorage, job_id: str, checkpoint_root: str
+) -> None:
+    """Refuse a checkpoint root that is not where the job's completed checkpoints are: the root
+    their attempt recorded differs, or the root holds none of their manifests."""
+    rows = catalog.checkpoints(job_id, (CheckpointStatus.COMPLETED,))
+    if not rows:
+        return
+    roots = {r["attempt"]: r.get("checkpoint_root") for r in catalog.jobs(job_id)}
+    latest = max(rows, key=lambda r: r.checkpoint_id)
+    recorded = roots.get(latest.attempt)
+    if recorded and not _same_root(recorded, checkpoint_root):
+        raise ConfigurationError(
+            f"checkpoint {latest.checkpoint_id} of {job_id} was written under the checkpoint "
+            f"root {recorded}, but this run's checkpoint root is {checkpoint_root}: run with "
+            "the deployment's settings (docs/design.md, configuration)"
+        )
+    if not any(storage.exists(r.metadata_path) for r in rows):
+        raise ConfigurationError(
+            f"the checkpoint root {checkpoint_root} holds none of the manifests of {job_id}'s "
+            f"completed checkpoints {[r.checkpoint_id for r in rows]}: is it the right root?"
+        )
+
+
+def select_checkpoint(
+    catalog: DeltaCatalog,
+    storage: DurableStorage,
+    job_id: str,
+    wanted: str | int,
+    log=print,
+    *,
+    below: int | None = None,
+) -> tuple[CheckpointManifest | None, list[str]]:
+    """The checkpoint to restore: ``latest`` (falling back past ones that do not validate, all
+    below ``below`` if given) or an id. Marks CORRUPT only on positive evidence."""
+    if wanted == "latest":
+        rows = catalog.checkpoints(job_id, (CheckpointStatus.COMPLETED,))
+        rows = [r for r in rows if below is None or r.checkpoint_id < below]
+    else:
+        rows = [r for r in catalog.checkpoints(job_id) if r.checkpoint_id == int(wanted)]
+        if not rows:
+            raise NoRestorableCheckpointError(f"{job_id} has no checkpoint {wanted}")
+    fallbacks: list[str] = []
+    for row in sorted(rows, key=lambda r: r.checkpoint_id, reverse=True):
+        try:
+            manifest = read_manifest(storage, row.metadata_path)
+        except MissingFileError:
+            reason = f"checkpoint {row.checkpoint_id}: its manifest is missing"
+            log(f"{reason}; trying an older one (not marked CORRUPT: no evidence it is)")
+            fallbacks.append(reason)
+            continue
+        except ManifestError as e:
+            problems = [str(e)]
+        else:
+            problems = validate_checkpoint(manifest, storage)
+        if not problems:
+            return manifest, fallbacks
+        reason = "; ".join(problems[:3])
+        log(f"checkpoint {row.checkpoint_id} is not restorable, marking it CORRUPT: {reason}")
+        catalog.mark_corrupt(job_id, row.checkpoint_id, reason)
+        fallbacks.append(f"checkpoint {row.checkpoint_id}: {reason}")
+    if wanted != "latest":
+        raise NoRestorableCheckpointError(f"checkpoint {wanted} of {job_id}: {fallbacks[-1]}")
+    return None, fallbacks
+
+
+def refuse_silent_start(
+    catalog: DeltaCatalog, job_id: str, sink: DeltaSinkWriter, fallbacks: list[str]
+) -> None:
+    """Nothing to restore: fine for a new job, an error for one that has made progress."""
+    made = [
+        r.checkpoint_id
+        for r in catalog.checkpoints(job_id)
+        if r.status in (CheckpointStatus.COMPLETED, CheckpointStatus.CORRUPT)
+    ]
+    if made:
+        why = " | ".join(fallbacks) if fallbacks else "none is COMPLETED"
+        raise NoRestorableCheckpointError(
+            f"{job_id} has checkpoints {made} but none can be restored ({why}); the run does "
+            f"not start over from the beginning of its input; {START_OVER_HINT}"
+        )
+    if sink.has_output():
+        raise NoRestorableCheckpointError(
+            f"{job_id}'s sink table {sink.table_path} has output but the catalog has no "
+            f"checkpoint of it (a wrong warehouse?); {START_OVER_HINT}"
+        )
+
+
+def start_over(
+    catalog: DeltaCatalog, job: JobDefinition, sinks: list[DeltaSinkWriter], reset: bool, log
+) -> None:
+    """An explicit start from empty state: refuse to append to output unless ``reset``; retire
+    the old checkpoints (SUBSUMED: GC collects them, no restore goes back to them)."""
+    with_output = [s for s in sinks if s.has_output()]
+    if with_output and not reset:
+        raise ConfigurationError(
+            f"--restore none starts {job.name} over, but its sink table "
+            f"{with_output[0].table_path} already has output that a start-over would append "
+            "to again; pass --reset-sink to delete it first"
+        )
+    for sink in with_output:
+        log(f"sink {sink.sink}: start-over deletes {sink.reset():,} rows of {sink.table_path}")
+    old = [c.checkpoint_id for c in catalog.checkpoints(job.name, (CheckpointStatus.COMPLETED,))]
+    if old:
+        catalog.mark_subsumed(job.name, old)
+        log(f"start-over: checkpoints {old} retired")
+
+
+def recover_sinks(
+    job: JobDefinition, sinks: list[DeltaSinkWriter], manifest: CheckpointManifest | None, log
+) -> None:
+    """Redo the restored checkpoint's sink commits (no-ops if they landed) and drop what other
+    attempts staged: it is recomputed."""
+    for sink in sinks:
+        if manifest is not None and job.checkpoint.mode == EXACTLY_ONCE:
+            epoch = manifest.sink_epochs.get(sink.sink, manifest.batch_id)
+            ends = {int(e): p for e, p in manifest.epoch_ends.items()}
+            redone = sink.commit_through(epoch, ends, staged_by=manifest.attempt)
+            if redone:
+                log(f"sink {sink.sink}: epoch {epoch} commit redone ({redone} rows were missing)")
+        sink.discard_other_attempts()
+    kill_point("sink-recovered")
