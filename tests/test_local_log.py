@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401 - pa.compute
+import pyarrow.compute
 import pytest
 
 from spark_jobs.generate import PAYLOAD_BYTES, _records, generate, records_in
