@@ -277,9 +277,8 @@ class StreamingRun:
             query = None
             if self._failure is None:
                 self._final_checkpoint()
-        except BaseException as e:
+        except Exception as e:  # the attempt failed: classified and raised below
             self.fail(f"{type(e).__name__}: {e}", e)
-            raise
         finally:
             self._stop.set()
             self._restored.set()  # a micro-batch waiting for the restore is skipped
@@ -289,12 +288,30 @@ class StreamingRun:
             if poller is not None:
                 poller.join(timeout=5)
             shutil.rmtree(spark_checkpoint, ignore_errors=True)
+            self._check_superseded()
             self._record_end()
         if self._failure:
             if isinstance(self._error, NonRetryableError | FencedError):
                 raise self._error
-            raise AttemptFailedError(f"{job.name} attempt {self.attempt} failed: {self._failure}")
+            raise AttemptFailedError(
+                f"{job.name} attempt {self.attempt} failed: {self._failure}"
+            ) from self._error
         return self.summary
+
+    def _check_superseded(self) -> None:
+        """A failed attempt that a newer one superseded failed because of it (its working state
+        was cleaned away, its commit fenced): say so, so that nobody restarts it."""
+        if self._failure is None or isinstance(self._error, FencedError):
+            return
+        try:
+            newest = self.catalog.newest_attempt(self.job.name)
+        except Exception:
+            return
+        if newest > getattr(self, "attempt", newest):
+            self._error = FencedError(
+                f"attempt {newest} of {self.job.name} has started: attempt {self.attempt} is "
+                f"superseded ({self._failure})"
+            )
 
     def _record_end(self) -> None:
         self.summary.failure = self._failure

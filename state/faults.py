@@ -1,8 +1,11 @@
 """Kill points for crash tests: a process dies by SIGKILL at a named point of the protocol.
 
-``CUTLINE_FAULT_KILL=<point>`` kills the process group the first time any process of it reaches
-``<point>``; ``<point>@<n>`` the ``n``-th time this process reaches it. The points, in protocol
-order, are :data:`KILL_POINTS`. Before dying the process writes one line,
+``CUTLINE_FAULT_KILL=<point>`` kills the driver's process group the first time one of its processes
+reaches ``<point>``; ``<point>@<n>`` the ``n``-th time that process reaches it. The points, in
+protocol order, are :data:`KILL_POINTS`; some are reached in Spark's Python workers, which PySpark
+runs in process groups of their own: :func:`arm`, called by the driver before it starts Spark,
+puts its own process group into the environment they inherit, so a kill anywhere takes the whole
+driver down, as a crash of its host would. Before dying the process writes one line,
 ``CUTLINE_FAULT killed at <point>``, to stderr, so a test can say where each kill landed.
 
 Without the variable :func:`kill_point` is a dictionary lookup: it costs nothing in production.
@@ -17,6 +20,7 @@ import threading
 from collections import Counter
 
 ENV = "CUTLINE_FAULT_KILL"
+GROUP_ENV = "CUTLINE_FAULT_KILL_GROUP"  # the driver's process group, set by arm()
 
 KILL_POINTS = (
     "restore-started",  # the start is planned; no subtask restored yet
@@ -34,6 +38,13 @@ _hits: Counter[str] = Counter()
 _lock = threading.Lock()
 
 
+def arm() -> None:
+    """In the driver, before Spark starts: kill points of its Spark workers kill its process
+    group."""
+    if os.environ.get(ENV):
+        os.environ.setdefault(GROUP_ENV, str(os.getpgid(0)))
+
+
 def kill_point(point: str) -> None:
     """Die here if ``CUTLINE_FAULT_KILL`` names this point (see the module docstring)."""
     spec = os.environ.get(ENV)
@@ -49,4 +60,7 @@ def kill_point(point: str) -> None:
         return
     sys.stderr.write(f"CUTLINE_FAULT killed at {point}\n")
     sys.stderr.flush()
+    group = int(os.environ.get(GROUP_ENV) or os.getpgid(0))
+    if group != os.getpgid(0):
+        os.killpg(group, signal.SIGKILL)
     os.killpg(os.getpgid(0), signal.SIGKILL)

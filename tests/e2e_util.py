@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -34,19 +35,31 @@ def cutline(home: Path, *args: str, env: dict[str, str] | None = None, log: Path
 
 def kill_driver(proc: subprocess.Popen) -> None:
     """``kill -9`` of the driver and everything it started (the Spark JVM and its workers)."""
-    os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):  # it may have died on its own meanwhile
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
 
 
-def run_to_end(home: Path, *args: str, timeout: float = 600, env=None) -> None:
-    proc = cutline(home, *args, env=env)
+def finish(proc: subprocess.Popen, timeout: float = 600) -> int:
+    """Wait for a driver to end; kill it (and fail) if it does not within ``timeout``."""
     try:
-        rc = proc.wait(timeout=timeout)
+        return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_driver(proc)
         raise
+
+
+def last_line(home: Path, log: str = "driver.log") -> str:
+    """The last line a driver wrote (``cutline: ...`` when it failed)."""
+    lines = (home / log).read_text(errors="replace").strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def run_to_end(home: Path, *args: str, timeout: float = 600, env=None, rc: int = 0) -> None:
+    """Run ``cutline`` to its end; it must exit ``rc``."""
+    got = finish(cutline(home, *args, env=env), timeout)
     log = (home / "driver.log").read_text(errors="replace")
-    assert rc == 0, f"cutline {' '.join(args)} exited {rc}:\n{log[-6000:]}"
+    assert got == rc, f"cutline {' '.join(args)} exited {got}, not {rc}:\n{log[-6000:]}"
 
 
 def table_rows(path: Path, columns: list[str] | None = None) -> list[tuple]:

@@ -1,0 +1,99 @@
+"""What the example jobs must output, computed from their input logs with pandas alone.
+
+Independent of Cutline's code paths (no operators, no Arrow group-bys, no Spark): the exactly-once
+tests compare Cutline's Delta output with these answers, never with another Cutline run.
+
+An output table is an update stream, so what "exactly once" means is checked per job:
+
+- ``clicks_per_user``: per user, the emitted click counts rise strictly from epoch to epoch (a
+  record processed twice, or an update emitted twice, breaks that), and the last one is the
+  user's number of clicks in the input, with the latest event time;
+- ``windowed_revenue``: every window the final watermark closes is emitted once, with the count
+  and sum of its orders in the input;
+- ``enriched_orders``: every order is emitted once, with a profile of its user (or none).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from spark_jobs.delta_catalog import read_delta
+
+
+def read_log(home: Path, topic: str) -> pd.DataFrame:
+    """Every record of a topic of the local log, with its partition and line number."""
+    frames = []
+    for path in sorted((home / "log" / topic).glob("partition-*.jsonl")):
+        df = pd.read_json(path, lines=True, dtype=False)
+        df["partition"] = int(path.stem.split("-")[1])
+        df["line"] = range(len(df))
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
+def output(home: Path, table: str) -> pd.DataFrame:
+    return read_delta(home / "warehouse" / "tables" / table).to_pandas()
+
+
+def check_clicks(home: Path) -> str:
+    """Fails unless ``clicks_per_user``'s output is exactly once; returns a summary."""
+    clicks = read_log(home, "clicks")
+    expected = clicks.groupby("user").agg(clicks=("ts", "size"), last_ts=("ts", "max"))
+    got = output(home, "clicks_per_user").sort_values(["user", "_epoch"])
+    duplicated = got[got.duplicated(["user", "clicks"], keep=False)]
+    assert duplicated.empty, f"updates emitted twice:\n{duplicated.head(10)}"
+    falling = got.groupby("user")["clicks"].diff() <= 0
+    assert not falling.any(), f"counts going backwards:\n{got[falling].head(10)}"
+    final = got.groupby("user").last()[["clicks", "last_ts"]]
+    final["last_ts"] = final["last_ts"].astype("int64")
+    pd.testing.assert_frame_equal(final.sort_index(), expected.sort_index(), check_dtype=False)
+    return f"{len(clicks):,} clicks, {len(expected):,} users, {len(got):,} output rows compared"
+
+
+def windowed_expected(home: Path, window_ms: int = 10_000, lateness_ms: int = 2_000):
+    orders = read_log(home, "orders")
+    watermark = orders["ts"].max() - lateness_ms
+    orders["window_start"] = orders["ts"] - orders["ts"] % window_ms
+    closed = orders[orders["window_start"] + window_ms - 1 <= watermark]
+    expected = closed.groupby(["user", "window_start"]).agg(
+        orders=("ts", "size"), revenue=("amount", "sum")
+    )
+    return orders, expected
+
+
+def check_windows(home: Path) -> str:
+    orders, expected = windowed_expected(home)
+    got = output(home, "windowed_revenue")
+    duplicated = got[got.duplicated(["user", "window_start"], keep=False)]
+    assert duplicated.empty, f"windows emitted twice:\n{duplicated.head(10)}"
+    got = got.set_index(["user", "window_start"])[["orders", "revenue"]].sort_index()
+    assert len(got) == len(expected), f"{len(got)} windows emitted, {len(expected)} expected"
+    pd.testing.assert_frame_equal(
+        got, expected.sort_index(), check_dtype=False, check_exact=False, rtol=1e-9
+    )
+    return f"{len(orders):,} orders, {len(expected):,} windows compared"
+
+
+def check_enriched(home: Path) -> str:
+    orders, profiles = read_log(home, "orders"), read_log(home, "profiles")
+    got = output(home, "enriched_orders")
+    twice = got[got.duplicated("order_id", keep=False)]
+    assert twice.empty, f"orders emitted twice:\n{twice.head(10)}"
+    assert set(got["order_id"]) == set(orders["order_id"]), "orders lost"
+    merged = got.merge(orders, on="order_id", suffixes=("", "_in"))
+    assert (merged["user"] == merged["user_in"]).all() and (merged["ts"] == merged["ts_in"]).all()
+    known = set(zip(profiles["user"], profiles["country"], profiles["tier"], strict=True))
+    enriched = merged.dropna(subset=["country"])
+    pairs = zip(enriched["user"], enriched["country"], enriched["tier"].astype(int), strict=True)
+    strange = [p for p in pairs if p not in known]
+    assert not strange, f"enriched with profiles their user never had: {strange[:5]}"
+    return f"{len(orders):,} orders ({len(enriched):,} enriched) compared"
+
+
+CHECKS = {
+    "clicks_per_user": check_clicks,
+    "windowed_revenue": check_windows,
+    "enriched_orders": check_enriched,
+}

@@ -1,0 +1,131 @@
+"""A restore never re-emits committed output and never silently starts over.
+
+- Falling back past a damaged checkpoint (a truncated file, found by validation; a same-size
+  corruption of the primary copy, found by its checksum while restoring with the local copies
+  gone) marks it CORRUPT and replays, without output, the epochs the sink had already committed.
+- A wrong checkpoint root is a configuration error (exit 2) and marks nothing CORRUPT; with every
+  checkpoint damaged the run fails (exit 2) every time it is started and never reads its input
+  from the beginning; starting over is explicit (``--restore none``) and refuses to append to a
+  sink with output unless told to reset it.
+
+Output is compared with the answer computed from the input by pandas (tests/reference.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from spark_jobs.generate import generate
+from state.manifest import CheckpointManifest
+from tests.e2e_util import completed_checkpoints, cutline, finish, last_line, run_to_end
+from tests.reference import check_clicks, output
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+JOB = "clicks_per_user"
+RUN = ["--idle-timeout", "4", "--interval-ms", "1000", "--max-records-per-partition", "4000"]
+BAD = 2  # cutline's exit code for bad input or configuration
+
+
+def more_input(home: Path, count: int = 8_000) -> None:
+    generate(home / "log", "clicks", "clicks", count=count, seed=7, users=3_000)
+
+
+def retained(home: Path) -> list[dict]:
+    rows = [r for r in completed_checkpoints(home, JOB) if r["status"] == "COMPLETED"]
+    return sorted(rows, key=lambda r: r["checkpoint_id"])
+
+
+def damage_newest(home: Path, *, same_size: bool) -> int:
+    """Damage one shared file that the newest retained checkpoint alone references; returns the
+    checkpoint's id."""
+    rows = retained(home)
+    manifests = [
+        CheckpointManifest.from_json((home / "checkpoints" / r["metadata_path"]).read_bytes())
+        for r in rows
+    ]
+    newest, older = manifests[-1], {f.path for m in manifests[:-1] for f in m.files()}
+    victim = next(f for f in newest.files() if f.shared and f.path not in older)
+    path = home / "checkpoints" / JOB / victim.path
+    data = path.read_bytes()
+    if same_size:
+        path.write_bytes(data[:64] + bytes(b ^ 0xFF for b in data[64:80]) + data[80:])
+    else:
+        path.write_bytes(data[: len(data) // 2])
+    return newest.checkpoint_id
+
+
+def status(home: Path, checkpoint_id: int) -> str:
+    rows = completed_checkpoints(home, JOB)
+    return next(r["status"] for r in rows if r["checkpoint_id"] == checkpoint_id)
+
+
+def test_falling_back_past_damaged_checkpoints_never_re_emits_committed_output(tmp_path):
+    home = tmp_path / "home"
+    more_input(home, 24_000)
+    run_to_end(home, "run", JOB, *RUN)
+    for same_size in (False, True):
+        damaged = damage_newest(home, same_size=same_size)
+        if same_size:  # the primary copy is the only one left
+            shutil.rmtree(home / "local-state")
+        more_input(home)
+        run_to_end(home, "run", JOB, *RUN)
+        log = (home / "driver.log").read_text()
+        assert status(home, damaged) == "CORRUPT"
+        assert f"checkpoint {damaged} is not restorable, marking it CORRUPT" in log
+        evidence = "does not match its checksum" if same_size else "size"
+        assert evidence in log.split(f"checkpoint {damaged} is not restorable")[-1].splitlines()[0]
+        replayed = [line for line in log.splitlines() if line.startswith("replayed epochs")]
+        print(f"checkpoint {damaged} damaged ({'same size' if same_size else 'truncated'}): "
+              f"{replayed[-1]}")  # fmt: skip
+        print(check_clicks(home))
+
+
+def test_a_restore_never_silently_starts_over(tmp_path):
+    home = tmp_path / "home"
+    more_input(home, 16_000)
+    run_to_end(home, "run", JOB, *RUN)
+    rows_before = len(output(home, JOB))
+
+    # a wrong checkpoint root: a configuration error, nothing marked CORRUPT
+    run_to_end(home, "run", JOB, *RUN, "--checkpoint-root", str(tmp_path / "elsewhere"), rc=BAD)
+    assert "was written under the checkpoint root" in last_line(home)
+    assert all(r["status"] != "CORRUPT" for r in completed_checkpoints(home, JOB))
+
+    # an explicit start-over refuses to append to the output...
+    run_to_end(home, "run", JOB, *RUN, "--restore", "none", rc=BAD)
+    assert "--reset-sink" in last_line(home)
+
+    # every retained checkpoint damaged: fails, and fails again, never reading from the start
+    for row in retained(home):
+        manifest = home / "checkpoints" / row["metadata_path"]
+        manifest.write_bytes(manifest.read_bytes()[:-20])  # unreadable manifest: evidence
+    for _ in range(2):
+        proc = cutline(home, "run", JOB, *RUN)
+        assert finish(proc) == BAD, last_line(home)
+        assert "none can be restored" in last_line(home)
+        assert "does not start over" in last_line(home)
+    assert len(output(home, JOB)) == rows_before
+    print(f"refused twice: {last_line(home)[:160]}...")
+
+    # ...unless told to reset it: then the output is that of the whole input, once
+    more_input(home)
+    run_to_end(home, "run", JOB, *RUN, "--restore", "none", "--reset-sink")
+    assert "start-over deletes" in (home / "driver.log").read_text()
+    print(check_clicks(home))
+
+
+def test_bad_options_are_refused_not_ignored(tmp_path):
+    for option in ("--interval-ms", "--parallelism", "--max-records-per-partition"):
+        for value in ("0", "-3"):
+            proc = cutline(tmp_path, "run", JOB, option, value)
+            assert finish(proc, timeout=60) == BAD
+            assert (
+                f"argument {option}: must be > 0, got {value}"
+                in (tmp_path / "driver.log").read_text()
+            )
+    assert finish(cutline(tmp_path, "run", JOB, "--reset-sink"), timeout=60) == BAD
+    assert "--reset-sink only goes with --restore none" in last_line(tmp_path)
