@@ -10,7 +10,9 @@ from dagster_pyspark import PySparkResource
 
 from orchestration.assets.catalog import completed_checkpoints, shared_state_files, streaming_jobs
 from orchestration.assets.checks import (
+    catalog_checks_job,
     checkpoint_freshness,
+    checks_schedule,
     no_dangling_references,
     storage_bounded,
 )
@@ -31,9 +33,9 @@ from spark_jobs.session import session_conf
 defs = Definitions(
     assets=[streaming_jobs, completed_checkpoints, shared_state_files],
     asset_checks=[checkpoint_freshness, no_dangling_references, storage_bounded],
-    jobs=[streaming_job, retention_job, compaction_job, stop_streaming_job],
+    jobs=[streaming_job, retention_job, compaction_job, stop_streaming_job, catalog_checks_job],
     sensors=[register_streaming_jobs, restore_on_failure, streaming_heartbeat],
-    schedules=[retention_schedule, compaction_schedule],
+    schedules=[retention_schedule, compaction_schedule, checks_schedule],
     resources={
         "cutline_paths": CutlinePaths(),
         "spark_submit": SparkSubmit(),

@@ -3,7 +3,9 @@ jobs running and new input arriving.
 
 Everything lives under one home directory (``$CUTLINE_HOME``, default ``.cutline``): the Dagster
 instance in ``dagster/`` (configured from ``orchestration/instance/dagster.yaml``), checkpoints,
-warehouse, local state and the input log. Stop with Ctrl-C (the runs are stopped with it).
+warehouse, local state and the input log. Ctrl-C, SIGTERM and SIGHUP (a closed terminal) stop
+everything it started: the generators, the streaming runs and their drivers, the webserver and
+the daemon.
 """
 
 import argparse
@@ -20,7 +22,7 @@ from pathlib import Path
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster_graphql import DagsterGraphQLClient
 
-from orchestration.partitions import JOB_TAG, streaming_job_partitions
+from orchestration.partitions import DRIVER_PID_TAG, JOB_TAG, streaming_job_partitions
 from orchestration.resources import default_home
 from spark_jobs.job import job_names
 
@@ -93,25 +95,42 @@ class DagsterProcesses:
         return DagsterGraphQLClient("127.0.0.1", port_number=self.port)
 
     def stop(self) -> None:
+        """SIGTERM to the process groups (webserver, daemon, and the code servers and run
+        workers they started), then SIGKILL to whatever of them is left."""
         for p in self.procs:
-            if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGTERM)
         for p in self.procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
 
 
 def launch_streaming_run(
-    client: DagsterGraphQLClient, job_name: str, config: dict | None = None
+    client: DagsterGraphQLClient,
+    job_name: str,
+    config: dict | None = None,
+    resources: dict | None = None,
 ) -> str:
-    """Submit a run of ``streaming_job`` for one streaming job (queued: one active run per job)."""
+    """Submit a run of ``streaming_job`` for one streaming job (queued: one active run per job),
+    with op ``config`` and ``resources`` config (resource name -> its config)."""
+    run_config: dict = {"ops": {"streaming_driver": {"config": config or {}}}}
+    if resources:
+        run_config["resources"] = {name: {"config": c} for name, c in resources.items()}
     return client.submit_job_execution(
         "streaming_job",
-        run_config={"ops": {"streaming_driver": {"config": config or {}}}},
+        run_config=run_config,
         tags={"dagster/partition": job_name, JOB_TAG: job_name},
     )
+
+
+class _Stop(Exception):
+    """SIGTERM or SIGHUP: stop as on Ctrl-C."""
+
+
+def _stop_on(signum, frame) -> None:
+    raise _Stop(signal.Signals(signum).name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,52 +147,79 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     home = Path(args.home).resolve()
-    dagster = DagsterProcesses(home, args.port).start()
-    register_partitions(home)
-    print(f"Dagster UI: {dagster.url}  (home {home})", flush=True)
-    generators = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "spark_jobs.cli",
-                "--home",
-                str(home),
-                "generate",
-                INPUT[job],
-                "--count",
-                "10000000",
-                "--rate",
-                str(args.rate),
-            ],
-            cwd=ROOT,
-            start_new_session=True,
-        )
-        for job in args.jobs
-    ]
-    client = dagster.client()
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _stop_on)
+    generators: list[subprocess.Popen] = []
+    dagster = DagsterProcesses(home, args.port)
+    client = None
     try:
-        for job in args.jobs:
-            run_id = launch_streaming_run(client, job)
+        dagster.start()
+        client = dagster.client()
+        register_partitions(home)
+        print(f"Dagster UI: {dagster.url}  (home {home})", flush=True)
+        generators = [_generator(home, INPUT[job], args.rate) for job in args.jobs]
+        runs = {job: launch_streaming_run(client, job) for job in args.jobs}
+        for job, run_id in runs.items():
             print(f"launched {job}: {dagster.url}/runs/{run_id}", flush=True)
         print(
             "Open the UI: Assets (lineage, completed_checkpoints' plots), Runs, Automation.\n"
-            "Kill a driver to watch restore_on_failure: kill -9 <the run's cutline/submit-pid>.\n"
             "Ctrl-C stops everything.",
             flush=True,
         )
+        told: set[str] = set()
         while all(p.poll() is None for p in dagster.procs):
+            _tell_kill_instruction(home, runs, told)
             time.sleep(2)
         return 1
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Stop) as e:
+        print(f"stopping ({e or 'Ctrl-C'}) ...", flush=True)
         return 0
     finally:
-        for g in generators:
-            g.terminate()
-        for run_id in _active_runs(home):
-            with contextlib.suppress(Exception):  # best effort on the way out
-                client.terminate_run(run_id)
-        dagster.stop()
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(signum, signal.SIG_IGN)  # the cleanup is not interrupted
+        _stop_all(home, dagster, client, generators)
+
+
+def _generator(home: Path, kind: str, rate: float) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "spark_jobs.cli", "--home", str(home), "generate", kind,
+         "--count", "10000000", "--rate", str(rate)],
+        cwd=ROOT,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def _tell_kill_instruction(home: Path, runs: dict[str, str], told: set[str]) -> None:
+    """Once a run's driver is up, say how to kill it (to watch restore_on_failure)."""
+    with instance(home) as inst:
+        for job, run_id in runs.items():
+            run = inst.get_run_by_id(run_id)
+            pid = run.tags.get(DRIVER_PID_TAG) if run else None
+            if pid and run_id not in told:
+                told.add(run_id)
+                print(f"{job}: kill its driver to watch the automatic restore: kill -9 {pid}")
+
+
+def _stop_all(home: Path, dagster: DagsterProcesses, client, generators) -> None:
+    """Stop everything the demo started: generators, runs (their drivers with them), Dagster."""
+    for g in generators:
+        g.terminate()
+    runs = _active_runs(home) if dagster.procs else []
+    for run_id in runs:
+        with contextlib.suppress(Exception):  # best effort on the way out
+            client.terminate_run(run_id)
+    deadline = time.monotonic() + 30
+    while runs and time.monotonic() < deadline and _active_runs(home):
+        time.sleep(1)
+    for pid in _driver_pids(home):  # a driver whose run did not stop in time
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    dagster.stop()
+    for g in generators:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            g.wait(timeout=10)
+        if g.poll() is None:
+            g.kill()
 
 
 def instance(home: Path) -> DagsterInstance:
@@ -196,10 +242,28 @@ def _active_runs(home: Path) -> list[str]:
         runs = inst.get_runs(
             RunsFilter(
                 job_name="streaming_job",
-                statuses=[DagsterRunStatus.STARTED, DagsterRunStatus.QUEUED],
+                statuses=[
+                    DagsterRunStatus.STARTED,
+                    DagsterRunStatus.STARTING,
+                    DagsterRunStatus.QUEUED,
+                    DagsterRunStatus.CANCELING,
+                ],
             )
         )
     return [r.run_id for r in runs]
+
+
+def _driver_pids(home: Path) -> list[int]:
+    """The drivers of the demo's streaming runs that are still alive."""
+    with instance(home) as inst:
+        runs = inst.get_runs(RunsFilter(job_name="streaming_job"))
+    pids = [int(r.tags[DRIVER_PID_TAG]) for r in runs if DRIVER_PID_TAG in r.tags]
+    alive = []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, 0)
+            alive.append(pid)
+    return alive
 
 
 if __name__ == "__main__":

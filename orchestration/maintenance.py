@@ -20,6 +20,8 @@ from spark_jobs.delta_catalog import DeltaCatalog
 from spark_jobs.gc import collect_garbage
 from spark_jobs.job import job_names
 
+RETENTION_INTERVAL_S = 600  # between retention GC passes (retention_schedule)
+
 
 class StopConfig(Config):
     job_name: str
@@ -161,9 +163,9 @@ def compaction_job() -> None:
 retention_schedule = ScheduleDefinition(
     name="retention_schedule",
     job=retention_job,
-    cron_schedule="*/10 * * * *",
+    cron_schedule=f"*/{RETENTION_INTERVAL_S // 60} * * * *",
     default_status=DefaultScheduleStatus.RUNNING,
-    description="Retention GC every 10 minutes",
+    description=f"Retention GC every {RETENTION_INTERVAL_S // 60} minutes",
 )
 compaction_schedule = ScheduleDefinition(
     name="compaction_schedule",

@@ -11,5 +11,6 @@ RESTORE_OF_TAG = "cutline/restore-of"  # the failed run a restore run replaces
 ATTEMPT_TAG = "cutline/restore-number"  # how many restores in the current window, this one included
 RESTART_TAG = "cutline/restart"  # on a failed run: what the restore strategy decided
 WORKER_PID_TAG = "cutline/worker-pid"  # the Dagster run worker that launched the driver
-DRIVER_PID_TAG = "cutline/submit-pid"  # the spark-submit process of the driver
+SUBMIT_PID_TAG = "cutline/submit-pid"  # the spark-submit process of the driver
+DRIVER_PID_TAG = "cutline/driver-pid"  # the driver itself (kill -9 it to see a restore)
 EXIT_CODE_TAG = "cutline/exit-code"  # how the driver exited (orchestration.restart)

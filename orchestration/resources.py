@@ -93,3 +93,10 @@ class SparkSubmit(ConfigurableResource):
 
     def command(self, app_args: list[str], *, kafka: bool = False) -> SubmitCommand:
         return submit_command(app_args, self.master, kafka=kafka, extra=self.conf)
+
+
+def run_paths(run_config: dict, default: CutlinePaths) -> CutlinePaths:
+    """The paths a run was launched with: its ``cutline_paths`` resource config over
+    ``default``."""
+    config = run_config.get("resources", {}).get("cutline_paths", {}).get("config", {})
+    return default.model_copy(update=config) if config else default

@@ -37,6 +37,7 @@ from orchestration.partitions import (
     DRIVER_PID_TAG,
     EXIT_CODE_TAG,
     JOB_TAG,
+    SUBMIT_PID_TAG,
     WORKER_PID_TAG,
     streaming_job_partitions,
 )
@@ -102,7 +103,12 @@ class _Forwarder:
         for event in messages[self.seen :]:
             self.seen += 1
             kind = event.get("kind") if isinstance(event, dict) else None
-            if kind == "started":
+            if kind == "driver":
+                self.context.instance.add_run_tags(
+                    self.context.run_id, {DRIVER_PID_TAG: str(event["pid"])}
+                )
+                self.context.log.info(f"driver pid {event['pid']} (kill -9 it to see a restore)")
+            elif kind == "started":
                 self.started = event
             elif kind == "batch" and self.started and not self.first_batch_reported:
                 self.first_batch_reported = True
@@ -185,7 +191,7 @@ def streaming_driver(
             context.log.info("submitting: " + " ".join(submit.argv))
             driver = subprocess.Popen(submit.argv, env=env)
             context.instance.add_run_tags(
-                context.run_id, {WORKER_PID_TAG: str(os.getpid()), DRIVER_PID_TAG: str(driver.pid)}
+                context.run_id, {WORKER_PID_TAG: str(os.getpid()), SUBMIT_PID_TAG: str(driver.pid)}
             )
             while driver.poll() is None:
                 forward(session.get_custom_messages())

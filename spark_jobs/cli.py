@@ -159,6 +159,7 @@ def _run(args: argparse.Namespace) -> int:
     watch = os.environ.get("CUTLINE_WATCH_PID")
     master = args.master or _settings(args).spark_master
     with open_events() as events:
+        events.emit("driver", {"pid": os.getpid()})
         # the new attempt and its checkpoint are decided while the JVM starts
         plan = plan_start_early(
             job, paths, restore, args.run_id, events.log, reset_sink=args.reset_sink

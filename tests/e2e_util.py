@@ -8,10 +8,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
-import pyarrow.json as pj
 from deltalake.exceptions import TableNotFoundError
 
 from spark_jobs.delta_catalog import read_delta
@@ -90,33 +88,3 @@ def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None
             raise AssertionError(f"process exited ({proc.returncode}) while waiting for {what}")
         time.sleep(0.5)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def expected_clicks(home: Path, partitions: int = 2) -> dict[str, tuple[int, int]]:
-    """clicks_per_user's final answer computed from its input log alone: user -> (clicks,
-    latest ts)."""
-    from spark_jobs.local_log import partition_path
-
-    counts: Counter[str] = Counter()
-    latest: dict[str, int] = {}
-    for p in range(partitions):
-        table = pj.read_json(partition_path(home / "log", "clicks", p))
-        for user, ts in zip(table["user"].to_pylist(), table["ts"].to_pylist(), strict=True):
-            counts[user] += 1
-            latest[user] = max(latest.get(user, ts), ts)
-    return {u: (counts[u], latest[u]) for u in counts}
-
-
-def final_clicks(home: Path) -> dict[str, tuple[int, int]]:
-    """clicks_per_user's output table folded to user -> (clicks, latest ts); fails if any
-    update was written twice (each count of a user appears at most once)."""
-    output = table_rows(home / "warehouse" / "tables" / "clicks_per_user")
-    assert len(set(output)) == len(output), "a row was written twice"
-    final: dict[str, tuple[int, int]] = {}
-    seen: Counter[tuple[str, int]] = Counter()
-    for user, clicks, last_ts, _epoch in output:
-        seen[(user, clicks)] += 1
-        if clicks > final.get(user, (0, 0))[0]:
-            final[user] = (clicks, last_ts)
-    assert not [k for k, n in seen.items() if n > 1], "an update was written twice"
-    return final

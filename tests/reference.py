@@ -15,22 +15,42 @@ An output table is an update stream, so what "exactly once" means is checked per
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
 
 from spark_jobs.delta_catalog import read_delta
 
+# what makes a record valid, per topic: its key, and its fields of a numeric type
+VALID = {
+    "clicks": ("user", ["ts"]),
+    "orders": ("user", ["ts", "amount"]),
+    "profiles": ("user", ["ts", "tier"]),
+}
 
-def read_log(home: Path, topic: str) -> pd.DataFrame:
-    """Every record of a topic of the local log, with its partition and line number."""
-    frames = []
+
+def read_log(home: Path, topic: str, *, bad: bool = False) -> pd.DataFrame:
+    """The valid records of a topic of the local log (or, with ``bad``, the others), with
+    their partition and byte offset."""
+    key, numeric = VALID[topic]
+    rows, rejects = [], []
     for path in sorted((home / "log" / topic).glob("partition-*.jsonl")):
-        df = pd.read_json(path, lines=True, dtype=False)
-        df["partition"] = int(path.stem.split("-")[1])
-        df["line"] = range(len(df))
-        frames.append(df)
-    return pd.concat(frames, ignore_index=True)
+        partition, offset = int(path.stem.split("-")[1]), 0
+        for line in path.read_bytes().splitlines(keepends=True):
+            where = {"partition": partition, "offset": offset, "raw": line.rstrip(b"\n").decode()}
+            offset += len(line)
+            try:
+                record = json.loads(line)
+            except ValueError:
+                rejects.append(where)
+                continue
+            ok = isinstance(record, dict) and isinstance(record.get(key), str)
+            if ok and all(isinstance(record.get(f), int | float) for f in numeric):
+                rows.append({**record, **where})
+            else:
+                rejects.append(where)
+    return pd.DataFrame(rejects if bad else rows)
 
 
 def output(home: Path, table: str) -> pd.DataFrame:

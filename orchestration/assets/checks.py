@@ -1,20 +1,54 @@
 """Asset checks over every streaming job in the catalog: checkpoints are fresh while a job
-runs, no retained checkpoint references a missing file, and primary storage stays bounded."""
+runs, no retained checkpoint references a missing file, and primary storage stays bounded. They
+run on their own every few minutes (``checks_schedule``), and from the UI at any time."""
 
 import time
+from collections.abc import Iterable
 
-from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetSelection,
+    DefaultScheduleStatus,
+    MetadataValue,
+    ScheduleDefinition,
+    asset_check,
+    define_asset_job,
+)
 
 from orchestration.assets.catalog import completed_checkpoints, shared_state_files
+from orchestration.maintenance import RETENTION_INTERVAL_S
 from orchestration.resources import CutlinePaths, S3Resource
 from spark_jobs.job import get_job, job_names
-from state.catalog import CheckpointStatus
+from state.catalog import CheckpointStatus, CompletedCheckpoint
 from state.manifest import ManifestError
 from state.restore import read_manifest, validate_checkpoint
 from state.storage import StorageError
 
 FRESHNESS_INTERVALS = 10  # a running job's latest checkpoint is at most this many intervals old
-UPLOAD_GRACE_S = 600.0  # uploads of pending checkpoints that retention leaves alone this long
+CHECKS_INTERVAL_MIN = 5
+
+
+def lawful_garbage_s(grace_s: float, retention_interval_s: float = RETENTION_INTERVAL_S) -> float:
+    """How long an upload may stay after no checkpoint needs it: retention deletes only files
+    older than the grace period, at passes one interval apart (and one more interval for a pass
+    that runs late or takes long)."""
+    return grace_s + 2 * retention_interval_s
+
+
+def storage_bound(
+    rows: Iterable[CompletedCheckpoint], num_retained: int, now_ms: int, window_s: float
+) -> int | None:
+    """What a job's primary storage may hold: ``num_retained + 1`` copies of its largest retained
+    checkpoint (the retained ones, and one being written) plus everything uploaded in the last
+    ``window_s`` (garbage retention may lawfully not have deleted yet); None with no retained
+    checkpoint."""
+    rows = list(rows)
+    retained = [r for r in rows if r.status == CheckpointStatus.COMPLETED]
+    if not retained:
+        return None
+    recent = sum(r.incremental_size for r in rows if now_ms - r.complete_time_ms < window_s * 1000)
+    return (num_retained + 1) * max(r.full_size for r in retained) + recent
 
 
 def _jobs(cutline_paths: CutlinePaths):
@@ -90,7 +124,8 @@ def no_dangling_references(cutline_paths: CutlinePaths, s3: S3Resource) -> Asset
     asset=shared_state_files,
     description=(
         "Bytes under a job's root in primary storage stay within (num_retained + 1) x its "
-        f"largest retained checkpoint plus what it uploaded in the last {UPLOAD_GRACE_S:.0f} s"
+        "largest retained checkpoint plus what it uploaded while retention may lawfully keep "
+        "garbage (grace period + two retention intervals)"
     ),
 )
 def storage_bounded(cutline_paths: CutlinePaths, s3: S3Resource) -> AssetCheckResult:
@@ -99,17 +134,27 @@ def storage_bounded(cutline_paths: CutlinePaths, s3: S3Resource) -> AssetCheckRe
     problems, usage = {}, {}
     jobs = list(_jobs(cutline_paths))
     for name, _ in jobs:
-        rows = catalog.checkpoints(name)
-        retained = [r for r in rows if r.status == CheckpointStatus.COMPLETED]
-        if not retained:
+        config = get_job(name).checkpoint
+        window = lawful_garbage_s(config.timeout_ms / 1000)
+        bound = storage_bound(catalog.checkpoints(name), config.num_retained, now, window)
+        if bound is None:
             continue
-        recent = sum(
-            r.incremental_size for r in rows if now - r.complete_time_ms < UPLOAD_GRACE_S * 1000
-        )
-        bound = (get_job(name).checkpoint.num_retained + 1) * max(r.full_size for r in retained)
-        bound += recent
         used = sum(info.size for info in storage.list(name))
-        usage[name] = {"bytes": used, "bound": bound}
+        usage[name] = {"bytes": used, "bound": bound, "window_s": window}
         if used > bound:
             problems[name] = f"{used:,} B in primary storage, bound {bound:,} B"
     return _result(problems, len(jobs), usage=MetadataValue.json(usage))
+
+
+catalog_checks_job = define_asset_job(
+    "catalog_checks",
+    selection=AssetSelection.all_asset_checks(),
+    description="Runs the catalog's asset checks (freshness, dangling references, storage)",
+)
+checks_schedule = ScheduleDefinition(
+    name="checks_schedule",
+    job=catalog_checks_job,
+    cron_schedule=f"*/{CHECKS_INTERVAL_MIN} * * * *",
+    default_status=DefaultScheduleStatus.RUNNING,
+    description=f"The asset checks every {CHECKS_INTERVAL_MIN} minutes",
+)

@@ -14,7 +14,7 @@ from dagster import (
 )
 
 from orchestration.partitions import JOB_TAG
-from orchestration.resources import CutlinePaths
+from orchestration.resources import CutlinePaths, run_paths
 from orchestration.restart import Liveness, lost_reason
 from orchestration.streaming import streaming_job
 
@@ -34,7 +34,6 @@ def streaming_heartbeat(context: SensorEvaluationContext, cutline_paths: Cutline
     records = context.instance.get_run_records(
         RunsFilter(job_name=streaming_job.name, statuses=[DagsterRunStatus.STARTED])
     )
-    catalog = cutline_paths.catalog()
     now = int(time.time() * 1000)
     failed = []
     for record in records:
@@ -42,6 +41,7 @@ def streaming_heartbeat(context: SensorEvaluationContext, cutline_paths: Cutline
         job_name = run.tags.get(JOB_TAG)
         if not job_name:
             continue
+        catalog = run_paths(run.run_config, cutline_paths).catalog()
         attempts = [r for r in catalog.jobs(job_name) if r["run_id"] == run.run_id]
         started = int((record.start_time or record.create_timestamp.timestamp()) * 1000)
         reason = lost_reason(attempts[-1] if attempts else None, started, now, LIVENESS)

@@ -21,7 +21,7 @@ from orchestration.partitions import (
     RESTART_TAG,
     RESTORE_OF_TAG,
 )
-from orchestration.resources import CutlinePaths
+from orchestration.resources import CutlinePaths, run_paths
 from orchestration.restart import RestartStrategy, decide
 from orchestration.streaming import streaming_job
 
@@ -87,7 +87,9 @@ def restore_on_failure(context: RunFailureSensorContext, cutline_paths: CutlineP
     config = {
         **previous,
         "restore": "latest",
-        "hints": failed_attempt_hints(cutline_paths, job_name, failed.run_id),
+        "hints": failed_attempt_hints(
+            run_paths(failed.run_config, cutline_paths), job_name, failed.run_id
+        ),
         "delay_s": decision.delay_s,
     }
     run_config = {**failed.run_config, "ops": {**ops, "streaming_driver": {"config": config}}}
