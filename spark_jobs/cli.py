@@ -170,22 +170,25 @@ def _run(args: argparse.Namespace) -> int:
             abandon_plan(plan, paths, job.name, f"the Spark session did not start: {e}")
             raise
         timeline.mark("spark session")
-        summary = run_job(
-            spark,
-            job,
-            paths,
-            plan=plan,
-            restore=restore,
-            reset_sink=args.reset_sink,
-            hints=hints,
-            max_batches=args.max_batches,
-            idle_timeout_s=args.idle_timeout,
-            run_id=args.run_id,
-            events=events,
-            watch_pid=int(watch) if watch else None,
-            timeline=timeline,
-            **({"executor_wait_s": args.executor_wait_s} if args.executor_wait_s else {}),
-        )
+        try:
+            summary = run_job(
+                spark,
+                job,
+                paths,
+                plan=plan,
+                restore=restore,
+                reset_sink=args.reset_sink,
+                hints=hints,
+                max_batches=args.max_batches,
+                idle_timeout_s=args.idle_timeout,
+                run_id=args.run_id,
+                events=events,
+                watch_pid=int(watch) if watch else None,
+                timeline=timeline,
+                **({"executor_wait_s": args.executor_wait_s} if args.executor_wait_s else {}),
+            )
+        finally:
+            spark.stop()  # Spark's threads log nothing after the run's last line
         events.emit("finished", {"attempt": summary.attempt, "batches": summary.batches})
     print(
         f"{job.name} attempt {summary.attempt}: {summary.batches} micro-batches, "

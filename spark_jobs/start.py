@@ -225,7 +225,7 @@ def refuse_silent_start(
         if r.status in (CheckpointStatus.COMPLETED, CheckpointStatus.CORRUPT)
     ]
     if made:
-        why = " | ".join(fallbacks) if fallbacks else "none is COMPLETED"
+        why = " | ".join(fallbacks) if fallbacks else "all are marked CORRUPT"
         raise NoRestorableCheckpointError(
             f"{job_id} has checkpoints {made} but none can be restored ({why}); the run does "
             f"not start over from the beginning of its input; {START_OVER_HINT}"

@@ -122,30 +122,78 @@ def test_restart_path_writes_run_no_spark_job_and_merge_older_schemas(spark, tmp
 
 def test_a_start_is_planned_without_spark_while_the_session_starts(spark, tmp_path):
     """Once the tables exist, a driver begins its attempt (fencing the older one) and chooses
-    its checkpoint, marking a bad one CORRUPT, with no Spark session at all."""
-    from spark_jobs.runtime import plan_start
+    its checkpoint with no Spark session at all. A root that holds none of the checkpoints is a
+    configuration error and marks nothing; a manifest naming a missing file is evidence: CORRUPT,
+    and with nothing left to restore the start refuses to begin from nothing."""
+    import dataclasses
+
+    from spark_jobs.errors import ConfigurationError, NoRestorableCheckpointError
+    from spark_jobs.job import get_job
+    from spark_jobs.settings import RuntimePaths
+    from spark_jobs.start import plan_start
+    from state.handles import StateFile, SubtaskStateHandle
+    from state.keygroups import KeyGroupRange
+    from state.manifest import CheckpointManifest
     from state.storage import open_storage
 
-    warehouse = tmp_path / "warehouse"
-    assert not DeltaCatalog.tables_exist(warehouse)
-    catalog = DeltaCatalog(spark, warehouse)
-    assert DeltaCatalog.tables_exist(warehouse)
+    job = dataclasses.replace(get_job("clicks_per_user"), name="clicks")
+    paths = RuntimePaths.under(tmp_path)
+    assert not DeltaCatalog.tables_exist(paths.warehouse)
+    catalog = DeltaCatalog(spark, paths.warehouse)
+    assert DeltaCatalog.tables_exist(paths.warehouse)
     first = catalog.begin_attempt("clicks")
     catalog.commit_checkpoint(row(1, first))  # its manifest was never written
 
-    sparkless = DeltaCatalog(None, warehouse)
-    storage = open_storage(str(tmp_path / "checkpoints"))
+    sparkless = DeltaCatalog(None, paths.warehouse)
+    storage = open_storage(paths.checkpoint_root)
     logged: list[str] = []
-    with pytest.raises(RuntimeError, match="no restorable checkpoint of clicks"):
-        plan_start(sparkless, storage, "clicks", "latest", "run-2", logged.append)
-    assert "checkpoint 1 is not restorable, marking it CORRUPT" in logged[0]
+    with pytest.raises(ConfigurationError, match="holds none of the manifests"):
+        plan_start(sparkless, storage, job, paths, "latest", "run-2", logged.append)
+    assert [r.status for r in catalog.checkpoints("clicks")] == [CheckpointStatus.COMPLETED]
+
+    lost = StateFile("000009.sst", "shared/op/0/000009-x.sst", 10, "crc32:00000000")
+    handle = SubtaskStateHandle("op", 0, KeyGroupRange(0, 127), 1, (lost,))
+    manifest = CheckpointManifest("clicks", 1, 3, first, 1000, {"log": {"0": 1}}, (handle,))
+    storage.put_bytes("clicks/chk-1/_metadata", manifest.to_json())
+    with pytest.raises(NoRestorableCheckpointError, match="does not start over"):
+        plan_start(sparkless, storage, job, paths, "latest", "run-3", logged.append)
+    assert "checkpoint 1 is not restorable, marking it CORRUPT" in logged[-1]
     assert [r.status for r in catalog.checkpoints("clicks")] == [CheckpointStatus.CORRUPT]
     assert [(j["attempt"], j["status"]) for j in catalog.jobs("clicks")] == [
         (1, "LOST"),
-        (2, "RUNNING"),
+        (2, "FAILED"),
+        (3, "FAILED"),
     ]
-    with pytest.raises(FencedError):  # the new attempt fenced the old one
+    with pytest.raises(FencedError):  # the new attempts fenced the old one
         catalog.commit_checkpoint(row(2, first))
 
-    plan = plan_start(sparkless, storage, "clicks", None, "run-3")
-    assert (plan.attempt, plan.manifest, plan.fallbacks) == (3, None, [])
+    plan = plan_start(sparkless, storage, job, paths, None, "run-4")  # an explicit start-over
+    assert (plan.attempt, plan.manifest, plan.fallbacks) == (4, None, [])
+
+
+def test_two_starters_never_share_an_attempt_number(spark, tmp_path):
+    """Eight threads begin attempts of the same job at once: eight distinct numbers, and every
+    attempt but the newest is fenced."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    DeltaCatalog(spark, tmp_path / "warehouse")
+    catalogs = [DeltaCatalog(None, tmp_path / "warehouse") for _ in range(8)]
+
+    def begin(catalog):
+        try:
+            return catalog.begin_attempt("clicks")
+        except FencedError as e:  # lost the fencing race to a newer starter: superseded
+            return str(e)
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(begin, catalogs))
+    numbers = [r["attempt"] for r in catalogs[0].jobs("clicks")]
+    assert sorted(numbers) == list(range(1, 9)), numbers
+    newest = max(numbers)
+    for attempt in numbers:
+        if attempt == newest:
+            catalogs[0].commit_checkpoint(row(attempt, attempt))
+        else:
+            with pytest.raises(FencedError):
+                catalogs[0].commit_checkpoint(row(attempt, attempt))
+    print(f"8 concurrent starters: attempts {sorted(numbers)}; {results}")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestration.restart import EXIT_BAD_INPUT, Liveness, RestartStrategy, decide, lost_reason
+from orchestration.restart import Liveness, RestartStrategy, decide, lost_reason
+from spark_jobs.errors import EXIT_BAD_INPUT, EXIT_SUPERSEDED
 
 STRATEGY = RestartStrategy(initial_backoff_s=1, max_backoff_s=5, multiplier=2, max_restores=4)
 
@@ -24,6 +25,12 @@ def test_stops_after_max_restores_in_the_window_and_says_why():
 def test_bad_input_is_never_restarted():
     decision = decide(STRATEGY, 0, exit_code=EXIT_BAD_INPUT)
     assert not decision.restart and "configuration" in decision.reason
+
+
+def test_a_superseded_attempt_is_never_restarted():
+    """Exit 3: a newer attempt of the job runs; restoring this one would fence that one."""
+    decision = decide(STRATEGY, 0, exit_code=EXIT_SUPERSEDED)
+    assert not decision.restart and "newer attempt" in decision.reason
 
 
 @pytest.mark.parametrize("code", [None, 1, -9, 137])

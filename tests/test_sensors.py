@@ -54,10 +54,13 @@ def catalog(spark, paths) -> DeltaCatalog:
     return DeltaCatalog(spark, paths.paths().warehouse)
 
 
-def make_run(instance, status=None, config=None, **tags):
+def make_run(instance, status=None, config=None, resources=None, **tags):
+    run_config = {"ops": {"streaming_driver": {"config": config or {}}}}
+    if resources:
+        run_config["resources"] = resources
     return instance.create_run_for_job(
-        job_def=streaming_job,
-        run_config={"ops": {"streaming_driver": {"config": config or {}}}},
+        job_def=defs.get_job_def(streaming_job.name),
+        run_config=run_config,
         tags={JOB_TAG: JOB, "dagster/partition": JOB, **tags},
         status=status,
     )
@@ -82,7 +85,13 @@ def evaluate_restore(instance, run, event, paths):
 def test_a_failed_run_is_restored_from_latest_with_its_allocation_as_hints(
     instance, paths, catalog
 ):
-    run = make_run(instance, config={"idle_timeout_s": 5.0}, **{EXIT_CODE_TAG: "-9"})
+    resources = {  # the failed run's own roots: the restore must use the same
+        "cutline_paths": {"config": {"home": paths.home, "checkpoint_root": "s3://bucket/ckpt"}},
+        "s3": {"config": {"endpoint_url": "http://127.0.0.1:9"}},
+    }
+    run = make_run(
+        instance, config={"idle_timeout_s": 5.0}, resources=resources, **{EXIT_CODE_TAG: "-9"}
+    )
     attempt = catalog.begin_attempt(JOB, run_id=run.run_id)
     catalog.set_restored(JOB, attempt, None, {"0": "host-a", "1": "host-b"})
     run, event = fail(instance, run)
@@ -99,6 +108,7 @@ def test_a_failed_run_is_restored_from_latest_with_its_allocation_as_hints(
         "hints": {"0": "host-a", "1": "host-b"},
         "delay_s": STRATEGY.initial_backoff_s,
     }
+    assert request.run_config["resources"] == resources  # everything it was launched with
     assert request.tags[RESTORE_OF_TAG] == run.run_id
     assert request.tags[JOB_TAG] == JOB and request.tags[ATTEMPT_TAG] == "1"
     assert instance.get_run_by_id(run.run_id).tags[RESTART_TAG].startswith("restore 1 of")

@@ -1,0 +1,61 @@
+"""One configuration for every process: the CLI, the Dagster resources (and so the streaming
+runs, sensors, schedules and checks) and the drivers read the same settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestration.resources import CutlinePaths, S3Resource, SparkSubmit
+from spark_jobs.cli import _paths, build_parser
+from spark_jobs.errors import ConfigurationError
+from spark_jobs.settings import load_settings
+
+
+@pytest.fixture
+def deployment(tmp_path, monkeypatch):
+    """A deployment configured by a file, one setting overridden by the environment."""
+    config = tmp_path / "cutline.toml"
+    config.write_text(
+        f'home = "{tmp_path / "home"}"\n'
+        'checkpoint_root = "s3://bucket/checkpoints"\n'
+        'spark_master = "spark://127.0.0.1:7077"\n'
+        'warehouse = "/from/the/file"\n'
+    )
+    for var in ("CUTLINE_HOME", "CUTLINE_CHECKPOINT_ROOT", "CUTLINE_LOCAL_STATE_ROOT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("CUTLINE_CONFIG", str(config))
+    monkeypatch.setenv("CUTLINE_WAREHOUSE", str(tmp_path / "warehouse"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9000")
+    return tmp_path
+
+
+def test_every_process_reads_the_same_settings(deployment):
+    settings = load_settings()
+    paths = settings.paths()
+    assert paths.checkpoint_root == "s3://bucket/checkpoints"  # the file
+    assert paths.warehouse == str(deployment / "warehouse")  # the environment wins
+    assert paths.local_state_root == str(deployment / "home" / "local-state")  # under home
+    cli = _paths(build_parser().parse_args(["run", "clicks_per_user"]))
+    assert cli == paths == CutlinePaths().paths()
+    assert SparkSubmit().master == "spark://127.0.0.1:7077"
+    assert S3Resource().endpoint_url == "http://127.0.0.1:9000"
+    # a --home on the command line puts every path no flag names under that home
+    mine = _paths(build_parser().parse_args(["--home", str(deployment / "x"), "run", "j"]))
+    assert mine.checkpoint_root == str(deployment / "x" / "checkpoints")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("home = ", "not valid TOML"),
+        ('checkpoint_rot = "s3://b/c"', "unknown settings \\['checkpoint_rot'\\]"),
+        ("warehouse = 3", "must be non-empty strings"),
+    ],
+)
+def test_a_bad_settings_file_is_a_clear_error(tmp_path, monkeypatch, text, message):
+    config = tmp_path / "cutline.toml"
+    config.write_text(text)
+    with pytest.raises(ConfigurationError, match=message):
+        load_settings({"CUTLINE_CONFIG": str(config)})
+    with pytest.raises(ConfigurationError, match="cannot read it"):
+        load_settings({"CUTLINE_CONFIG": str(tmp_path / "missing.toml")})
