@@ -164,7 +164,7 @@ def check_root(
         raise ConfigurationError(
             f"checkpoint {latest.checkpoint_id} of {job_id} was written under the checkpoint "
             f"root {recorded}, but this run's checkpoint root is {checkpoint_root}: run with "
-            "the deployment's settings (docs/design.md, configuration)"
+            "the deployment's settings (docs/design.md §7)"
         )
     if not any(storage.exists(r.metadata_path) for r in rows):
         raise ConfigurationError(

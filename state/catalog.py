@@ -1,4 +1,4 @@
-"""The catalog interface: where a checkpoint becomes complete (DESIGN.md §3, §4).
+"""The catalog interface: where a checkpoint becomes complete (docs/design.md §2).
 
 A checkpoint is complete exactly when :meth:`CheckpointCatalog.commit_checkpoint` returns. The
 runtime implements this interface on Delta tables; ``state/`` only depends on the protocol.

@@ -1,5 +1,5 @@
 """Retention GC of one job, planned as a pure function of the catalog, the manifests and a
-listing of primary storage (DESIGN.md §5; the rules are in :mod:`state.registry`).
+listing of primary storage (docs/design.md §9; the rules are in :mod:`state.registry`).
 
 The plan never deletes a file that a retained checkpoint, a recently subsumed checkpoint (a
 pending checkpoint may still build on it), the checkpoint the current attempt restored from, or a

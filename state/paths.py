@@ -1,4 +1,4 @@
-"""Relative storage paths and the layout of a job's checkpoint directory (DESIGN.md §3).
+"""Relative storage paths and the layout of a job's checkpoint directory (docs/design.md §8).
 
 Every path Cutline stores in a manifest or passes to durable storage is a '/'-separated path
 relative to a root. :func:`check_relative` is the one gate they all pass: it rejects anything that

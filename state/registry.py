@@ -1,6 +1,6 @@
 """The shared state registry and the retention rules, as pure functions over manifests.
 
-Rules (DESIGN.md §5, learned from Flink's own bugs):
+Rules (docs/design.md §9, learned from Flink's own bugs):
 
 * a file's refcount is the number of retained checkpoints whose manifest references it, always
   recomputed from the manifests, never incremented and decremented, so it cannot drift;
