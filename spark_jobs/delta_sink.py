@@ -24,8 +24,10 @@ replay after a restore appends it again: duplicates, never losses.
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -219,9 +221,6 @@ class DeltaSinkWriter:
         concurrent commit makes it start over. ``plan(dt, fence, committed)`` returns ``(data,
         (epoch, info) | None, result)``; ``data=None`` with no epoch commits only the fence when
         this attempt has not fenced the table yet."""
-        import random
-        import time
-
         from deltalake import CommitProperties, Transaction, write_deltalake
         from deltalake.exceptions import CommitFailedError
 

@@ -12,7 +12,6 @@ killed at any point leaves nothing referenced deleted, and the next pass finishe
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -23,8 +22,8 @@ from typing import Any
 from spark_jobs.delta_catalog import DeltaCatalog, now_ms
 from spark_jobs.job import get_job
 from spark_jobs.settings import RuntimePaths
-from state.gc import ACKS_DIR, plan_gc, select_retention
-from state.handles import SubtaskStateHandle
+from state.acks import Ack, AckError, ack_location
+from state.gc import plan_gc, select_retention
 from state.manifest import ManifestError
 from state.paths import JobLayout
 from state.registry import StoredFile
@@ -233,17 +232,20 @@ def _missing_rows(
 
 
 def _acked_paths(storage, layout: JobLayout, listing: list[StoredFile]) -> set[str]:
-    """Files referenced by the acks of pending checkpoints (subtasks that finished uploading)."""
+    """Files referenced by the acks of pending checkpoints (subtasks that finished uploading),
+    of every attempt: a zombie's pending uploads are protected like any other."""
     paths: set[str] = set()
     for f in listing:
-        if not (f.path.startswith(ACKS_DIR + "/") and f.path.endswith(".json")):
+        if ack_location(f.path) is None:
             continue
         try:
-            doc = json.loads(storage.get_bytes(layout.job_path(f.path)))
+            ack = Ack.from_json(storage.get_bytes(layout.job_path(f.path)), source=f.path)
         except MissingFileError:  # its checkpoint completed meanwhile: the catalog has it
             continue
-        if "handle" in doc:
-            paths |= {sf.path for sf in SubtaskStateHandle.from_dict(doc["handle"]).files}
+        except AckError:  # not an ack GC can read: it protects nothing, and stays
+            continue
+        if ack.handle is not None:
+            paths |= {sf.path for sf in ack.handle.files}
     return paths
 
 

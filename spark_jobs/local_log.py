@@ -261,6 +261,7 @@ def _data_source_class():
             self.key = options.get("keyColumn") or None
             fields = [f for f in schema.fields if not f.name.startswith("_")]
             self.arrow_schema = to_arrow_schema(StructType(fields))
+            self.columns = [f.name for f in schema.fields]  # what Spark expects, in its order
 
         def ranges(self, start: dict, end: dict) -> list:
             return [
@@ -281,7 +282,7 @@ def _data_source_class():
                 self.arrow_schema,
                 self.key,
             )
-            yield from table.to_batches()
+            yield from table.select(self.columns).to_batches()
 
     class LocalLogStreamReader(_Ranges, DataSourceStreamReader):
         def __init__(self, schema, options) -> None:

@@ -3,8 +3,8 @@
 :func:`restore_placed` rebuilds every subtask's RocksDB from a checkpoint, local copy first, in a
 Spark job of ``parallelism`` tasks placed on the hosts the executor hints name. A subtask that
 finds a file of the primary copy missing, of the wrong size or with the wrong checksum reports it
-instead of failing: that is positive evidence against the checkpoint, which the driver marks
-CORRUPT before restoring the next older one (:class:`Restorer`).
+instead of failing: that is positive evidence against the checkpoint, which
+:func:`restore_with_fallback` marks CORRUPT before restoring the next older one.
 
 Replaying committed epochs. A restore from checkpoint *k* whose sinks already committed epochs
 after *k*'s (a fallback past damaged checkpoints, or an explicit ``--restore ID``) must not emit
@@ -21,7 +21,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from spark_jobs.errors import NoRestorableCheckpointError
 from spark_jobs.placement import executor_hosts, placed_rdd, preferred_hosts, wait_for_hosts
+from spark_jobs.start import select_checkpoint
 from spark_jobs.subtask import RunContext, prepare_subtask
 from state.manifest import CheckpointManifest
 
@@ -148,9 +150,6 @@ def restore_with_fallback(
     it, mark it CORRUPT and restore the next older one that validates (only when restoring the
     latest: a named checkpoint that is corrupt is an error). ``epoch_of(manifest)`` is the epoch
     the restored state stands at."""
-    from spark_jobs.errors import NoRestorableCheckpointError
-    from spark_jobs.start import select_checkpoint
-
     started = time.perf_counter()
     job_id, fallbacks = ctx.job.name, []
     while True:

@@ -32,7 +32,7 @@ from typing import Any
 
 from spark_jobs.bad_records import bad_record_error
 from spark_jobs.delta_catalog import DeltaCatalog, now_ms
-from spark_jobs.errors import AttemptFailedError, NonRetryableError
+from spark_jobs.errors import AttemptFailedError, NonRetryableError, NoRestorableCheckpointError
 from spark_jobs.events import EventChannel
 from spark_jobs.job import JobDefinition, WindowedAggregate
 from spark_jobs.operators import KEY_GROUP_COLUMN
@@ -180,6 +180,7 @@ class StreamingRun:
         # on a cluster, a host that loses its executors takes its subtasks' working state along
         self._watch_hosts = not spark.sparkContext.master.startswith("local")
         self.aborted: set[int] = set()
+        self.coordinator: CheckpointCoordinator | None = None  # once the state is restored
         # a compaction request being served: (checkpoint id, request, compaction ms)
         self._compaction: tuple[int, CompactionRequest, float] | None = None
 
@@ -386,8 +387,6 @@ class StreamingRun:
         """Where each epoch after ``manifest``'s ended, up to ``through``: from the commit
         history of the sink that committed furthest, and the first candidate's own record of
         its epochs the sinks had not committed."""
-        from spark_jobs.errors import NoRestorableCheckpointError
-
         sink = max(self.sinks, key=lambda s: s.committed_epoch())
         try:
             ends = sink.committed_ends(manifest.batch_id)
@@ -532,7 +531,7 @@ class StreamingRun:
         return self._query_has_run and not self._in_batch
 
     def _plan(self, epoch: int, checkpoint_id: int | None, *, emit: bool = True) -> BatchPlan:
-        coordinator = getattr(self, "coordinator", None)
+        coordinator = self.coordinator
         latest = coordinator.latest_completed if coordinator else None
         op = self.job.operator.name
         return BatchPlan(

@@ -48,32 +48,13 @@ def stream_frame(spark, job: JobDefinition, name: str, log_root: str, start: Pos
     """Source ``name`` as a stream from ``start`` (one micro-batch reads at most the source's
     ``max_records_per_partition`` per partition)."""
     source = job.source(name)
-    key = job.operator.inputs[name]
+    limit = source.max_records_per_partition
     if isinstance(source, KafkaSource):
-        raw = (
-            spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", source.servers())
-            .option("subscribe", source.topic)
-            .option("startingOffsets", json.dumps({source.topic: start}))
-            .option(
-                "maxOffsetsPerTrigger", str(source.max_records_per_partition * source.partitions)
-            )
-            .option("failOnDataLoss", "true")
-            .load()
-        )
-        return _kafka_records(raw, source, key)
-    register_data_source(spark)
-    return (
-        spark.readStream.format("cutline_log")
-        .schema(source_ddl(source))
-        .option("path", log_root)
-        .option("topic", source.topic)
-        .option("partitions", json.dumps(sorted(int(p) for p in start)))
-        .option("startingOffsets", json.dumps(start))
-        .option("maxRecordsPerPartition", str(source.max_records_per_partition))
-        .option("keyColumn", key)
-        .load()
-    )
+        reader = _kafka(spark.readStream, source, start)
+        reader = reader.option("maxOffsetsPerTrigger", str(limit * source.partitions))
+        return _kafka_records(reader.load(), source, job.operator.inputs[name])
+    reader = _log(spark, spark.readStream, job, name, log_root, start)
+    return reader.option("maxRecordsPerPartition", str(limit)).load()
 
 
 def range_frame(
@@ -81,30 +62,40 @@ def range_frame(
 ):
     """The records of source ``name`` from ``start`` up to ``end``, as a batch: exactly what
     one micro-batch that ran from ``start`` to ``end`` read."""
+    moved = [p for p, position in end.items() if position != start.get(p, position)]
+    if not moved:
+        return empty_frame(spark, job, name)
+    start, end = {p: start[p] for p in moved}, {p: end[p] for p in moved}
     source = job.source(name)
-    key = job.operator.inputs[name]
     if isinstance(source, KafkaSource):
-        raw = (
-            spark.read.format("kafka")
-            .option("kafka.bootstrap.servers", source.servers())
-            .option("subscribe", source.topic)
-            .option("startingOffsets", json.dumps({source.topic: start}))
-            .option("endingOffsets", json.dumps({source.topic: end}))
-            .option("failOnDataLoss", "true")
-            .load()
-        )
-        return _kafka_records(raw, source, key)
+        reader = _kafka(spark.read, source, start)
+        reader = reader.option("endingOffsets", json.dumps({source.topic: end}))
+        return _kafka_records(reader.load(), source, job.operator.inputs[name])
+    reader = _log(spark, spark.read, job, name, log_root, start)
+    return reader.option("endingOffsets", json.dumps(end)).load()
+
+
+def _kafka(reader, source: KafkaSource, start: Positions):
+    return (
+        reader.format("kafka")
+        .option("kafka.bootstrap.servers", source.servers())
+        .option("subscribe", source.topic)
+        .option("startingOffsets", json.dumps({source.topic: start}))
+        .option("failOnDataLoss", "true")
+    )
+
+
+def _log(spark, reader, job: JobDefinition, name: str, log_root: str, start: Positions):
+    source = job.source(name)
     register_data_source(spark)
     return (
-        spark.read.format("cutline_log")
+        reader.format("cutline_log")
         .schema(source_ddl(source))
         .option("path", log_root)
         .option("topic", source.topic)
-        .option("partitions", json.dumps(sorted(int(p) for p in end)))
+        .option("partitions", json.dumps(sorted(int(p) for p in start)))
         .option("startingOffsets", json.dumps(start))
-        .option("endingOffsets", json.dumps(end))
-        .option("keyColumn", key)
-        .load()
+        .option("keyColumn", job.operator.inputs[name])
     )
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from state.acks import ACKS_DIR
 from state.catalog import CheckpointStatus, CompletedCheckpoint
 from state.compaction import REQUESTS_DIR
 from state.manifest import CheckpointManifest
 from state.paths import JobLayout
 from state.registry import StoredFile, deletable, refcounts, select_subsumed
 
-ACKS_DIR = "_acks"  # the running driver's ack inbox: never GC's to touch
 CONTROL_DIRS = (ACKS_DIR, REQUESTS_DIR)  # what a running job reads, not checkpoint data
 
 

@@ -80,3 +80,13 @@ def spark():
         yield session
     finally:
         session.stop()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The figures tests measured (tests/e2e_util.py ``report``), under one heading."""
+    from tests.e2e_util import FIGURES
+
+    if FIGURES:
+        terminalreporter.section("figures")
+        for line in FIGURES:
+            terminalreporter.write_line(line)

@@ -15,6 +15,15 @@ from deltalake.exceptions import TableNotFoundError
 from spark_jobs.delta_catalog import read_delta
 
 ROOT = Path(__file__).resolve().parent.parent
+FIGURES: list[str] = []  # what tests measured; conftest.py repeats them at the end of the run
+
+
+def report(line: str) -> None:
+    """A figure a test measured (kills, records, keys compared): printed, and listed again
+    under "figures" at the end of the pytest run, passing or not."""
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0].split("/")[-1]
+    FIGURES.append(f"{test}: {line.strip()}" if test else line.strip())
+    print(line)
 
 
 def cutline(home: Path, *args: str, env: dict[str, str] | None = None, log: Path | None = None):

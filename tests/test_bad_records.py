@@ -15,7 +15,7 @@ from spark_jobs.generate import generate
 from spark_jobs.local_log import append_records, partition_path
 from state.faults import ENV as KILL_ENV
 from state.manifest import CheckpointManifest
-from tests.e2e_util import completed_checkpoints, cutline, finish, last_line, run_to_end
+from tests.e2e_util import completed_checkpoints, cutline, finish, last_line, report, run_to_end
 from tests.reference import check_clicks, output, read_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -47,7 +47,7 @@ def test_a_bad_record_fails_the_attempt_with_one_line_naming_it(tmp_path):
     for _ in range(2):  # not fixed by a restart: the same record, the same clear error
         assert finish(cutline(home, "run", JOB, *RUN)) == 2
         line = last_line(home)
-        print(line)
+        report(line)
         assert line.startswith(
             f"cutline: bad record in source 'clicks' partition {partition} at offset {offset}: "
             "not valid JSON"
@@ -57,7 +57,7 @@ def test_a_bad_record_fails_the_attempt_with_one_line_naming_it(tmp_path):
     assert all(f"offset {offset}" in a["failure_reason"] for a in attempts)
     # the job's policy changed to dead-lettering: it goes on from its checkpoint, exactly
     run_to_end(home, "run", JOB, *RUN, "--bad-records", "dead_letter")
-    print(check_clicks(home))
+    report(check_clicks(home))
     [dead] = output(home, f"{JOB}_dead_letters").to_dict("records")
     assert (dead["partition"], dead["offset"], dead["raw"]) == (
         partition,
@@ -73,7 +73,7 @@ def test_dead_lettered_records_are_committed_once_with_the_output(tmp_path):
     killed = cutline(home, "run", JOB, *args, env={KILL_ENV: "sink-committed@3"})
     assert finish(killed) == -9
     run_to_end(home, "run", JOB, *args)
-    print(check_clicks(home))
+    report(check_clicks(home))
     dead = output(home, f"{JOB}_dead_letters").sort_values(["partition", "offset"])
     expected = read_log(home, "clicks", bad=True).sort_values(["partition", "offset"])
     assert dead[["partition", "offset", "raw"]].values.tolist() == (
@@ -88,4 +88,4 @@ def test_dead_lettered_records_are_committed_once_with_the_output(tmp_path):
         (home / "checkpoints" / latest["metadata_path"]).read_bytes()
     )
     assert manifest.counters["bad_records"] == len(BAD_LINES)
-    print(f"{len(dead)} bad records dead-lettered once, counted in checkpoint metadata")
+    report(f"{len(dead)} bad records dead-lettered once, counted in checkpoint metadata")

@@ -100,7 +100,7 @@ def test_a_missing_file_is_a_dangling_reference(home):
 
 
 def test_storage_beyond_the_bound_fails(home, monkeypatch):
-    monkeypatch.setattr(checks, "UPLOAD_GRACE_S", 0.0)  # no allowance for recent uploads
+    monkeypatch.setattr(checks, "lawful_garbage_s", lambda grace_s: 0.0)  # no recent uploads
     assert check(checks.storage_bounded, home)[0]
     junk = home / "checkpoints" / JOB / "shared" / "orphan.sst"
     junk.write_bytes(b"\0" * (10 << 20))  # an orphan bigger than the bound

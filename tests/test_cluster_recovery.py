@@ -23,6 +23,7 @@ from tests.e2e_util import (
     completed_checkpoints,
     cutline,
     kill_driver,
+    report,
     run_to_end,
     wait_for,
 )
@@ -82,11 +83,11 @@ def test_driver_killed_restores_every_subtask_locally_on_its_host(cluster, tmp_p
     recovery = catalog(home, "recoveries")[-1]
     placement = json.loads(recovery["placement"])
     local = recovery["subtasks_local"] / len(placement)
-    print(f"driver kill: {local:.0%} of subtasks restored from local copies: {placement}")
+    report(f"driver kill: {local:.0%} of subtasks restored from local copies: {placement}")
     assert local >= 0.95
     assert all(p["host"] == p["hint"] == allocation[str(p["subtask"])] for p in placement)
     assert recovery["bytes_remote"] == 0
-    print(check_clicks(home))
+    report(check_clicks(home))
 
 
 def test_host_lost_restores_its_subtasks_remotely_and_the_others_locally(cluster, tmp_path):
@@ -107,7 +108,7 @@ def test_host_lost_restores_its_subtasks_remotely_and_the_others_locally(cluster
 
     recovery = catalog(home, "recoveries")[-1]
     placement = {p["subtask"]: p for p in json.loads(recovery["placement"])}
-    print(f"host lost: restore placement {placement}")
+    report(f"host lost: restore placement {placement}")
     on_lost = {int(s) for s, h in allocation.items() if h == lost}
     assert on_lost, log[-3000:]
     for subtask, p in placement.items():
@@ -115,4 +116,4 @@ def test_host_lost_restores_its_subtasks_remotely_and_the_others_locally(cluster
         assert p["source"] == ("remote" if subtask in on_lost else "local"), p
     assert recovery["subtasks_remote"] == len(on_lost)
     assert recovery["subtasks_local"] == 4 - len(on_lost)
-    print(check_clicks(home))
+    report(check_clicks(home))

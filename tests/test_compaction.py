@@ -34,6 +34,7 @@ from tests.e2e_util import (
     completed_checkpoints,
     cutline,
     kill_driver,
+    report,
     wait_for,
 )
 from tests.reference import check_clicks
@@ -76,7 +77,7 @@ def test_a_compacted_checkpoint_restores_from_fewer_files_with_the_same_state(su
     layout = JobLayout(JOB)
     read_before = restore_subtask(before, sub.storage, layout, tmp_path / "r1")
     read_after = restore_subtask(after, sub.storage, layout, tmp_path / "r2")
-    print(
+    report(
         f"\nrestore reads {read_before.files_remote} files before, {read_after.files_remote} after"
     )
     assert read_after.files_remote < read_before.files_remote
@@ -163,6 +164,6 @@ def test_a_running_job_compacts_when_asked_and_then_restores_from_fewer_files(tm
 
     first, second = reader.recoveries(job)
     files = [r["files_local"] + r["files_remote"] for r in (first, second)]
-    print(f"\nrestore before compaction: {files[0]} files; after: {files[1]} files")
+    report(f"\nrestore before compaction: {files[0]} files; after: {files[1]} files")
     assert files[1] < files[0]
-    print(check_clicks(home))
+    report(check_clicks(home))

@@ -27,7 +27,7 @@ from dagster import AssetKey, DagsterRunStatus
 from orchestration.demo import DagsterProcesses, instance, launch_streaming_run, register_partitions
 from orchestration.partitions import DRIVER_PID_TAG, RESTORE_OF_TAG, WORKER_PID_TAG
 from spark_jobs.delta_catalog import read_delta
-from tests.e2e_util import ROOT, completed_checkpoints, wait_for
+from tests.e2e_util import ROOT, completed_checkpoints, report, wait_for
 from tests.reference import check_clicks
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -127,7 +127,7 @@ def test_dagster_restores_a_killed_driver_and_a_lost_run_process(tmp_path, s3_se
         assert config["restore"] == "latest" and config["idle_timeout_s"] == 20.0
         wait_for(lambda: first_batch_at(home, second.run_id), 180, "the restored first batch")
         recovery_s = first_batch_at(home, second.run_id) - killed_at
-        print(
+        report(
             f"\nkill -9 of the driver -> first micro-batch of the restore run: {recovery_s:.1f} s"
         )
         assert recovery_s < 120  # 38-49 s measured on this machine (target: 60 s)
@@ -153,7 +153,7 @@ def test_dagster_restores_a_killed_driver_and_a_lost_run_process(tmp_path, s3_se
             lambda: run_where(home, **{RESTORE_OF_TAG: second.run_id}), 300, "a second restore"
         )
         detected_s = time.time() - killed_at
-        print(f"run process killed -> marked failed, restore requested: {detected_s:.1f} s")
+        report(f"run process killed -> marked failed, restore requested: {detected_s:.1f} s")
         assert status(home, second.run_id) == DagsterRunStatus.FAILURE
         assert "driver lost" in failure_message(home, second.run_id)  # streaming_heartbeat
         third = run_where(home, **{RESTORE_OF_TAG: second.run_id})
@@ -176,4 +176,4 @@ def test_dagster_restores_a_killed_driver_and_a_lost_run_process(tmp_path, s3_se
     ]
     assert all(r["status"] != "CORRUPT" for r in completed_checkpoints(home, JOB))
     assert not (home / "checkpoints").exists(), "nothing was written under the default root"
-    print(check_clicks(home))
+    report(check_clicks(home))

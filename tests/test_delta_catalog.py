@@ -8,6 +8,7 @@ import pytest
 
 from spark_jobs.delta_catalog import TABLES, DeltaCatalog, _is_conflict
 from state.catalog import CheckpointStatus, CompletedCheckpoint, FencedError
+from tests.e2e_util import report
 
 pytestmark = pytest.mark.spark
 
@@ -196,4 +197,4 @@ def test_two_starters_never_share_an_attempt_number(spark, tmp_path):
         else:
             with pytest.raises(FencedError):
                 catalogs[0].commit_checkpoint(row(attempt, attempt))
-    print(f"8 concurrent starters: attempts {sorted(numbers)}; {results}")
+    report(f"8 concurrent starters: attempts {sorted(numbers)}; {results}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e_util import ROOT, wait_for
+from tests.e2e_util import ROOT, report, wait_for
 from tests.test_dagster_e2e import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -59,7 +59,7 @@ def test_the_demo_stops_everything_it_started(signum, tmp_path):
         while processes_of(home) and time.monotonic() < deadline:
             time.sleep(1)
         left = processes_of(home)
-        print(f"{signal.Signals(signum).name}: {len(started)} processes stopped, {len(left)} left")
+        report(f"{signal.Signals(signum).name}: {len(started)} processes stopped, {len(left)} left")
         assert not left, f"left running after {signal.Signals(signum).name}: {left}"
     finally:
         for pid in processes_of(home):

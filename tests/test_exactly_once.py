@@ -23,7 +23,7 @@ import pytest
 from spark_jobs.generate import generate
 from state.faults import ENV as KILL_ENV
 from state.faults import KILL_POINTS
-from tests.e2e_util import cutline, finish, kill_driver, run_to_end
+from tests.e2e_util import cutline, finish, kill_driver, report, run_to_end
 from tests.reference import CHECKS, check_clicks, output, read_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -72,7 +72,7 @@ def one_attempt(home: Path, job: str, rng: random.Random) -> str | None:
 @pytest.mark.parametrize("job", list(INPUTS))
 def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, tmp_path):
     rng = random.Random(f"{SEED}/{job}")
-    print(f"\n{job}: seed {SEED} (CUTLINE_TEST_SEED={SEED} reproduces the kill plan)")
+    report(f"\n{job}: seed {SEED} (CUTLINE_TEST_SEED={SEED} reproduces the kill plan)")
     home = tmp_path / "home"
     kills: list[str] = []
     attempts = 0
@@ -85,8 +85,8 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
             kills.append(killed)
     run_to_end(home, "run", job, *RUN)
     summary = CHECKS[job](home)
-    print(f"{job}: {len(kills)} kills in {attempts} attempts: {kills}")
-    print(f"{job}: output == reference ({summary})")
+    report(f"{job}: {len(kills)} kills in {attempts} attempts: {kills}")
+    report(f"{job}: output == reference ({summary})")
 
 
 def test_at_least_once_loses_nothing_and_reports_duplicates(tmp_path):
@@ -102,7 +102,7 @@ def test_at_least_once_loses_nothing_and_reports_duplicates(tmp_path):
     run_to_end(home, "run", "clicks_per_user", *args)
     got = output(home, "clicks_per_user")
     duplicates = int(got.duplicated(["user", "clicks"]).sum())
-    print(f"at-least-once after one kill: {duplicates} duplicate rows")
+    report(f"at-least-once after one kill: {duplicates} duplicate rows")
     final = got.groupby("user")["clicks"].max()
     expected = read_log(home, "clicks").groupby("user").size()
     assert final.sort_index().tolist() == expected.sort_index().tolist(), "nothing is lost"

@@ -24,6 +24,7 @@ from tests.e2e_util import (
     finish,
     kill_driver,
     last_line,
+    report,
     run_to_end,
     wait_for,
 )
@@ -73,11 +74,11 @@ def test_two_attempts_started_together_never_share_a_number(earlier, tmp_path):
     codes = sorted([finish(first), finish(second)])
     rows = attempts(home)
     numbers = [r["attempt"] for r in rows]
-    print(f"attempts {[(r['attempt'], r['status']) for r in rows]}, exit codes {codes}")
+    report(f"attempts {[(r['attempt'], r['status']) for r in rows]}, exit codes {codes}")
     assert len(numbers) == len(set(numbers)), f"two starters shared an attempt number: {numbers}"
     assert codes == [0, SUPERSEDED], "the older attempt stops as superseded, the newer runs"
     run_to_end(home, "run", JOB, *RUN)
-    print(check_clicks(home))
+    report(check_clicks(home))
 
 
 def test_a_zombie_attempt_commits_nothing_once_a_newer_one_started(tmp_path):
@@ -102,9 +103,9 @@ def test_a_zombie_attempt_commits_nothing_once_a_newer_one_started(tmp_path):
                 kill_driver(proc) if proc is zombie else proc.kill()
     old, new = attempts(home)[:2]
     assert commits_after(home, old["attempt"], new["started_ms"]) == []
-    print(f"zombie: {last_line(home, 'zombie.log')}")
+    report(f"zombie: {last_line(home, 'zombie.log')}")
     run_to_end(home, "run", JOB, *RUN)
-    print(check_clicks(home))
+    report(check_clicks(home))
 
 
 def test_a_paused_driver_resumed_after_a_new_attempt_committed_commits_nothing(tmp_path):
@@ -131,9 +132,9 @@ def test_a_paused_driver_resumed_after_a_new_attempt_committed_commits_nothing(t
             os.killpg(paused.pid, signal.SIGCONT)
             kill_driver(paused)
     assert commits_after(home, 1, resumed_ms - 2000) == []
-    print(f"resumed driver: {last_line(home, 'paused.log')}")
+    report(f"resumed driver: {last_line(home, 'paused.log')}")
     run_to_end(home, "run", JOB, *RUN)
-    print(check_clicks(home))
+    report(check_clicks(home))
 
 
 def test_an_orphan_manifest_never_stalls_the_job_and_gc_removes_it(tmp_path):
@@ -157,5 +158,5 @@ def test_an_orphan_manifest_never_stalls_the_job_and_gc_removes_it(tmp_path):
     assert not set(orphans) & set(ids) and max(ids) > max(orphans)
     run_to_end(home, "gc", JOB, "--grace-s", "0")
     assert not [cid for cid in orphans if (root / f"chk-{cid}" / "_metadata").exists()]
-    print(f"orphan manifests {orphans} skipped and collected; checkpoints {ids}")
-    print(check_clicks(home))
+    report(f"orphan manifests {orphans} skipped and collected; checkpoints {ids}")
+    report(check_clicks(home))

@@ -29,6 +29,7 @@ from tests.e2e_util import (
     completed_checkpoints,
     cutline,
     kill_driver,
+    report,
     run_to_end,
     wait_for,
 )
@@ -111,11 +112,11 @@ def test_gc_while_the_job_runs_and_restores_keeps_storage_bounded_and_output_exa
     assert proc.returncode == 0, (home / "driver.log").read_text()[-3000:]
     time.sleep(GRACE_S)
     gc_pass()
-    print(f"\n{passes} GC passes, {deleted} files deleted; settled/bound at worst {worst:.2f}")
+    report(f"\n{passes} GC passes, {deleted} files deleted; settled/bound at worst {worst:.2f}")
     assert deleted > 0 and worst <= 1.0, history
     retained = verify_retained(paths)
     assert len(retained) == get_job(JOB).checkpoint.num_retained
-    print(check_clicks(home))
+    report(check_clicks(home))
 
     # the registry tells the truth: LIVE rows are exactly the stored shared files
     storage = open_storage(paths.checkpoint_root)
@@ -132,7 +133,7 @@ def test_gc_while_the_job_runs_and_restores_keeps_storage_bounded_and_output_exa
 
     # a later run restores the latest checkpoint after all that GC
     run_to_end(home, "run", JOB, "--idle-timeout", "3")
-    print(check_clicks(home))
+    report(check_clicks(home))
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +225,7 @@ def kill_points(rng: random.Random) -> list[tuple[str, float]]:
 def test_gc_killed_at_random_points_and_rerun_deletes_exactly_what_nothing_needs(tmp_path):
     seed = int(os.environ.get("CUTLINE_TEST_SEED", time.time_ns() % 1_000_000))
     points = kill_points(random.Random(seed))
-    print(f"\nseed {seed}: kill -9 at {points}")
+    report(f"\nseed {seed}: kill -9 at {points}")
     home = make_home(tmp_path, "home")
     paths = RuntimePaths.under(home)
     storage = open_storage(paths.checkpoint_root)
@@ -275,7 +276,7 @@ def test_gc_killed_at_random_points_and_rerun_deletes_exactly_what_nothing_needs
     assert all(r["deleted_at_ms"] for r in rows if r["status"] == "DELETED")
     # ... and the job restores its latest checkpoint and ends with exact output
     run_to_end(home, "run", JOB, "--idle-timeout", "3")
-    print(check_clicks(home))
+    report(check_clicks(home))
 
 
 def _unrecorded(reader: CatalogReader, paths: set[str]) -> set[str]:

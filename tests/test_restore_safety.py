@@ -20,7 +20,7 @@ import pytest
 
 from spark_jobs.generate import generate
 from state.manifest import CheckpointManifest
-from tests.e2e_util import completed_checkpoints, cutline, finish, last_line, run_to_end
+from tests.e2e_util import completed_checkpoints, cutline, finish, last_line, report, run_to_end
 from tests.reference import check_clicks, output
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -79,9 +79,9 @@ def test_falling_back_past_damaged_checkpoints_never_re_emits_committed_output(t
         evidence = "does not match its checksum" if same_size else "size"
         assert evidence in log.split(f"checkpoint {damaged} is not restorable")[-1].splitlines()[0]
         replayed = [line for line in log.splitlines() if line.startswith("replayed epochs")]
-        print(f"checkpoint {damaged} damaged ({'same size' if same_size else 'truncated'}): "
+        report(f"checkpoint {damaged} damaged ({'same size' if same_size else 'truncated'}): "
               f"{replayed[-1]}")  # fmt: skip
-        print(check_clicks(home))
+        report(check_clicks(home))
 
 
 def test_a_restore_never_silently_starts_over(tmp_path):
@@ -109,13 +109,13 @@ def test_a_restore_never_silently_starts_over(tmp_path):
         assert "none can be restored" in last_line(home)
         assert "does not start over" in last_line(home)
     assert len(output(home, JOB)) == rows_before
-    print(f"refused twice: {last_line(home)[:160]}...")
+    report(f"refused twice: {last_line(home)[:160]}...")
 
     # ...unless told to reset it: then the output is that of the whole input, once
     more_input(home)
     run_to_end(home, "run", JOB, *RUN, "--restore", "none", "--reset-sink")
     assert "start-over deletes" in (home / "driver.log").read_text()
-    print(check_clicks(home))
+    report(check_clicks(home))
 
 
 def test_bad_options_are_refused_not_ignored(tmp_path):
