@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from state.catalog import FencedError
 from state.faults import kill_point
@@ -163,7 +164,7 @@ class DeltaSinkWriter:
     def fence(self) -> None:
         """Fence the table for this attempt (creating it if missing): from now on no older
         attempt commits to it. Raises :class:`FencedError` if a newer attempt fenced it."""
-        self._conditional_commit(lambda dt, fence, committed: (None, None, None))
+        self._conditional_commit(lambda committed: (None, None, None))
 
     def commit_through(
         self, epoch: int, ends: dict[int, Positions], *, staged_by: int | None = None
@@ -172,26 +173,31 @@ class DeltaSinkWriter:
         staged and the table lacks, with the end positions of the epochs it covers (``ends``);
         returns the rows committed. Repeating it commits nothing twice."""
         attempt = self.attempt if staged_by is None else staged_by
+        staged = [e for e in self.staged_epochs(attempt) if e <= epoch]
+        everything = self._staged(attempt, staged)  # read once; each try takes what is new
 
-        def plan(dt, fence, committed):
-            todo = [e for e in self.staged_epochs(attempt) if committed < e <= epoch]
-            covered = {str(e): ends[e] for e in sorted(ends) if committed < e <= epoch}
-            data = self._staged(attempt, todo) if todo else None
-            if data is None:
+        def plan(committed):
+            todo = [e for e in staged if e > committed]
+            if not todo or everything is None:
                 return None, None, 0
+            data = everything.filter(pc.greater(everything[EPOCH_COLUMN], committed))
+            if data.num_rows == 0:
+                return None, None, 0
+            covered = {str(e): ends[e] for e in sorted(ends) if committed < e <= epoch}
             info = {"attempt": self.attempt, "epochs": covered, "rows": data.num_rows}
             return data, (max(todo), info), data.num_rows
 
         with self._lock:
             rows = self._conditional_commit(plan)
-            self._drop_staged(attempt, [e for e in self.staged_epochs(attempt) if e <= epoch])
+            self._drop_staged(attempt, staged)
         return rows
 
     def append_now(self, epoch: int, ends: dict[int, Positions]) -> int:
         """At-least-once: append epoch ``epoch``'s output immediately (no skip of replays)."""
 
-        def plan(dt, fence, committed):
-            data = self._staged(self.attempt, [epoch])
+        data = self._staged(self.attempt, [epoch])
+
+        def plan(committed):
             if data is None:
                 return None, None, 0
             info = {"attempt": self.attempt, "epochs": {str(epoch): ends.get(epoch, {})}}
@@ -218,7 +224,7 @@ class DeltaSinkWriter:
 
     def _conditional_commit(self, plan) -> Any:
         """Plan a commit on one version of the table and land it only on that version; a
-        concurrent commit makes it start over. ``plan(dt, fence, committed)`` returns ``(data,
+        concurrent commit makes it start over. ``plan(committed epoch)`` returns ``(data,
         (epoch, info) | None, result)``; ``data=None`` with no epoch commits only the fence when
         this attempt has not fenced the table yet."""
         from deltalake import CommitProperties, Transaction, write_deltalake
@@ -237,7 +243,7 @@ class DeltaSinkWriter:
                 )
             recorded = dt.transaction_version(self.epoch_app)
             committed = -1 if recorded is None else int(recorded)
-            data, commit, result = plan(dt, fence, committed)
+            data, commit, result = plan(committed)
             if data is None and fence == self.attempt:
                 return result
             transactions = [Transaction(self.fence_app, self.attempt)]

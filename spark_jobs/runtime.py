@@ -174,6 +174,7 @@ class StreamingRun:
         self._cuts: queue.Queue = queue.Queue()  # cuts recorded by micro-batches, for the poller
         self._ends_lock = threading.Lock()
         self._epoch_ends: dict[int, Positions] = {}  # epochs the sinks have not committed yet
+        self._history: dict[int, dict[int, Positions]] = {}  # sink history after an epoch
         self._last_progress = time.monotonic()
         self._query_has_run = False
         self._in_batch = False
@@ -308,7 +309,7 @@ class StreamingRun:
             newest = self.catalog.newest_attempt(self.job.name)
         except Exception:
             return
-        if newest > getattr(self, "attempt", newest):
+        if newest > self.attempt:
             self._error = FencedError(
                 f"attempt {newest} of {self.job.name} has started: attempt {self.attempt} is "
                 f"superseded ({self._failure})"
@@ -387,14 +388,17 @@ class StreamingRun:
         """Where each epoch after ``manifest``'s ended, up to ``through``: from the commit
         history of the sink that committed furthest, and the first candidate's own record of
         its epochs the sinks had not committed."""
-        sink = max(self.sinks, key=lambda s: s.committed_epoch())
-        try:
-            ends = sink.committed_ends(manifest.batch_id)
-        except LookupError as e:
-            raise NoRestorableCheckpointError(
-                f"restoring checkpoint {manifest.checkpoint_id} would emit committed output "
-                f"again: {e}"
-            ) from e
+        ends = self._history.get(manifest.batch_id)
+        if ends is None:  # read once per checkpoint: the start and the restore both need it
+            sink = max(self.sinks, key=lambda s: s.committed_epoch())
+            try:
+                ends = sink.committed_ends(manifest.batch_id)
+            except LookupError as e:
+                raise NoRestorableCheckpointError(
+                    f"restoring checkpoint {manifest.checkpoint_id} would emit committed output "
+                    f"again: {e}"
+                ) from e
+            self._history[manifest.batch_id] = ends
         with self._ends_lock:
             known = {**self._epoch_ends, **ends}
         missing = [e for e in range(manifest.batch_id + 1, through + 1) if e not in known]

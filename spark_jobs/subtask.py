@@ -140,7 +140,7 @@ def _stage_output(plan: BatchPlan, subtask: int, sink: str, output: pa.Table) ->
     )
     directory = staging_dir(ctx.staging_root, ctx.job.name, sink, ctx.attempt, plan.epoch)
     directory.mkdir(parents=True, exist_ok=True)
-    final = directory / f"part-{subtask:05d}-a{ctx.attempt}.parquet"
+    final = directory / f"part-{subtask:05d}.parquet"  # the directory is this attempt's
     tmp = directory / f".tmp-{uuid.uuid4().hex}"
     pq.write_table(output, tmp)
     os.replace(tmp, final)

@@ -206,28 +206,25 @@ class CheckpointCoordinator:
                 checkpoint_id = self._claim_locked(self._next_id)
             except (StorageError, OSError) as e:
                 self._count_failure_locked(f"claiming checkpoint {self._next_id}: {e}")
-                claim_failed = True
-            else:
-                claim_failed = False
-        if claim_failed:
-            self._deliver()
-            return None
-        with self._lock:
-            pending = PendingCheckpoint(
-                checkpoint_id=checkpoint_id,
-                batch_id=batch_id,
-                trigger_time_ms=now_ms,
-                source_positions={s: dict(p) for s, p in (source_positions or {}).items()},
-                sink_epochs=dict(sink_epochs or {}),
-                waiting=set(self.tasks),
-                savepoint=savepoint,
-                cut_recorded=source_positions is not None,
-            )
-            self._next_id = checkpoint_id + 1
-            self._pending[pending.checkpoint_id] = pending
-            self._last_trigger_ms = now_ms
-            self.stats["triggered"] += 1
-            return pending
+                checkpoint_id = None
+            if checkpoint_id is not None:
+                pending = PendingCheckpoint(
+                    checkpoint_id=checkpoint_id,
+                    batch_id=batch_id,
+                    trigger_time_ms=now_ms,
+                    source_positions={s: dict(p) for s, p in (source_positions or {}).items()},
+                    sink_epochs=dict(sink_epochs or {}),
+                    waiting=set(self.tasks),
+                    savepoint=savepoint,
+                    cut_recorded=source_positions is not None,
+                )
+                self._next_id = checkpoint_id + 1
+                self._pending[checkpoint_id] = pending
+                self._last_trigger_ms = now_ms
+                self.stats["triggered"] += 1
+                return pending
+        self._deliver()  # the claim failed, and with it maybe the job
+        return None
 
     def _claim_locked(self, first: int, limit: int = 100_000) -> int:
         """The lowest id from ``first`` that this attempt could claim (exclusive create)."""

@@ -30,7 +30,7 @@ KILL_POINTS = (
     "snapshot-taken",  # a subtask's synchronous snapshot is done; upload in flight (Spark task)
     "metadata-written",  # chk-<n>/_metadata written; the catalog commit not yet made
     "catalog-committed",  # checkpoint n is complete; its sink epochs not yet committed
-    "sink-committing",  # the sink's data files are written; its Delta commit not yet made
+    "sink-committing",  # the sink's commit is planned; its data files and Delta commit not yet
     "sink-committed",  # the sink commit landed; staged files not yet removed
 )
 
