@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from spark_jobs.delta_catalog import DeltaCatalog, now_ms  # noqa: E402
 from spark_jobs.gc import collect_garbage  # noqa: E402
-from spark_jobs.job import get_job  # noqa: E402
+from spark_jobs.job_loader import get_job  # noqa: E402
 from spark_jobs.session import build_spark  # noqa: E402
 from spark_jobs.settings import RuntimePaths  # noqa: E402
 from state.catalog import CheckpointStatus, CompletedCheckpoint  # noqa: E402

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from spark_jobs.delta_catalog import CatalogReader  # noqa: E402
 from spark_jobs.generate import generate  # noqa: E402
-from spark_jobs.job import get_job  # noqa: E402
+from spark_jobs.job_loader import get_job  # noqa: E402
 from spark_jobs.runtime import run_job  # noqa: E402
 from spark_jobs.session import build_spark  # noqa: E402
 from spark_jobs.settings import RuntimePaths  # noqa: E402

@@ -24,7 +24,7 @@ from dagster_graphql import DagsterGraphQLClient
 
 from orchestration.partitions import DRIVER_PID_TAG, JOB_TAG, streaming_job_partitions
 from orchestration.resources import default_home
-from spark_jobs.job import job_names
+from spark_jobs.job_loader import job_names
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTANCE_YAML = Path(__file__).parent / "instance" / "dagster.yaml"

@@ -18,7 +18,7 @@ from orchestration.resources import CutlinePaths
 from spark_jobs.compaction import request_compaction
 from spark_jobs.delta_catalog import DeltaCatalog
 from spark_jobs.gc import collect_garbage
-from spark_jobs.job import job_names
+from spark_jobs.job_loader import job_names
 
 RETENTION_INTERVAL_S = 600  # between retention GC passes (retention_schedule)
 

@@ -42,7 +42,8 @@ from orchestration.partitions import (
     streaming_job_partitions,
 )
 from orchestration.resources import CutlinePaths, S3Resource, SparkSubmit
-from spark_jobs.job import KafkaSource, get_job
+from spark_jobs.job import KafkaSource
+from spark_jobs.job_loader import get_job
 
 
 class StreamingRunConfig(Config):

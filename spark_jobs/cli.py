@@ -116,8 +116,9 @@ def _paths(args: argparse.Namespace):
 
 
 def job_for_run(args: argparse.Namespace):
-    """The registered job ``args.job`` with the overrides ``cutline run`` was given."""
-    from spark_jobs.job import get_job
+    """The job ``args.job`` (spark_jobs/job_loader.py) with the overrides ``cutline run`` was
+    given."""
+    from spark_jobs.job_loader import get_job
 
     job = get_job(args.job)
     checkpoint = {
@@ -162,7 +163,13 @@ def _run(args: argparse.Namespace) -> int:
         events.emit("driver", {"pid": os.getpid()})
         # the new attempt and its checkpoint are decided while the JVM starts
         plan = plan_start_early(
-            job, paths, restore, args.run_id, events.log, reset_sink=args.reset_sink
+            job,
+            paths,
+            restore,
+            args.run_id,
+            events.log,
+            reset_sink=args.reset_sink,
+            allow_non_restored=args.allow_non_restored_state,
         )
         try:
             spark = build_spark(master, f"cutline-{job.name}", kafka=kafka)
@@ -178,6 +185,7 @@ def _run(args: argparse.Namespace) -> int:
                 plan=plan,
                 restore=restore,
                 reset_sink=args.reset_sink,
+                allow_non_restored=args.allow_non_restored_state,
                 hints=hints,
                 max_batches=args.max_batches,
                 idle_timeout_s=args.idle_timeout,
@@ -322,7 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     core = sub.add_parser("core-demo", help="checkpoint, crash and restore with state/ alone")
     core.set_defaults(func=_core_demo)
     run = sub.add_parser("run", help="run a registered streaming job (one attempt)")
-    run.add_argument("job")
+    run.add_argument(
+        "job", help="a job's name (registered or installed), or module:attribute of your own"
+    )
     run.add_argument(
         "--restore",
         default="latest",
@@ -333,6 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--reset-sink",
         action="store_true",
         help="with --restore none: delete the output a start-over would append to again",
+    )
+    run.add_argument(
+        "--allow-non-restored-state",
+        action="store_true",
+        help="restore even if the checkpoint holds state of a stage the job no longer has "
+        "(that state is dropped)",
     )
     run.add_argument("--hints", help="JSON file: executor hints {subtask: host}")
     run.add_argument("--max-batches", type=_positive(int), help="stop after N micro-batches")

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from spark_jobs.delta_catalog import CatalogReader, now_ms
-from spark_jobs.job import get_job
+from spark_jobs.job_loader import get_job
 from spark_jobs.settings import RuntimePaths
 from state.catalog import CheckpointStatus
 from state.compaction import (

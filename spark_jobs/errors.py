@@ -2,7 +2,8 @@
 
 The exit code tells an orchestrator what to do: ``1`` the run failed and a restore from the
 latest checkpoint may fix it; ``2`` the input or the configuration is wrong and a restore would
-fail the same way (bad record, wrong root, nothing restorable); ``3`` a newer attempt of the job
+fail the same way (bad record, wrong root, nothing restorable, a user function that raises,
+a checkpoint whose state the job cannot take); ``3`` a newer attempt of the job
 has started, so this one must not be replaced by yet another.
 """
 
@@ -31,6 +32,16 @@ class NoRestorableCheckpointError(NonRetryableError):
 
 class BadRecordError(NonRetryableError):
     """A record of a source cannot be processed and the job's policy is to fail."""
+
+
+class UserCodeError(NonRetryableError):
+    """A user's stage function raised (spark_jobs/keyed_process.py): the message names the stage
+    and carries the user's traceback; a restore fails the same way until the code is fixed."""
+
+
+class IncompatibleStateError(NonRetryableError):
+    """The checkpoint to restore holds state the job cannot take: a stage uid the job lacks, or
+    a state whose stored form changed (spark_jobs/evolution.py)."""
 
 
 class AttemptFailedError(RuntimeError):

@@ -12,8 +12,8 @@ from spark_jobs.job import (
     KeyedAggregate,
     LogSource,
     WindowedAggregate,
-    register_job,
 )
+from spark_jobs.job_loader import register_job
 from state.config import CheckpointConfig
 
 CLICKS_SCHEMA = "user string, url string, ts long"

@@ -1,19 +1,19 @@
-"""Job definitions: sources, keyed operators, sinks, parallelism and checkpointing.
+"""Job definitions: sources, keyed stages, sinks, parallelism and checkpointing.
 
-A job is declared once in Python and registered by name, so ``cutline run NAME`` and Dagster find
-it. Everything is validated at definition time: a bad value raises :class:`JobDefinitionError`
-naming the field.
+A job is declared once in Python; spark_jobs/job_loader.py finds it by name, by ``module:attr``
+or through the ``cutline.jobs`` entry points of installed packages. Everything is validated at
+definition time: a bad value raises :class:`JobDefinitionError` naming the field.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from state.config import CheckpointConfig, ConfigError
+from spark_jobs.keyed_process import KeyedProcessFunction
+from state.config import CheckpointConfig
 from state.keygroups import DEFAULT_MAX_PARALLELISM, KEY_TYPES, check_parallelism
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -110,6 +110,18 @@ def _check_aggregates(
             )
 
 
+def _check_stage(stage) -> None:
+    """The stage's name and uid (the uid defaults to the name)."""
+    _check_name("operator.name", stage.name)
+    if not stage.uid:
+        object.__setattr__(stage, "uid", stage.name)
+    _check_name("operator.uid", stage.uid)
+
+
+def _aggregates_form(aggregates: dict[str, tuple[str, str | None]]) -> str:
+    return ",".join(f"{out}={fn}({col or ''})" for out, (fn, col) in aggregates.items())
+
+
 def _check_key_type(where: str, key_type: str) -> None:
     if key_type not in KEY_TYPES:
         raise JobDefinitionError(f"{where}.key_type must be one of {KEY_TYPES}, got {key_type!r}")
@@ -129,11 +141,15 @@ class KeyedAggregate:
     key_type: str
     aggregates: dict[str, tuple[str, str | None]]
     event_time: str | None = None
+    uid: str = ""
 
     def __post_init__(self) -> None:
-        _check_name("operator.name", self.name)
+        _check_stage(self)
         _check_key_type("operator", self.key_type)
         _check_aggregates("operator", self.aggregates, self.event_time)
+
+    def state_schema(self) -> dict[str, str]:
+        return {self.name: f"keyed-aggregate<{_aggregates_form(self.aggregates)}>/v1"}
 
     @property
     def inputs(self) -> dict[str, str]:
@@ -156,9 +172,10 @@ class WindowedAggregate:
     window_ms: int
     out_of_orderness_ms: int
     aggregates: dict[str, tuple[str, str | None]]
+    uid: str = ""
 
     def __post_init__(self) -> None:
-        _check_name("operator.name", self.name)
+        _check_stage(self)
         _check_key_type("operator", self.key_type)
         _check_aggregates("operator", self.aggregates)
         if self.window_ms < 1:
@@ -169,6 +186,10 @@ class WindowedAggregate:
     @property
     def inputs(self) -> dict[str, str]:
         return {self.source: self.key}
+
+    def state_schema(self) -> dict[str, str]:
+        form = f"{_aggregates_form(self.aggregates)},{self.window_ms}ms"
+        return {self.name: f"window-aggregate<{form}>/v1", "__timers__": "timers/v1"}
 
 
 @dataclass(frozen=True)
@@ -184,9 +205,10 @@ class EnrichWithLatest:
     key_type: str
     fields: tuple[str, ...]
     table_time: str
+    uid: str = ""
 
     def __post_init__(self) -> None:
-        _check_name("operator.name", self.name)
+        _check_stage(self)
         _check_key_type("operator", self.key_type)
         if self.stream == self.table:
             raise JobDefinitionError("operator.stream and operator.table must differ")
@@ -197,8 +219,67 @@ class EnrichWithLatest:
     def inputs(self) -> dict[str, str]:
         return {self.stream: self.key, self.table: self.key}
 
+    def state_schema(self) -> dict[str, str]:
+        return {self.name: f"latest<{','.join(self.fields)}>/v1"}
 
-Operator = KeyedAggregate | WindowedAggregate | EnrichWithLatest
+
+@dataclass(frozen=True)
+class KeyedProcess:
+    """A stage of the user's own keyed logic (spark_jobs/keyed_process.py): ``inputs`` maps each
+    input source to its key column (two inputs: both cut at the same barrier), ``function`` is a
+    :class:`KeyedProcessFunction` instance. With ``event_time``, the stage's watermark trails the
+    largest event time seen by ``out_of_orderness_ms`` and drives event-time timers and
+    event-time TTL. ``uid`` (default: ``name``) identifies the stage's state in checkpoints:
+    keep it when renaming the stage."""
+
+    name: str
+    inputs: dict[str, str]
+    key_type: str
+    function: KeyedProcessFunction
+    event_time: str | None = None
+    out_of_orderness_ms: int = 0
+    uid: str = ""
+
+    def __post_init__(self) -> None:
+        _check_stage(self)
+        _check_key_type("operator", self.key_type)
+        if not self.inputs or len(self.inputs) > 2:
+            raise JobDefinitionError("operator.inputs must map one or two sources to key columns")
+        if not isinstance(self.function, KeyedProcessFunction):
+            raise JobDefinitionError(
+                f"operator.function must be a KeyedProcessFunction instance, got "
+                f"{type(self.function).__name__}"
+            )
+        names = [s.name for s in self.function.states]
+        if len(set(names)) != len(names):
+            raise JobDefinitionError(f"operator {self.name!r}: state names repeat: {names}")
+        if self.out_of_orderness_ms < 0:
+            raise JobDefinitionError("operator.out_of_orderness_ms must be >= 0")
+        event_ttl = [s.name for s in self.function.states if s.ttl and s.ttl.clock == "event"]
+        if event_ttl and not self.event_time:
+            raise JobDefinitionError(
+                f"operator {self.name!r}: states {event_ttl} expire by event time, so the "
+                "stage needs an event_time column"
+            )
+
+    @property
+    def key_column(self) -> str:
+        return next(iter(self.inputs.values()))
+
+    def state_schema(self) -> dict[str, str]:
+        return {s.name: s.fingerprint() for s in self.function.states}
+
+
+Operator = KeyedAggregate | WindowedAggregate | EnrichWithLatest | KeyedProcess
+
+
+def watermark_lag_ms(operator: Operator) -> int | None:
+    """How far the stage's watermark trails its largest event time; None: it has none."""
+    if isinstance(operator, WindowedAggregate):
+        return operator.out_of_orderness_ms
+    if isinstance(operator, KeyedProcess) and operator.event_time:
+        return operator.out_of_orderness_ms
+    return None
 
 
 @dataclass(frozen=True)
@@ -261,30 +342,3 @@ class JobDefinition:
             return [self.sink]
         table = self.dead_letter_table or f"{self.name}_dead_letters"
         return [self.sink, DeltaSink(DEAD_LETTER_SINK, table)]
-
-
-_REGISTRY: dict[str, Callable[[], JobDefinition]] = {}
-
-
-def register_job(factory: Callable[[], JobDefinition]) -> Callable[[], JobDefinition]:
-    """Register a job factory under the name of the job it builds (decorator)."""
-    try:
-        job = factory()
-    except ConfigError as e:
-        raise JobDefinitionError(str(e)) from e
-    _REGISTRY[job.name] = factory
-    return factory
-
-
-def get_job(name: str) -> JobDefinition:
-    import spark_jobs.examples  # noqa: F401  (registers the example jobs)
-
-    if name not in _REGISTRY:
-        raise JobDefinitionError(f"no job named {name!r}; registered: {sorted(_REGISTRY)}")
-    return _REGISTRY[name]()
-
-
-def job_names() -> list[str]:
-    import spark_jobs.examples  # noqa: F401
-
-    return sorted(_REGISTRY)

@@ -1,26 +1,37 @@
-"""Keyed operators, vectorised over Arrow tables with RocksDB state (state/).
+"""The built-in keyed operators, vectorised over Arrow tables with RocksDB state (state/), and
+:func:`make_operator`, which picks the operator of a stage (a user's :class:`KeyedProcess` stage
+runs in spark_jobs/keyed_process.py).
 
 An operator processes one subtask's records of one micro-batch: Arrow group-bys, one multi-get of
 the touched keys' state, numpy arithmetic, one write batch. The state path never makes a Python
 call per record beyond building key bytes.
 
-Every operator's ``apply(store, table, watermark)`` gets the subtask's records (with ``_kg``, the
-key group, and ``_source``), the watermark as of the end of the previous micro-batch, and returns
-its output table plus counters. Operators commit their own transactions; the runtime commits the
-subtask's progress last, and a task that dies in between is recovered from a checkpoint.
+Every operator's ``apply(store, table, watermark, processing_time)`` gets the subtask's records
+(with ``_kg``, the key group, and ``_source``), the watermark as of the end of the previous
+micro-batch, and returns an :class:`OperatorResult`. The built-in operators commit their own
+write batch and the subtask commits its progress next; a task that dies in between fails the
+attempt (tasks are not retried), which then restores from a checkpoint.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.job import EnrichWithLatest, KeyedAggregate, Operator, WindowedAggregate
+from spark_jobs.job import (
+    EnrichWithLatest,
+    KeyedAggregate,
+    KeyedProcess,
+    Operator,
+    WindowedAggregate,
+)
+from spark_jobs.keyed_process import OperatorResult, ProcessOperator
 from spark_jobs.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
+from state.keygroups import DEFAULT_MAX_PARALLELISM
+from state.user_state import key_bytes
 
 if TYPE_CHECKING:  # rocksdict is loaded only where state lives: in the executors' tasks
     from state.rocksdb_store import RocksDBStore
@@ -28,22 +39,6 @@ if TYPE_CHECKING:  # rocksdict is loaded only where state lives: in the executor
 KEY_GROUP_COLUMN = "_kg"
 SOURCE_COLUMN = "_source"
 _SEP = "\x1f"  # joins the table fields of EnrichWithLatest into one stored value
-
-
-@dataclass
-class OperatorResult:
-    output: pa.Table
-    late_records: int = 0
-    max_event_time: int | None = None
-
-
-def key_bytes(column: pa.Array, key_type: str) -> list[bytes]:
-    """Keys as the bytes stored in RocksDB: UTF-8 for strings, big-endian for integers."""
-    if key_type in ("string", "binary"):
-        return column.cast(pa.binary()).to_pylist()
-    width = 4 if key_type == "int" else 8
-    raw = column.to_numpy(zero_copy_only=False).astype(f">i{width}").tobytes()
-    return [raw[i : i + width] for i in range(0, len(raw), width)]
 
 
 def _split(raw: bytes, size: int) -> list[bytes]:
@@ -177,7 +172,9 @@ class KeyedAggregateOperator:
         self.spec = spec
         self.aggs = _Aggregates(spec.aggregates, spec.event_time)
 
-    def apply(self, store: RocksDBStore, table: pa.Table, watermark: int | None) -> OperatorResult:
+    def apply(
+        self, store: RocksDBStore, table: pa.Table, watermark: int | None, processing_time: int = 0
+    ) -> OperatorResult:
         spec = self.spec
         fields = self.aggs.fields(table.schema)
         if table.num_rows == 0:
@@ -250,7 +247,9 @@ class WindowedAggregateOperator:
         columns += [pa.array(packed[f.name]) for f in self.aggs.fields()]
         return pa.Table.from_arrays(columns, schema=self.schema)
 
-    def apply(self, store: RocksDBStore, table: pa.Table, watermark: int | None) -> OperatorResult:
+    def apply(
+        self, store: RocksDBStore, table: pa.Table, watermark: int | None, processing_time: int = 0
+    ) -> OperatorResult:
         spec = self.spec
         fired = self._fire(store, watermark)  # windows complete as of the previous cut
         if table.num_rows == 0:
@@ -294,7 +293,9 @@ class EnrichOperator:
     def __init__(self, spec: EnrichWithLatest) -> None:
         self.spec = spec
 
-    def apply(self, store: RocksDBStore, table: pa.Table, watermark: int | None) -> OperatorResult:
+    def apply(
+        self, store: RocksDBStore, table: pa.Table, watermark: int | None, processing_time: int = 0
+    ) -> OperatorResult:
         spec = self.spec
         if table.num_rows == 0:
             return OperatorResult(pa.table({}))
@@ -347,7 +348,11 @@ class EnrichOperator:
         txn.commit()
 
 
-def make_operator(spec: Operator):
+def make_operator(spec: Operator, max_parallelism: int = DEFAULT_MAX_PARALLELISM):
+    """The operator that runs ``spec`` in a subtask: ``apply(store, table, watermark,
+    processing_time) -> OperatorResult``."""
+    if isinstance(spec, KeyedProcess):
+        return ProcessOperator(spec, max_parallelism)
     if isinstance(spec, KeyedAggregate):
         return KeyedAggregateOperator(spec)
     if isinstance(spec, WindowedAggregate):

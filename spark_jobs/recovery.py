@@ -64,7 +64,7 @@ def restore_placed(
     subtask."""
     job = ctx.job
     handles = {
-        i: manifest.handle(job.operator.name, i) if manifest else None
+        i: manifest.handle(job.operator.uid, i) if manifest else None
         for i in range(job.parallelism)
     }
     sc = spark.sparkContext

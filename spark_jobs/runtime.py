@@ -32,9 +32,15 @@ from typing import Any
 
 from spark_jobs.bad_records import bad_record_error
 from spark_jobs.delta_catalog import DeltaCatalog, now_ms
-from spark_jobs.errors import AttemptFailedError, NonRetryableError, NoRestorableCheckpointError
+from spark_jobs.errors import (
+    AttemptFailedError,
+    NonRetryableError,
+    NoRestorableCheckpointError,
+    UserCodeError,
+)
 from spark_jobs.events import EventChannel
-from spark_jobs.job import JobDefinition, WindowedAggregate
+from spark_jobs.job import JobDefinition, watermark_lag_ms
+from spark_jobs.keyed_process import USER_ERROR_MARKER, user_error_text
 from spark_jobs.operators import KEY_GROUP_COLUMN
 from spark_jobs.placement import (
     anchor_rdd,
@@ -133,6 +139,7 @@ class StreamingRun:
         *,
         restore: str | int | None = "latest",
         reset_sink: bool = False,
+        allow_non_restored: bool = False,
         hints: dict[str, str] | None = None,
         max_batches: int | None = None,
         idle_timeout_s: float | None = None,
@@ -150,6 +157,7 @@ class StreamingRun:
         self.paths = paths
         self.restore = restore
         self.reset_sink = reset_sink
+        self.allow_non_restored = allow_non_restored
         self.hints = hints or {}
         self.max_batches = max_batches
         self.idle_timeout_s = idle_timeout_s
@@ -207,6 +215,7 @@ class StreamingRun:
             self.run_id,
             self.log,
             reset_sink=self.reset_sink,
+            allow_non_restored=self.allow_non_restored,
         )
         self.timeline.mark("attempt and checkpoint")
         return plan
@@ -252,12 +261,13 @@ class StreamingRun:
                 job.name,
                 self.attempt,
                 job.checkpoint,
-                [(job.operator.name, i) for i in range(job.parallelism)],
+                [(job.operator.uid, i) for i in range(job.parallelism)],
                 self.storage,
                 self.catalog,
                 listeners=[_Listener(self)],
                 restored=restored.manifest,
                 now_ms=now_ms(),
+                stages={job.operator.uid: job.operator.state_schema()},
             )
             poller = threading.Thread(target=self._poll_acks, name="cutline-acks", daemon=True)
             poller.start()
@@ -295,6 +305,8 @@ class StreamingRun:
         if self._failure:
             if isinstance(self._error, NonRetryableError | FencedError):
                 raise self._error
+            if USER_ERROR_MARKER in self._failure:
+                raise UserCodeError(user_error_text(self._failure)) from self._error
             raise AttemptFailedError(
                 f"{job.name} attempt {self.attempt} failed: {self._failure}"
             ) from self._error
@@ -413,7 +425,7 @@ class StreamingRun:
         """Take the restored checkpoint's watermark, counters and shared files as the run's."""
         self._known_shared = {f.path for f in manifest.files() if f.shared} if manifest else set()
         self._latest_manifest = manifest
-        self.watermark = manifest.watermarks.get(self.job.operator.name) if manifest else None
+        self.watermark = manifest.watermarks.get(self.job.operator.uid) if manifest else None
         self.counters = dict(manifest.counters) if manifest else {}
 
     def _restore_state(self, manifest: CheckpointManifest | None, fallbacks: list[str]) -> Restored:
@@ -537,7 +549,7 @@ class StreamingRun:
     def _plan(self, epoch: int, checkpoint_id: int | None, *, emit: bool = True) -> BatchPlan:
         coordinator = self.coordinator
         latest = coordinator.latest_completed if coordinator else None
-        op = self.job.operator.name
+        op = self.job.operator.uid
         return BatchPlan(
             ctx=self.ctx,
             epoch=epoch,
@@ -552,6 +564,7 @@ class StreamingRun:
             watermark=self.watermark,
             compact=self._compact_at(checkpoint_id),
             emit=emit,
+            processing_time=now_ms(),
         )
 
     def _execute(self, df, plan: BatchPlan) -> list[dict]:
@@ -617,9 +630,9 @@ class StreamingRun:
     def _fold(self, stats: list[dict]) -> None:
         """The subtasks' reports of one micro-batch into the watermark and the counters."""
         event_times = [r["max_event_time"] for r in stats if r["max_event_time"] is not None]
-        op = self.job.operator
-        if isinstance(op, WindowedAggregate) and event_times:
-            candidate = max(event_times) - op.out_of_orderness_ms
+        lag = watermark_lag_ms(self.job.operator)
+        if lag is not None and event_times:
+            candidate = max(event_times) - lag
             self.watermark = candidate if self.watermark is None else max(self.watermark, candidate)
         bad = sum(r["bad_records"] for r in stats)
         if bad:
@@ -658,7 +671,7 @@ class StreamingRun:
                     checkpoint_id,
                     ends,
                     {s.sink: epoch for s in self.sinks},
-                    {op.name: self.watermark} if self.watermark is not None else {},
+                    {op.uid: self.watermark} if self.watermark is not None else {},
                     uncommitted,
                     dict(self.counters),
                 )
@@ -836,7 +849,7 @@ class StreamingRun:
 
     def _poll_acks(self) -> None:
         """Deliver the acks subtasks left in this attempt's inbox; expire overdue checkpoints."""
-        op = self.job.operator.name
+        op = self.job.operator.uid
         seen: set[tuple[int, int]] = set()
         self._drop_acks(lambda attempt, cid: attempt < self.attempt)  # older attempts' inboxes
         while not self._shutdown.is_set():

@@ -34,6 +34,7 @@ from pathlib import Path
 from spark_jobs.delta_catalog import DeltaCatalog
 from spark_jobs.delta_sink import DeltaSinkWriter
 from spark_jobs.errors import ConfigurationError, NoRestorableCheckpointError
+from spark_jobs.evolution import check_restorable
 from spark_jobs.job import JobDefinition
 from spark_jobs.settings import RuntimePaths
 from state.catalog import CheckpointStatus, FencedError
@@ -74,6 +75,7 @@ def plan_start(
     log=print,
     *,
     reset_sink: bool = False,
+    allow_non_restored: bool = False,
 ) -> StartPlan:
     """Steps 1 to 4 of the module docstring. Needs no Spark session once the catalog tables
     exist (delta-rs and durable storage only)."""
@@ -92,6 +94,8 @@ def plan_start(
             manifest, fallbacks = select_checkpoint(catalog, storage, job.name, restore, log)
             if manifest is None:
                 refuse_silent_start(catalog, job.name, sinks[0], fallbacks)
+            else:
+                check_restorable(job, manifest, allow_non_restored=allow_non_restored, log=log)
         recover_sinks(job, sinks, manifest, log)
     except BaseException as e:  # the attempt ends here: say so in the catalog
         status = "SUPERSEDED" if isinstance(e, FencedError) else "FAILED"
@@ -114,6 +118,7 @@ def plan_start_early(
     log=print,
     *,
     reset_sink: bool = False,
+    allow_non_restored: bool = False,
 ) -> Future[StartPlan] | None:
     """:func:`plan_start` on a thread of its own, to overlap the JVM's start; ``None`` when the
     catalog tables do not exist yet (creating them takes Spark: the run plans after it)."""
@@ -123,7 +128,16 @@ def plan_start_early(
     storage = open_storage(paths.checkpoint_root)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cutline-plan")
     future = pool.submit(
-        plan_start, catalog, storage, job, paths, restore, run_id, log, reset_sink=reset_sink
+        plan_start,
+        catalog,
+        storage,
+        job,
+        paths,
+        restore,
+        run_id,
+        log,
+        reset_sink=reset_sink,
+        allow_non_restored=allow_non_restored,
     )
     pool.shutdown(wait=False)
     return future

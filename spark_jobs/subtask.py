@@ -78,7 +78,7 @@ class RunContext:
         in an executor's environment overrides the job's root, for several workers on one
         machine)."""
         root = os.environ.get("CUTLINE_LOCAL_STATE_ROOT") or self.local_state_root
-        return LocalCopies(root, self.job.name, self.job.operator.name, subtask, self.attempt)
+        return LocalCopies(root, self.job.name, self.job.operator.uid, subtask, self.attempt)
 
     def key_groups(self, subtask: int):
         return key_group_range(subtask, self.job.parallelism, self.job.max_parallelism)
@@ -96,6 +96,7 @@ class BatchPlan:
     compact: frozenset[int] = frozenset()  # subtasks that compact RocksDB before the snapshot
     schema: pa.Schema | None = None  # of the routed records (an idle subtask gets none)
     emit: bool = True  # False: a replayed epoch whose output the sinks already committed
+    processing_time: int = 0  # ms since the epoch, as the driver planned the micro-batch
 
 
 def read_progress(store: RocksDBStore) -> dict | None:
@@ -173,7 +174,7 @@ def _send_ack(ctx: RunContext, checkpoint_id: int, subtask: int, future) -> None
     """Put the ack of a finished snapshot (its handle, or its failure as a decline) into the
     attempt's inbox."""
     error = future.exception()
-    operator = ctx.job.operator.name
+    operator = ctx.job.operator.uid
     if error is None:
         ack = Ack(ctx.attempt, checkpoint_id, operator, subtask, future.result())
     else:
@@ -248,8 +249,9 @@ def run_subtask(plan: BatchPlan, subtask: int, chunks: Iterable) -> dict:
                 f"subtask {subtask} of {ctx.job.name} on {host_name()}: working state is "
                 f"at {progress}, expected {expected}; restore from a checkpoint"
             )
-        result = make_operator(op).apply(store, table, plan.watermark)
-        txn = store.begin()
+        operator = make_operator(op, ctx.job.max_parallelism)
+        result = operator.apply(store, table, plan.watermark, plan.processing_time)
+        txn = result.txn or store.begin()  # a stage's writes commit with the progress marker
         write_progress(txn, store, ctx.attempt, plan.epoch)
         txn.commit()
         kill_point("batch-applied")
@@ -267,7 +269,7 @@ def run_subtask(plan: BatchPlan, subtask: int, chunks: Iterable) -> dict:
                 open_storage(ctx.checkpoint_root),
                 copies,
                 ctx.job.name,
-                op.name,
+                op.uid,
                 subtask,
                 incremental=ctx.job.checkpoint.incremental,
                 local_recovery=ctx.job.checkpoint.local_recovery,

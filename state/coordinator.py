@@ -97,6 +97,7 @@ class CheckpointCoordinator:
         listeners: Iterable[CheckpointListener] = (),
         restored: CheckpointManifest | None = None,
         now_ms: int = 0,
+        stages: dict[str, dict[str, str]] | None = None,
     ) -> None:
         self.layout = JobLayout(job_id)
         self.job_id = job_id
@@ -108,6 +109,7 @@ class CheckpointCoordinator:
         self.storage = storage
         self.catalog = catalog
         self.listeners = list(listeners)
+        self.stages = dict(stages or {})  # uid -> state fingerprints, into every manifest
         self._lock = threading.Lock()
         self._delivery = threading.Lock()
         self._events: list[Callable[[CheckpointListener], Any]] = []
@@ -392,6 +394,7 @@ class CheckpointCoordinator:
             savepoint=pending.savepoint,
             epoch_ends=pending.epoch_ends,
             counters=pending.counters,
+            stages=self.stages,
         )
         record = CompletedCheckpoint.from_manifest(manifest, now_ms)
         try:

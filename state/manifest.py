@@ -39,6 +39,9 @@ class CheckpointManifest:
     # sinks record them with the commit: a later fallback replays those epochs exactly)
     epoch_ends: dict[int, dict[str, dict[str, int]]] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)  # e.g. bad records so far
+    # every stateful stage's uid -> its states' fingerprints (state name -> stored form): what a
+    # restore checks the job against (spark_jobs/evolution.py)
+    stages: dict[str, dict[str, str]] = field(default_factory=dict)
 
     # -- figures -----------------------------------------------------------------------------
 
@@ -90,6 +93,7 @@ class CheckpointManifest:
             "watermarks": self.watermarks,
             "epoch_ends": {str(e): p for e, p in self.epoch_ends.items()},
             "counters": self.counters,
+            "stages": self.stages,
             "subtasks": [h.to_dict() for h in self.subtasks],
         }
         return json.dumps(doc, indent=1, sort_keys=True).encode()
@@ -125,6 +129,10 @@ class CheckpointManifest:
                     int(e): _positions(p) for e, p in dict(doc.get("epoch_ends", {})).items()
                 },
                 counters={str(k): int(v) for k, v in dict(doc.get("counters", {})).items()},
+                stages={
+                    str(uid): {str(n): str(f) for n, f in dict(states).items()}
+                    for uid, states in dict(doc.get("stages", {})).items()
+                },
                 subtasks=tuple(SubtaskStateHandle.from_dict(h) for h in doc["subtasks"]),
             )
         except PathEscapeError as e:

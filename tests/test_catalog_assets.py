@@ -13,7 +13,7 @@ from orchestration.assets.catalog import completed_checkpoints, shared_state_fil
 from orchestration.resources import CutlinePaths, S3Resource
 from spark_jobs.delta_catalog import DeltaCatalog
 from spark_jobs.generate import generate
-from spark_jobs.job import get_job
+from spark_jobs.job_loader import get_job
 from spark_jobs.runtime import run_job
 from spark_jobs.settings import RuntimePaths
 from state.restore import read_manifest

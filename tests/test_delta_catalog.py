@@ -129,7 +129,7 @@ def test_a_start_is_planned_without_spark_while_the_session_starts(spark, tmp_pa
     import dataclasses
 
     from spark_jobs.errors import ConfigurationError, NoRestorableCheckpointError
-    from spark_jobs.job import get_job
+    from spark_jobs.job_loader import get_job
     from spark_jobs.settings import RuntimePaths
     from spark_jobs.start import plan_start
     from state.handles import StateFile, SubtaskStateHandle

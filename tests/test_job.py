@@ -12,9 +12,8 @@ from spark_jobs.job import (
     KeyedAggregate,
     LogSource,
     WindowedAggregate,
-    get_job,
-    job_names,
 )
+from spark_jobs.job_loader import get_job, job_names
 
 
 def test_example_jobs_are_registered():

@@ -31,7 +31,7 @@ from orchestration.sensors.partitions import register_streaming_jobs
 from orchestration.sensors.restore import STRATEGY, restore_on_failure
 from orchestration.streaming import streaming_job
 from spark_jobs.delta_catalog import DeltaCatalog
-from spark_jobs.job import job_names
+from spark_jobs.job_loader import job_names
 
 pytestmark = pytest.mark.spark
 

@@ -19,7 +19,7 @@ from dagster import (
 from orchestration.assets.catalog import completed_checkpoints, shared_state_files
 from orchestration.maintenance import RETENTION_INTERVAL_S
 from orchestration.resources import CutlinePaths, S3Resource
-from spark_jobs.job import get_job, job_names
+from spark_jobs.job_loader import get_job, job_names
 from state.catalog import CheckpointStatus, CompletedCheckpoint
 from state.manifest import ManifestError
 from state.restore import read_manifest, validate_checkpoint

@@ -9,7 +9,7 @@ from dagster import (
 )
 
 from orchestration.partitions import streaming_job_partitions
-from spark_jobs.job import job_names
+from spark_jobs.job_loader import job_names
 
 
 @sensor(

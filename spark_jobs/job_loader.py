@@ -1,0 +1,98 @@
+"""Where jobs come from: ``cutline run NAME`` and Dagster find a job
+
+- registered in this process with :func:`register_job` (the built-in examples);
+- named ``module:attr`` (``my_package.jobs:sessions``): the attribute is a
+  :class:`~spark_jobs.job.JobDefinition` or a function that returns one;
+- registered by an installed package under the ``cutline.jobs`` entry-point group, the entry
+  point's name being the job's name (``sessions = "my_package.jobs:sessions"``).
+
+A module that does not import, an attribute that is missing or not a job, and a name nobody
+registered each raise :class:`~spark_jobs.job.JobDefinitionError` saying which.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from importlib.metadata import entry_points
+
+from spark_jobs.job import JobDefinition, JobDefinitionError
+from state.config import ConfigError
+
+ENTRY_POINT_GROUP = "cutline.jobs"
+_REGISTRY: dict[str, Callable[[], JobDefinition]] = {}
+
+
+def register_job(factory: Callable[[], JobDefinition]) -> Callable[[], JobDefinition]:
+    """Register a job factory under the name of the job it builds (decorator)."""
+    _REGISTRY[_build(factory, getattr(factory, "__qualname__", repr(factory))).name] = factory
+    return factory
+
+
+def _build(target: object, where: str) -> JobDefinition:
+    if isinstance(target, JobDefinition):
+        return target
+    if not callable(target):
+        raise JobDefinitionError(f"{where} is a {type(target).__name__}, not a job definition")
+    try:
+        job = target()
+    except ConfigError as e:
+        raise JobDefinitionError(f"{where}: {e}") from e
+    if not isinstance(job, JobDefinition):
+        raise JobDefinitionError(f"{where} returned a {type(job).__name__}, not a JobDefinition")
+    return job
+
+
+def load_reference(reference: str) -> JobDefinition:
+    """The job at ``module:attr``."""
+    module_name, _, attr = reference.partition(":")
+    if not module_name or not attr:
+        raise JobDefinitionError(f"a job reference is 'module:attribute', got {reference!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise JobDefinitionError(
+            f"job module {module_name!r} cannot be imported: {type(e).__name__}: {e}"
+        ) from e
+    except Exception as e:  # the user's module raised while importing
+        raise JobDefinitionError(
+            f"job module {module_name!r} failed while importing: {type(e).__name__}: {e}"
+        ) from e
+    target = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise JobDefinitionError(f"module {module_name!r} has no attribute {attr!r}")
+        target = getattr(target, part)
+    return _build(target, reference)
+
+
+def _entry_points() -> dict[str, str]:
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _register_examples() -> None:
+    import spark_jobs.examples  # noqa: F401  (registers the example jobs)
+
+
+def get_job(name: str) -> JobDefinition:
+    """The job ``name``: registered, ``module:attr``, or an installed package's entry point."""
+    if ":" in name:
+        return load_reference(name)
+    _register_examples()
+    if name in _REGISTRY:
+        return _REGISTRY[name]()
+    installed = _entry_points()
+    if name in installed:
+        job = load_reference(installed[name])
+        if job.name != name:
+            raise JobDefinitionError(
+                f"entry point {name!r} ({installed[name]}) builds a job named {job.name!r}"
+            )
+        return job
+    raise JobDefinitionError(f"no job named {name!r}; registered: {job_names()}")
+
+
+def job_names() -> list[str]:
+    """Every job this process can find by name (registered and installed)."""
+    _register_examples()
+    return sorted({*_REGISTRY, *_entry_points()})

@@ -1,0 +1,265 @@
+"""The user's keyed logic: :class:`KeyedProcessFunction` (Flink's ``KeyedProcessFunction``, Spark's
+``transformWithStateInPandas``), vectorised, and the operator that runs it in a subtask.
+
+A function gets one call per subtask and micro-batch with that subtask's records as one Arrow
+table (or a pandas frame: ``use_pandas = True``) and returns the output rows. Through the
+:class:`KeyedContext` it reads and writes the keyed states it declares in ``states`` (each call
+covers many keys: one multi-get per state, one write batch per micro-batch), registers timers,
+and reads the watermark. Per micro-batch, in this order:
+
+1. TTL cleanup: entries whose time to live has passed are deleted (state/user_state.py).
+2. ``on_timers``: the event-time timers at or before the watermark (as of the previous cut) and
+   the processing-time timers at or before the micro-batch's processing time, in one call, in
+   timestamp order; fired timers are deleted first. Timers a callback registers at or before the
+   current time fire in the next micro-batch.
+3. ``process_batch`` with the records.
+
+Every write of the three steps, and the subtask's progress marker, commit in one RocksDB write
+batch. A function that raises fails the attempt with its traceback and the stage named
+(:class:`UserFunctionError`, exit 2: a restore would fail the same way until the code is fixed).
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from state.user_state import (
+    KeyCodec,
+    ListState,
+    MapState,
+    StateAccessError,
+    StateSpec,
+    ValueState,
+    expire,
+    open_view,
+)
+from state.write_buffer import BufferedTransaction
+
+if TYPE_CHECKING:
+    from state.rocksdb_store import RocksDBStore
+
+EVENT_TIMERS = "__event_timers__"
+PROCESSING_TIMERS = "__processing_timers__"
+USER_ERROR_MARKER = "CutlineUserFunctionError"
+
+
+class UserFunctionError(RuntimeError):
+    """A user function raised; the message names the stage and carries the traceback."""
+
+
+def user_error_text(failure: str) -> str:
+    """The user's part of a failed micro-batch's message (Spark wraps it in its own report):
+    from the stage named to the end of the Python traceback."""
+    text = failure[failure.index(USER_ERROR_MARKER) + len(USER_ERROR_MARKER) + 2 :]
+    for jvm in ("\n\tat ", "\nJVM stacktrace", "\n\n"):
+        if jvm in text:
+            text = text[: text.index(jvm)]
+    return text.strip()[:8000]
+
+
+@dataclass
+class OperatorResult:
+    """What an operator returns for one subtask and micro-batch. ``txn`` is its still open write
+    batch, which the subtask commits with its progress marker (None: the operator committed)."""
+
+    output: pa.Table
+    late_records: int = 0
+    max_event_time: int | None = None
+    txn: BufferedTransaction | None = None
+
+
+class KeyedProcessFunction:
+    """Subclass it: declare ``states``, implement :meth:`process_batch` (and :meth:`on_timers`
+    if you register timers). Instances are shipped to the executors by pickling, so keep their
+    attributes to configuration."""
+
+    states: tuple[StateSpec, ...] = ()
+    output_schema: pa.Schema | None = None  # the output is cast to it when given
+    use_pandas: bool = False  # records and timers as pandas frames instead of Arrow tables
+
+    def process_batch(self, records: Any, ctx: KeyedContext) -> Any:
+        """This subtask's records of one micro-batch; returns the output rows (or None)."""
+        raise NotImplementedError
+
+    def on_timers(self, timers: Any, ctx: KeyedContext) -> Any:
+        """Due timers (columns: the key column, ``timestamp``, ``domain`` = "event" or
+        "processing"), in timestamp order; returns output rows (or None)."""
+        return None
+
+
+class KeyedContext:
+    """What a function sees in one micro-batch: its states, timers, the watermark and time."""
+
+    def __init__(
+        self,
+        stage: str,
+        key_column: str,
+        specs: dict[str, StateSpec],
+        txn: BufferedTransaction,
+        keys: KeyCodec,
+        watermark: int | None,
+        processing_time: int,
+    ) -> None:
+        self.stage = stage
+        self.key_column = key_column
+        self.watermark = watermark  # as of the previous cut; None before the first event time
+        self.processing_time = processing_time  # this micro-batch's, in ms since the epoch
+        self._specs, self._txn, self._keys = specs, txn, keys
+        self.clocks = {"processing": processing_time}
+        if watermark is not None:
+            self.clocks["event"] = watermark
+        self._views: dict[str, ValueState | ListState | MapState] = {}
+
+    def state(self, name: str) -> ValueState | ListState | MapState:
+        """The view of declared state ``name``."""
+        view = self._views.get(name)
+        if view is None:
+            if name not in self._specs:
+                raise StateAccessError(
+                    f"stage {self.stage!r} has no state {name!r}; declared: {sorted(self._specs)}"
+                )
+            view = self._views[name] = open_view(
+                self._specs[name], self._txn, self._keys, self.clocks
+            )
+        return view
+
+    def _timers(self, name: str, keys: pa.Array, timestamps, registered: bool) -> None:
+        groups, kb = self._keys.encode(keys)
+        stamps = np.asarray(timestamps, np.int64)
+        if len(stamps) != len(kb):
+            raise StateAccessError(f"{len(kb)} keys but {len(stamps)} timer timestamps")
+        self._txn.set_timers(name, groups, kb, stamps.tolist(), registered=registered)
+
+    def register_event_timers(self, keys: pa.Array, timestamps) -> None:
+        """One timer per (key, timestamp); it fires once the watermark reaches the timestamp."""
+        self._timers(EVENT_TIMERS, keys, timestamps, True)
+
+    def delete_event_timers(self, keys: pa.Array, timestamps) -> None:
+        self._timers(EVENT_TIMERS, keys, timestamps, False)
+
+    def register_processing_timers(self, keys: pa.Array, timestamps) -> None:
+        """One timer per (key, timestamp); it fires in the first micro-batch at or after it."""
+        self._timers(PROCESSING_TIMERS, keys, timestamps, True)
+
+    def delete_processing_timers(self, keys: pa.Array, timestamps) -> None:
+        self._timers(PROCESSING_TIMERS, keys, timestamps, False)
+
+
+class ProcessOperator:
+    """Runs a :class:`KeyedProcess` stage's function for one subtask and micro-batch."""
+
+    def __init__(self, spec, max_parallelism: int) -> None:
+        self.spec = spec
+        self.function: KeyedProcessFunction = spec.function
+        self.specs = {s.name: s for s in self.function.states}
+        self.keys = KeyCodec(spec.key_type, max_parallelism)
+
+    def apply(
+        self,
+        store: RocksDBStore,
+        table: pa.Table,
+        watermark: int | None,
+        processing_time: int,
+    ) -> OperatorResult:
+        spec = self.spec
+        key_column = spec.key_column
+        txn = BufferedTransaction(store)
+        ctx = KeyedContext(
+            spec.name, key_column, self.specs, txn, self.keys, watermark, processing_time
+        )
+        expire(self.specs, txn, self.keys, ctx.clocks)
+        outputs = []
+        timers = self._due_timers(txn, ctx)
+        if timers.num_rows:
+            outputs.append(self._call("on_timers", timers, ctx))
+        records = self._records(table)
+        if records.num_rows:
+            outputs.append(self._call("process_batch", records, ctx))
+        max_event_time = None
+        if spec.event_time and records.num_rows:
+            max_event_time = int(pc.max(records.column(spec.event_time)).as_py())
+        output = [o for o in outputs if o is not None and o.num_rows]
+        result = pa.concat_tables(output, promote_options="permissive") if output else pa.table({})
+        return OperatorResult(result, max_event_time=max_event_time, txn=txn)
+
+    def _records(self, table: pa.Table) -> pa.Table:
+        """The user's columns: every input's own columns, the source name kept as ``_source``
+        for two-input stages, the runtime's routing columns dropped."""
+        keep = [c for c in table.column_names if not c.startswith("_")]
+        if len(self.spec.inputs) > 1 and "_source" in table.column_names:
+            keep.append("_source")
+        return table.select(keep)
+
+    def _due_timers(self, txn: BufferedTransaction, ctx: KeyedContext) -> pa.Table:
+        fired = []
+        limits = [
+            (EVENT_TIMERS, "event", ctx.watermark),
+            (PROCESSING_TIMERS, "processing", ctx.processing_time),
+        ]
+        for name, domain, limit in limits:
+            if limit is None:
+                continue
+            due = txn.due_timers(name, limit)
+            if due:
+                stamps = [t for t, _, _ in due]
+                txn.set_timers(
+                    name, [g for _, g, _ in due], [k for _, _, k in due], stamps, registered=False
+                )
+                fired.append(
+                    pa.table(
+                        {
+                            ctx.key_column: self.keys.decode([k for _, _, k in due]),
+                            "timestamp": pa.array(stamps, pa.int64()),
+                            "domain": pa.array([domain] * len(due), pa.string()),
+                        }
+                    )
+                )
+        if not fired:
+            return pa.table({ctx.key_column: [], "timestamp": pa.array([], pa.int64())})
+        return pa.concat_tables(fired).sort_by([("timestamp", "ascending")])
+
+    def _call(self, method: str, table: pa.Table, ctx: KeyedContext) -> pa.Table | None:
+        fn = self.function
+        arg = table.to_pandas() if fn.use_pandas else table
+        try:
+            out = getattr(fn, method)(arg, ctx)
+        except Exception as e:
+            raise UserFunctionError(
+                f"{USER_ERROR_MARKER}: stage {self.spec.name!r} (uid {self.spec.uid!r}, "
+                f"{type(fn).__qualname__}.{method}) raised {type(e).__name__}: {e}\n"
+                + "".join(traceback.format_exception(e))
+            ) from e
+        return self._as_table(out, method)
+
+    def _as_table(self, out: Any, method: str) -> pa.Table | None:
+        if out is None:
+            return None
+        if not isinstance(out, pa.Table):
+            try:
+                import pandas as pd
+
+                if isinstance(out, pd.DataFrame):
+                    out = pa.Table.from_pandas(out, preserve_index=False)
+            except ImportError:  # pandas is a dependency; only a broken install lacks it
+                pass
+        if not isinstance(out, pa.Table):
+            raise UserFunctionError(
+                f"{USER_ERROR_MARKER}: stage {self.spec.name!r}: {method} returned "
+                f"{type(out).__name__}; return a pyarrow Table, a pandas DataFrame or None"
+            )
+        schema = self.function.output_schema
+        if schema is not None:
+            try:
+                out = out.select(schema.names).cast(schema)
+            except (KeyError, pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+                raise UserFunctionError(
+                    f"{USER_ERROR_MARKER}: stage {self.spec.name!r}: {method}'s output does not "
+                    f"match output_schema: {e}"
+                ) from e
+        return out
