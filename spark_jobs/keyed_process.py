@@ -173,17 +173,20 @@ class ProcessOperator:
         ctx = KeyedContext(
             spec.name, key_column, self.specs, txn, self.keys, watermark, processing_time
         )
+        records = self._records(table)
+        max_event_time = None
+        if spec.event_time and records.num_rows:
+            low, high = pc.min_max(records.column(spec.event_time)).values()
+            max_event_time = int(high.as_py())
+            if watermark is None:  # the first micro-batch: event-time TTL stamps from its data
+                ctx.clocks["event"] = int(low.as_py()) - spec.out_of_orderness_ms
         expire(self.specs, txn, self.keys, ctx.clocks)
         outputs = []
         timers = self._due_timers(txn, ctx)
         if timers.num_rows:
             outputs.append(self._call("on_timers", timers, ctx))
-        records = self._records(table)
         if records.num_rows:
             outputs.append(self._call("process_batch", records, ctx))
-        max_event_time = None
-        if spec.event_time and records.num_rows:
-            max_event_time = int(pc.max(records.column(spec.event_time)).as_py())
         output = [o for o in outputs if o is not None and o.num_rows]
         result = pa.concat_tables(output, promote_options="permissive") if output else pa.table({})
         return OperatorResult(result, max_event_time=max_event_time, txn=txn)

@@ -211,14 +211,14 @@ class _StateView:
     ) -> None:
         self.spec, self.txn, self.keys = spec, txn, keys
         self._now = clocks.get(spec.ttl.clock) if spec.ttl else None
-        if spec.ttl and self._now is None:
-            raise StateAccessError(
-                f"state {spec.name!r}: its TTL clock {spec.ttl.clock!r} has no time yet"
-            )
 
     def _stamp(self, raw: list[bytes]) -> list[bytes]:
         if self.spec.ttl is None:
             return raw
+        if self._now is None:
+            raise StateAccessError(
+                f"state {self.spec.name!r}: its TTL clock {self.spec.ttl.clock!r} has no time yet"
+            )
         expiry = _EXPIRY.pack(self._now + self.spec.ttl.ms)
         return [expiry + v for v in raw]
 

@@ -10,7 +10,9 @@ An output table is an update stream, so what "exactly once" means is checked per
   user's number of clicks in the input, with the latest event time;
 - ``windowed_revenue``: every window the final watermark closes is emitted once, with the count
   and sum of its orders in the input;
-- ``enriched_orders``: every order is emitted once, with a profile of its user (or none).
+- ``enriched_orders``: every order is emitted once, with a profile of its user (or none);
+- ``sessions`` (examples/sessions): every session the final watermark closes is emitted once,
+  numbered per user, with its clicks and distinct pages.
 """
 
 from __future__ import annotations
@@ -112,8 +114,47 @@ def check_enriched(home: Path) -> str:
     return f"{len(orders):,} orders ({len(enriched):,} enriched) compared"
 
 
+def sessions_expected(clicks: pd.DataFrame, gap_ms: int, lateness_ms: int) -> pd.DataFrame:
+    """Per user, runs of clicks less than ``gap_ms`` apart in event time, which the final
+    watermark (the largest event time less ``lateness_ms``) has passed by ``gap_ms``."""
+    watermark = clicks["ts"].max() - lateness_ms
+    rows = []
+    for user, ts_pages in clicks.sort_values("ts").groupby("user"):
+        number, start, last, pages, count = 0, None, None, set(), 0
+        for ts, page in zip(ts_pages["ts"], ts_pages["url"], strict=True):
+            if last is not None and ts - last >= gap_ms:
+                number += 1
+                rows.append((user, start, last, len(pages), number, count))
+                start, pages = None, set()
+            if start is None:
+                start, count = ts, 0
+            last, count = ts, count + 1
+            pages.add(page)
+        number += 1
+        rows.append((user, start, last, len(pages), number, count))
+    sessions = pd.DataFrame(
+        rows, columns=["user", "session_start", "session_end", "pages", "session_no", "clicks"]
+    )
+    return sessions[sessions["session_end"] + gap_ms <= watermark]
+
+
+def check_sessions(home: Path, gap_ms: int = 10_000, lateness_ms: int = 2_000) -> str:
+    clicks = read_log(home, "clicks")
+    expected = sessions_expected(clicks, gap_ms, lateness_ms)
+    got = output(home, "sessions")
+    twice = got[got.duplicated(["user", "session_start"], keep=False)]
+    assert twice.empty, f"sessions emitted twice:\n{twice.head(10)}"
+    columns = ["user", "session_start", "session_end", "clicks", "pages", "session_no"]
+    got = got[columns].sort_values(columns[:2]).reset_index(drop=True)
+    expected = expected[columns].sort_values(columns[:2]).reset_index(drop=True)
+    assert len(got) == len(expected), f"{len(got)} sessions emitted, {len(expected)} expected"
+    pd.testing.assert_frame_equal(got, expected, check_dtype=False)
+    return f"{len(clicks):,} clicks, {len(expected):,} sessions compared"
+
+
 CHECKS = {
     "clicks_per_user": check_clicks,
     "windowed_revenue": check_windows,
     "enriched_orders": check_enriched,
+    "sessions": check_sessions,
 }

@@ -1,0 +1,1 @@
+"""A user's package of Cutline jobs (see README.md)."""
