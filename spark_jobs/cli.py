@@ -144,6 +144,7 @@ def job_for_run(args: argparse.Namespace):
 def _run(args: argparse.Namespace) -> int:
     from spark_jobs.events import open_events
     from spark_jobs.job import KafkaSource
+    from spark_jobs.job_loader import ship_user_code
     from spark_jobs.runtime import run_job
     from spark_jobs.session import build_spark
     from spark_jobs.start import abandon_plan, plan_start_early
@@ -151,6 +152,7 @@ def _run(args: argparse.Namespace) -> int:
 
     timeline = StartupTimeline()
     job = job_for_run(args)
+    ship_user_code(job)
     paths = _paths(args)
     hints = json.loads(Path(args.hints).read_text()) if args.hints else None
     restore = None if args.restore == "none" else args.restore

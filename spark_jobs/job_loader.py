@@ -96,3 +96,25 @@ def job_names() -> list[str]:
     """Every job this process can find by name (registered and installed)."""
     _register_examples()
     return sorted({*_REGISTRY, *_entry_points()})
+
+
+_OWN_PACKAGES = ("spark_jobs", "state", "orchestration")
+
+
+def ship_user_code(job: JobDefinition) -> list[str]:
+    """Make the user's stage code travel with the tasks: the module that defines the stage's
+    function is pickled by value (cloudpickle), so executors need not have the user's package
+    installed or on their path; what it imports (pyarrow, pandas, Cutline's API) is still
+    imported there by name. Returns the modules shipped."""
+    import sys
+
+    from pyspark import cloudpickle
+
+    function = getattr(job.operator, "function", None)
+    if function is None:
+        return []
+    module = type(function).__module__
+    if module.split(".")[0] in _OWN_PACKAGES or module not in sys.modules:
+        return []
+    cloudpickle.register_pickle_by_value(sys.modules[module])
+    return [module]
