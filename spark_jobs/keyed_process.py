@@ -29,16 +29,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from state.user_state import (
-    KeyCodec,
-    ListState,
-    MapState,
-    StateAccessError,
-    StateSpec,
-    ValueState,
-    expire,
-    open_view,
-)
+from state.state_types import KeyCodec, StateAccessError, StateSpec
+from state.user_state import ListState, MapState, ValueState, expire, open_view
 from state.write_buffer import BufferedTransaction
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ from spark_jobs.job import (
 from spark_jobs.keyed_process import OperatorResult, ProcessOperator
 from spark_jobs.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from state.keygroups import DEFAULT_MAX_PARALLELISM
-from state.user_state import key_bytes
+from state.state_types import key_bytes
 
 if TYPE_CHECKING:  # rocksdict is loaded only where state lives: in the executors' tasks
     from state.rocksdb_store import RocksDBStore

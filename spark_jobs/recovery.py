@@ -122,7 +122,9 @@ def recovery_row(
         "bytes_local": sum(r.get("bytes_local", 0) for r in reports),
         "bytes_remote": sum(r.get("bytes_remote", 0) for r in reports),
         "duration_ms": duration_s * 1000,
-        "fallbacks": json.dumps(restored.fallbacks + [f for r in reports for f in r.get("fallbacks", [])]),
+        "fallbacks": json.dumps(
+            restored.fallbacks + [f for r in reports for f in r.get("fallbacks", [])]
+        ),
         "hints": json.dumps(hints),
         "recovered_at_ms": int(time.time() * 1000),
         "files_local": sum(r.get("files_local", 0) for r in reports),

@@ -1,16 +1,12 @@
 """Keyed state for user functions: ``ValueState``, ``ListState`` and ``MapState``, vectorised.
 
-A stage declares its states by spec (:class:`ValueStateSpec`, :class:`ListStateSpec`,
-:class:`MapStateSpec`: a name, an Arrow type, an optional :class:`Ttl`). In a micro-batch the
-user's function gets a view of each, which reads and writes the state of many keys per call: a
-read is one multi-get over the keys the micro-batch's buffer does not hold, a write goes into the
-micro-batch's :class:`~state.write_buffer.BufferedTransaction` (one RocksDB write batch).
+A stage declares its states by spec (state/state_types.py: a name, an Arrow type, an optional
+TTL). In a micro-batch the user's function gets a view of each, which reads and writes the state
+of many keys per call: a read is one multi-get over the keys the micro-batch's buffer does not
+hold, a write goes into the micro-batch's :class:`~state.write_buffer.BufferedTransaction` (one
+RocksDB write batch).
 
-Values are stored in a fixed binary form per type (little-endian numbers, UTF-8 strings, raw
-bytes); the spec's :meth:`~StateSpec.fingerprint` names that form, and a restore refuses a
-checkpoint whose fingerprint for a state differs (docs/design.md, "Evolution").
-
-TTL: a state with a :class:`Ttl` stores each entry's expiry before its value. An expired entry is
+TTL: a state with a TTL stores each entry's expiry before its value. An expired entry is
 invisible to reads at once, and is deleted physically by a cleanup timer (timer set
 ``__ttl__``) that every write registers at the expiry: state of keys that go idle is removed
 without anyone reading it. A list's TTL covers the whole list, refreshed by every write to it;
@@ -20,170 +16,25 @@ a map's TTL covers each entry.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from state.keygroups import key_groups
+from state.state_types import (
+    TTL_CLOCKS,
+    KeyCodec,
+    MapStateSpec,
+    StateAccessError,
+    StateSpec,
+    decode_values,
+    encode_values,
+)
 from state.write_buffer import BufferedTransaction
 
 TTL_TIMERS = "__ttl__"
-TTL_CLOCKS = ("processing", "event")
 _EXPIRY = struct.Struct(">q")
 _U32 = struct.Struct(">I")
-_FIXED = {
-    pa.bool_(): "|b1",
-    pa.int32(): "<i4",
-    pa.int64(): "<i8",
-    pa.float32(): "<f4",
-    pa.float64(): "<f8",
-}
-_VARIABLE = (pa.string(), pa.binary())
-STATE_TYPES = (*_FIXED, *_VARIABLE)
-
-
-class StateDefinitionError(ValueError):
-    """A state spec is invalid (name, type or TTL); the message names it."""
-
-
-class StateAccessError(ValueError):
-    """A state was used wrongly in a micro-batch (a null value, misaligned arrays)."""
-
-
-@dataclass(frozen=True)
-class Ttl:
-    """Entries expire ``ms`` after their last write, by the ``clock``: ``"processing"`` (wall
-    time, as in Flink) or ``"event"`` (the stage's watermark; the same on every replay)."""
-
-    ms: int
-    clock: str = "processing"
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.ms, int) or self.ms < 1:
-            raise StateDefinitionError(f"Ttl.ms must be a positive integer, got {self.ms!r}")
-        if self.clock not in TTL_CLOCKS:
-            raise StateDefinitionError(f"Ttl.clock must be one of {TTL_CLOCKS}, not {self.clock!r}")
-
-
-def _check_type(where: str, t: pa.DataType) -> pa.DataType:
-    if t not in STATE_TYPES:
-        raise StateDefinitionError(
-            f"{where}: type {t} is not storable; use one of {[str(s) for s in STATE_TYPES]}"
-        )
-    return t
-
-
-@dataclass(frozen=True)
-class StateSpec:
-    name: str
-    type: pa.DataType
-    ttl: Ttl | None = None
-    kind = "value"
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name or self.name.startswith("_"):
-            raise StateDefinitionError(
-                f"state name must be a non-empty string not starting with '_', got {self.name!r}"
-            )
-        if len(self.name.encode()) > 200:
-            raise StateDefinitionError(f"state name {self.name!r} is longer than 200 bytes")
-        _check_type(f"state {self.name!r}", self.type)
-
-    def fingerprint(self) -> str:
-        """The stored form of this state; a checkpoint restores only into the same one."""
-        ttl = "ttl" if self.ttl else "no-ttl"
-        return f"{self.kind}<{self.type}>/{ttl}/v1"
-
-
-@dataclass(frozen=True)
-class ValueStateSpec(StateSpec):
-    """One value per key."""
-
-    kind = "value"
-
-
-@dataclass(frozen=True)
-class ListStateSpec(StateSpec):
-    """A list of values per key, appended to in arrival order."""
-
-    kind = "list"
-
-
-@dataclass(frozen=True)
-class MapStateSpec(StateSpec):
-    """A map per key, from ``key_type`` map keys to ``type`` values."""
-
-    key_type: pa.DataType = pa.string()  # noqa: RUF009 - an immutable type object
-    kind = "map"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_type(f"state {self.name!r} map key", self.key_type)
-
-    def fingerprint(self) -> str:
-        ttl = "ttl" if self.ttl else "no-ttl"
-        return f"map<{self.key_type},{self.type}>/{ttl}/v1"
-
-
-# -- encoding ---------------------------------------------------------------------------------
-
-
-def encode_values(values: pa.Array, t: pa.DataType, what: str) -> list[bytes]:
-    """Every value's stored bytes (map keys of integer type sort as big-endian would not; they
-    only need to be distinct)."""
-    values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-    if values.null_count:
-        raise StateAccessError(f"{what}: cannot store null values (clear the keys instead)")
-    values = values.cast(t)
-    if t in _VARIABLE:
-        return values.cast(pa.binary()).to_pylist()
-    dtype = np.dtype(_FIXED[t])
-    raw = values.to_numpy(zero_copy_only=False).astype(dtype).tobytes()
-    w = dtype.itemsize
-    return [raw[i : i + w] for i in range(0, len(raw), w)]
-
-
-def decode_values(raw: list[bytes | None], t: pa.DataType) -> pa.Array:
-    """The inverse of :func:`encode_values`; ``None`` decodes to null."""
-    if t in _VARIABLE:
-        return pa.array(raw, pa.binary()).cast(t)
-    present = np.fromiter((v is not None for v in raw), bool, len(raw))
-    data = np.zeros(len(raw), np.dtype(_FIXED[t]))
-    data[present] = np.frombuffer(b"".join(v for v in raw if v is not None), data.dtype)
-    return pa.array(data, type=t, mask=~present)
-
-
-@dataclass(frozen=True)
-class KeyCodec:
-    """The stage's keys as stored: bytes (UTF-8 strings, big-endian integers) and key groups."""
-
-    key_type: str
-    max_parallelism: int
-
-    def encode(self, keys: pa.Array) -> tuple[np.ndarray, list[bytes]]:
-        keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
-        if keys.null_count:
-            raise StateAccessError(f"{keys.null_count} null keys")
-        return key_groups(keys, self.key_type, self.max_parallelism), key_bytes(keys, self.key_type)
-
-    def decode(self, raw: list[bytes]) -> pa.Array:
-        if self.key_type in ("string", "binary"):
-            arr = pa.array(raw, pa.binary())
-            return arr.cast(pa.string()) if self.key_type == "string" else arr
-        width = 4 if self.key_type == "int" else 8
-        data = np.frombuffer(b"".join(raw), f">i{width}").astype(f"<i{width}")
-        return pa.array(data, pa.int32() if width == 4 else pa.int64())
-
-
-def key_bytes(column: pa.Array, key_type: str) -> list[bytes]:
-    """Keys as the bytes stored in RocksDB: UTF-8 for strings, big-endian for integers."""
-    if key_type in ("string", "binary"):
-        return column.cast(pa.binary()).to_pylist()
-    width = 4 if key_type == "int" else 8
-    raw = column.to_numpy(zero_copy_only=False).astype(f">i{width}").tobytes()
-    return [raw[i : i + width] for i in range(0, len(raw), width)]
 
 
 def _ttl_timer_key(name: str, key: bytes, map_key: bytes = b"") -> bytes:

@@ -16,14 +16,17 @@ from spark_jobs.job import (
 from spark_jobs.job_loader import get_job, job_names
 
 
-def test_example_jobs_are_registered():
+def test_example_jobs_are_registered_and_installed_packages_add_theirs():
     assert job_names() == [
         "clicks_per_user",
         "clicks_per_user_kafka",
         "enriched_orders",
+        "sessions",  # examples/sessions, through its cutline.jobs entry point
         "user_activity",
         "windowed_revenue",
     ]
+    assert get_job("sessions").operator.uid == "sessionize"
+    assert get_job("cutline_sessions.jobs:sessions").name == "sessions"
     job = get_job("enriched_orders")
     assert set(job.operator.inputs) == {"orders", "profiles"}
     with pytest.raises(JobDefinitionError, match="no job named 'nope'"):

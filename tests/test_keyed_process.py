@@ -20,7 +20,7 @@ from spark_jobs.keyed_process import (
 from spark_jobs.subtask import write_progress
 from state.keygroups import KeyGroupRange
 from state.rocksdb_store import RocksDBStore
-from state.user_state import MapStateSpec, Ttl, ValueStateSpec
+from state.state_types import MapStateSpec, Ttl, ValueStateSpec
 from tests.e2e_util import report
 from tests.reference import sessions_expected
 

@@ -18,15 +18,8 @@ from hypothesis import strategies as st
 from spark_jobs.keyed_process import EVENT_TIMERS
 from state.keygroups import KeyGroupRange
 from state.rocksdb_store import RocksDBStore
-from state.user_state import (
-    KeyCodec,
-    ListStateSpec,
-    MapStateSpec,
-    Ttl,
-    ValueStateSpec,
-    expire,
-    open_view,
-)
+from state.state_types import KeyCodec, ListStateSpec, MapStateSpec, Ttl, ValueStateSpec
+from state.user_state import expire, open_view
 from state.write_buffer import BufferedTransaction
 
 ALL = KeyGroupRange(0, 127)

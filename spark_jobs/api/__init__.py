@@ -22,16 +22,14 @@ from spark_jobs.job import (
 )
 from spark_jobs.keyed_process import KeyedContext, KeyedProcessFunction
 from state.config import CheckpointConfig
-from state.user_state import (
-    ListState,
+from state.state_types import (
     ListStateSpec,
-    MapState,
     MapStateSpec,
     StateAccessError,
     Ttl,
-    ValueState,
     ValueStateSpec,
 )
+from state.user_state import ListState, MapState, ValueState
 
 __all__ = [
     "CheckpointConfig",
