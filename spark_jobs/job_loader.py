@@ -13,6 +13,7 @@ registered each raise :class:`~spark_jobs.job.JobDefinitionError` saying which.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
 
@@ -106,8 +107,6 @@ def ship_user_code(job: JobDefinition) -> list[str]:
     function is pickled by value (cloudpickle), so executors need not have the user's package
     installed or on their path; what it imports (pyarrow, pandas, Cutline's API) is still
     imported there by name. Returns the modules shipped."""
-    import sys
-
     from pyspark import cloudpickle
 
     function = getattr(job.operator, "function", None)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -235,14 +236,8 @@ class ProcessOperator:
     def _as_table(self, out: Any, method: str) -> pa.Table | None:
         if out is None:
             return None
-        if not isinstance(out, pa.Table):
-            try:
-                import pandas as pd
-
-                if isinstance(out, pd.DataFrame):
-                    out = pa.Table.from_pandas(out, preserve_index=False)
-            except ImportError:  # pandas is a dependency; only a broken install lacks it
-                pass
+        if isinstance(out, pd.DataFrame):
+            out = pa.Table.from_pandas(out, preserve_index=False)
         if not isinstance(out, pa.Table):
             raise UserFunctionError(
                 f"{USER_ERROR_MARKER}: stage {self.spec.name!r}: {method} returned "

@@ -239,6 +239,17 @@ class RocksDBStore(KeyedStateBackend):
     def begin(self) -> RocksDBTransaction:
         return RocksDBTransaction(self)
 
+    def commit_batch(self, txn: Transaction, batch: rd.WriteBatch) -> None:
+        """Apply ``batch`` atomically (without the WAL) and mark ``txn`` committed, or aborted
+        if the write fails."""
+        try:
+            if not batch.is_empty():
+                self.db.write(batch, self._write_opts)
+        except Exception:
+            txn.state = TransactionState.ABORTED
+            raise
+        txn.state = TransactionState.COMMITTED
+
     def compact(self) -> None:
         """Compact the whole database into few files (bounds the files a restore must read)."""
         self.db.compact_range(None, None)
@@ -321,14 +332,7 @@ class RocksDBTransaction(Transaction):
         self.delete(TIMERS, key_groups, ts_keys)
 
     def commit(self) -> None:
-        batch = self._check_open()
-        try:
-            if not batch.is_empty():
-                self._store.db.write(batch, self._store._write_opts)
-        except Exception:
-            self.state = TransactionState.ABORTED
-            raise
-        self.state = TransactionState.COMMITTED
+        self._store.commit_batch(self, self._check_open())
 
     def abort(self) -> None:
         self._check_open()

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from state.rocksdb_store import decode_list, encode_list
 from state.state_types import (
     TTL_CLOCKS,
     KeyCodec,
@@ -126,7 +127,7 @@ class ListState(_StateView):
     def get(self, keys: pa.Array) -> pa.ListArray:
         groups, kb = self.keys.encode(keys)
         blobs = self._read(groups, kb)
-        items = [_split_items(b) for b in blobs]
+        items = [decode_list(b) for b in blobs]
         offsets = np.zeros(len(items) + 1, np.int32)
         np.cumsum([len(i) for i in items], out=offsets[1:])
         flat = decode_values([v for i in items for v in i], self.spec.type)
@@ -137,7 +138,7 @@ class ListState(_StateView):
         if not len(keys):
             return
         raw = encode_values(values, self.spec.type, f"state {self.spec.name!r}")
-        framed = pa.array([_U32.pack(len(v)) + v for v in raw], pa.binary())
+        framed = pa.array([encode_list([v]) for v in raw], pa.binary())
         grouped = (
             pa.table({"k": keys, "v": framed})
             .group_by("k", use_threads=False)  # keeps arrival order within a key
@@ -157,7 +158,7 @@ class ListState(_StateView):
         flat = encode_values(lists.flatten(), self.spec.type, f"state {self.spec.name!r}")
         offsets = lists.offsets.to_numpy() - lists.offsets[0].as_py()
         blobs = [
-            b"".join(_U32.pack(len(v)) + v for v in flat[a:b])
+            encode_list(flat[a:b])
             for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
         ]
         self.txn.put(self.spec.name, groups, kb, self._stamp(blobs))
@@ -166,15 +167,6 @@ class ListState(_StateView):
     def clear(self, keys: pa.Array) -> None:
         groups, kb = self.keys.encode(keys)
         self.txn.delete(self.spec.name, groups, kb)
-
-
-def _split_items(blob: bytes | None) -> list[bytes]:
-    out, pos = [], 0
-    while blob and pos < len(blob):
-        (n,) = _U32.unpack_from(blob, pos)
-        out.append(blob[pos + 4 : pos + 4 + n])
-        pos += 4 + n
-    return out
 
 
 class MapState(_StateView):

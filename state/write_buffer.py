@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import rocksdict as rd
 
 from state.backend import KeyGroups, Keys, Transaction, TransactionError, TransactionState
-from state.rocksdb_store import _TS_OFFSET, _U32, _U64, RocksDBStore
+from state.rocksdb_store import _TS_OFFSET, _U64, RocksDBStore
 
 _DELETED = None
 
@@ -111,11 +111,9 @@ class BufferedTransaction(Transaction):
     def _map_write(self, name: str, key_groups, keys, map_keys, values) -> None:
         self._check_open()
         full = self.store._map_keys(name, key_groups, keys, map_keys)
-        for f, k, mk, v in zip(full, keys, map_keys, values, strict=True):
+        for f, mk, v in zip(full, map_keys, values, strict=True):
             self._writes[f] = v
-            prefix = f[: len(f) - len(mk)]
-            assert prefix.endswith(_U32.pack(len(k)) + k)
-            self._map_writes.setdefault(prefix, set()).add(f)
+            self._map_writes.setdefault(f[: len(f) - len(mk)], set()).add(f)
 
     def map_put(
         self, name: str, key_groups: KeyGroups, keys: Keys, map_keys: Keys, values: Sequence[bytes]
@@ -154,13 +152,7 @@ class BufferedTransaction(Transaction):
                 batch.delete(k)
             else:
                 batch.put(k, v)
-        try:
-            if not batch.is_empty():
-                self.store.db.write(batch, self.store._write_opts)
-        except Exception:
-            self.state = TransactionState.ABORTED
-            raise
-        self.state = TransactionState.COMMITTED
+        self.store.commit_batch(self, batch)
 
     def abort(self) -> None:
         self._check_open()
