@@ -52,7 +52,7 @@ FILE_BYTES = 64  # contents do not matter to GC; sizes are what the catalog repo
 def build(paths: RuntimePaths, spark, checkpoints: int, shared_files: int, window: int) -> dict:
     """Write the job's files, manifests and catalog rows; returns what was built."""
     job = get_job(JOB)
-    op, parallelism = job.operator.name, job.parallelism
+    op, parallelism = job.stages[0].name, job.parallelism
     layout = JobLayout(JOB)
     root = Path(paths.checkpoint_root)
     per_subtask = shared_files // checkpoints // parallelism

@@ -30,20 +30,26 @@ def check_restorable(
     log=print,
 ) -> None:
     """Raise :class:`IncompatibleStateError` unless ``job`` may restore ``manifest``."""
-    stage = job.operator
+    stages = {s.uid: s for s in job.stages}
     held = {h.operator for h in manifest.subtasks} | set(manifest.stages)
-    for uid in sorted(held - {stage.uid}):
+    for uid in sorted(held - stages.keys()):
         what = (
             f"checkpoint {manifest.checkpoint_id} of {job.name} holds the state of stage uid "
             f"{uid!r}"
         )
         if not allow_non_restored:
+            known = ", ".join(f"{s.name!r} (uid {s.uid!r})" for s in job.stages)
             raise IncompatibleStateError(
-                f"{what}, which the job has no stage for (its stage {stage.name!r} has uid "
-                f"{stage.uid!r}): keep the uid to restore it, or pass "
-                "--allow-non-restored-state to drop that state"
+                f"{what}, which the job has no stage for (its stages: {known}): keep the uid to "
+                "restore it, or pass --allow-non-restored-state to drop that state"
             )
         log(f"{what}, which the job has no stage for: dropped (--allow-non-restored-state)")
+    for stage in job.stages:
+        _check_states(stage, manifest, log)
+
+
+def _check_states(stage, manifest: CheckpointManifest, log) -> None:
+    """Every state of ``stage`` that the checkpoint also knows is stored the same way."""
     before = manifest.stages.get(stage.uid)
     if before is None:
         return  # a new stage, or a checkpoint from before fingerprints were recorded

@@ -7,8 +7,10 @@ definition time: a bad value raises :class:`JobDefinitionError` naming the field
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +89,24 @@ class KafkaSource:
 
 
 Source = LogSource | KafkaSource
+
+
+@dataclass(frozen=True)
+class Transform:
+    """A stateless step on one source's records before the first keyed stage: ``function`` is any
+    ``DataFrame -> DataFrame`` (parse, filter, project, UDFs). It must be deterministic (a replay
+    after a restore runs it again on the same records) and keep the runtime's columns, those
+    whose names start with ``_`` (``withColumn``, ``where`` and ``select("*", ...)`` do). It sees
+    only well-formed records; bad ones go to the job's bad-record policy untouched."""
+
+    name: str
+    source: str
+    function: Callable[[Any], Any]
+
+    def __post_init__(self) -> None:
+        _check_name("transform.name", self.name)
+        if not callable(self.function):
+            raise JobDefinitionError(f"transform {self.name!r}: function must be callable")
 
 
 def _check_aggregates(
@@ -284,10 +304,12 @@ def watermark_lag_ms(operator: Operator) -> int | None:
 
 @dataclass(frozen=True)
 class DeltaSink:
-    """A Delta table under the warehouse: ``<warehouse>/tables/<table>``."""
+    """A Delta table under the warehouse, ``<warehouse>/tables/<table>``, that receives the
+    output of stage ``stage`` (default: the job's last stage)."""
 
     name: str
     table: str
+    stage: str | None = None
 
     def __post_init__(self) -> None:
         _check_name("sink.name", self.name)
@@ -296,10 +318,17 @@ class DeltaSink:
 
 @dataclass(frozen=True)
 class JobDefinition:
+    """A streaming job: ``sources``, optional stateless ``transforms`` of them, then ``operator``:
+    one keyed stage, or a tuple of stages chained in order. The first stage reads the sources;
+    every later stage reads the output of the one before it, re-partitioned by its own key
+    column. ``sink``: one Delta sink or several, each taking one stage's output. Every stage's
+    subtasks snapshot at the same micro-batch cut; a checkpoint completes only with all of
+    them."""
+
     name: str
     sources: tuple[Source, ...]
-    operator: Operator
-    sink: DeltaSink
+    operator: Operator | tuple[Operator, ...]
+    sink: DeltaSink | tuple[DeltaSink, ...]
     checkpoint: CheckpointConfig
     parallelism: int = 2
     max_parallelism: int = DEFAULT_MAX_PARALLELISM
@@ -309,6 +338,7 @@ class JobDefinition:
     # "dead_letter": skip it into the Delta table ``dead_letter_table`` (default <job>_dead_letters)
     bad_records: str = "fail"
     dead_letter_table: str | None = None
+    transforms: tuple[Transform, ...] = ()
 
     def __post_init__(self) -> None:
         _check_name("job.name", self.name)
@@ -327,18 +357,88 @@ class JobDefinition:
         names = [s.name for s in self.sources]
         if len(set(names)) != len(names):
             raise JobDefinitionError(f"job.sources names must be unique, got {names}")
-        for source in self.operator.inputs:
-            if source not in names:
-                raise JobDefinitionError(
-                    f"operator input {source!r} is not one of the job's sources {names}"
-                )
+        _check_chain(self.stages, names)
+        _check_transforms(self.transforms, names)
+        _check_sinks(self.outputs, self.stages)
+
+    @property
+    def stages(self) -> tuple[Operator, ...]:
+        """The keyed stages in chain order."""
+        return self.operator if isinstance(self.operator, tuple) else (self.operator,)
+
+    @property
+    def outputs(self) -> tuple[DeltaSink, ...]:
+        """The output sinks (without the dead-letter table)."""
+        return self.sink if isinstance(self.sink, tuple) else (self.sink,)
+
+    @property
+    def source_inputs(self) -> dict[str, str]:
+        """Each source the job reads -> the first stage's key column for it."""
+        return self.stages[0].inputs
 
     def source(self, name: str) -> Source:
         return next(s for s in self.sources if s.name == name)
 
+    def sinks_of(self, stage: Operator) -> list[DeltaSink]:
+        """The sinks that take ``stage``'s output."""
+        last = self.stages[-1].name
+        return [s for s in self.outputs if (s.stage or last) == stage.name]
+
     def sinks(self) -> list[DeltaSink]:
-        """The output sink, then the dead-letter table if bad records go to one."""
+        """The output sinks, then the dead-letter table if bad records go to one."""
         if self.bad_records != "dead_letter":
-            return [self.sink]
+            return list(self.outputs)
         table = self.dead_letter_table or f"{self.name}_dead_letters"
-        return [self.sink, DeltaSink(DEAD_LETTER_SINK, table)]
+        return [*self.outputs, DeltaSink(DEAD_LETTER_SINK, table)]
+
+
+def _check_chain(stages: tuple[Operator, ...], sources: list[str]) -> None:
+    """The first stage reads sources; each later one reads the stage before it, by one key."""
+    if not stages:
+        raise JobDefinitionError("job.operator must name at least one stage")
+    for what in ("name", "uid"):
+        values = [getattr(s, what) for s in stages]
+        if len(set(values)) != len(values):
+            raise JobDefinitionError(f"job stages' {what}s must be unique, got {values}")
+    for source in stages[0].inputs:
+        if source not in sources:
+            raise JobDefinitionError(
+                f"stage {stages[0].name!r}: input {source!r} is not one of the job's sources "
+                f"{sources}"
+            )
+    for before, stage in itertools.pairwise(stages):
+        if list(stage.inputs) != [before.name]:
+            raise JobDefinitionError(
+                f"stage {stage.name!r} must read the output of the stage before it, "
+                f"{before.name!r}, keyed by one column (inputs={{{before.name!r}: <key>}}); "
+                f"got inputs {sorted(stage.inputs)}"
+            )
+
+
+def _check_transforms(transforms: tuple[Transform, ...], sources: list[str]) -> None:
+    names = [t.name for t in transforms]
+    if len(set(names)) != len(names):
+        raise JobDefinitionError(f"job.transforms names must be unique, got {names}")
+    for t in transforms:
+        if t.source not in sources:
+            raise JobDefinitionError(
+                f"transform {t.name!r}: source {t.source!r} is not one of the job's sources "
+                f"{sources}"
+            )
+
+
+def _check_sinks(sinks: tuple[DeltaSink, ...], stages: tuple[Operator, ...]) -> None:
+    if not sinks:
+        raise JobDefinitionError("job.sink must name at least one sink")
+    stage_names = [s.name for s in stages]
+    for what in ("name", "table"):
+        values = [getattr(s, what) for s in sinks]
+        if len(set(values)) != len(values):
+            raise JobDefinitionError(f"job sinks' {what}s must be unique, got {values}")
+    if any(s.name == DEAD_LETTER_SINK for s in sinks):
+        raise JobDefinitionError(f"sink name {DEAD_LETTER_SINK!r} is the dead-letter table's")
+    for s in sinks:
+        if s.stage is not None and s.stage not in stage_names:
+            raise JobDefinitionError(
+                f"sink {s.name!r}: stage {s.stage!r} is not one of the job's stages {stage_names}"
+            )

@@ -103,17 +103,19 @@ _OWN_PACKAGES = ("spark_jobs", "state", "orchestration")
 
 
 def ship_user_code(job: JobDefinition) -> list[str]:
-    """Make the user's stage code travel with the tasks: the module that defines the stage's
-    function is pickled by value (cloudpickle), so executors need not have the user's package
-    installed or on their path; what it imports (pyarrow, pandas, Cutline's API) is still
-    imported there by name. Returns the modules shipped."""
+    """Make the user's code travel with the tasks: each module that defines a stage's function
+    or a transform is pickled by value (cloudpickle), so executors need not have the user's
+    package installed or on their path; what it imports (pyarrow, pandas, Cutline's API) is
+    still imported there by name. Returns the modules shipped."""
     from pyspark import cloudpickle
 
-    function = getattr(job.operator, "function", None)
-    if function is None:
-        return []
-    module = type(function).__module__
-    if module.split(".")[0] in _OWN_PACKAGES or module not in sys.modules:
-        return []
-    cloudpickle.register_pickle_by_value(sys.modules[module])
-    return [module]
+    functions = [getattr(s, "function", None) for s in job.stages]
+    functions += [t.function for t in job.transforms]
+    modules = {getattr(f, "__module__", None) or type(f).__module__ for f in functions if f}
+    shipped = []
+    for module in sorted(m for m in modules if m):
+        if module.split(".")[0] in _OWN_PACKAGES or module not in sys.modules:
+            continue
+        cloudpickle.register_pickle_by_value(sys.modules[module])
+        shipped.append(module)
+    return shipped

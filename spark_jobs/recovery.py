@@ -24,7 +24,7 @@ from typing import Any
 from spark_jobs.errors import NoRestorableCheckpointError
 from spark_jobs.placement import executor_hosts, placed_rdd, preferred_hosts, wait_for_hosts
 from spark_jobs.start import select_checkpoint
-from spark_jobs.subtask import RunContext, prepare_subtask
+from spark_jobs.subtask import RunContext, prepare_slot
 from state.manifest import CheckpointManifest
 
 Positions = dict[str, dict[str, int]]  # source -> partition -> position
@@ -59,12 +59,12 @@ def restore_placed(
     executor_wait_s: float,
     log,
 ) -> list[dict[str, Any]]:
-    """Restore (or, without ``manifest``, empty) every subtask's working state as of ``epoch``,
-    each on the host its hint names when an executor runs there; the subtasks' reports, by
-    subtask."""
+    """Restore (or, without ``manifest``, empty) every stage's subtasks' working state as of
+    ``epoch``; subtask *i* of every stage in one task (slot *i*), on the host its hint names when
+    an executor runs there. The subtasks' reports, by subtask, then stage."""
     job = ctx.job
     handles = {
-        i: manifest.handle(job.operator.uid, i) if manifest else None
+        i: {s.uid: manifest.handle(s.uid, i) if manifest else None for s in job.stages}
         for i in range(job.parallelism)
     }
     sc = spark.sparkContext
@@ -78,15 +78,15 @@ def restore_placed(
     prefs = preferred_hosts(hints, job.parallelism, executor_hosts(sc))
     raw = (
         placed_rdd(sc, prefs)
-        .mapPartitionsWithIndex(
-            lambda i, _: [json.dumps(prepare_subtask(ctx, i, handles[i], epoch))]
-        )
+        .mapPartitionsWithIndex(lambda i, _: [json.dumps(prepare_slot(ctx, i, handles[i], epoch))])
         .collect()
     )
-    reports = sorted((json.loads(r) for r in raw), key=lambda r: r["subtask"])
-    for report, preferred in zip(reports, prefs, strict=True):
+    reports = [r for slot in raw for r in json.loads(slot)]
+    order = {s.uid: n for n, s in enumerate(job.stages)}
+    reports.sort(key=lambda r: (r["subtask"], order[r["stage"]]))
+    for report in reports:
         report["hint"] = hints.get(str(report["subtask"]))
-        report["placed"] = bool(preferred)  # an executor ran on the hinted host
+        report["placed"] = bool(prefs[report["subtask"]])  # an executor ran on the hinted host
     return reports
 
 
@@ -130,7 +130,7 @@ def recovery_row(
         "files_local": sum(r.get("files_local", 0) for r in reports),
         "files_remote": sum(r.get("files_remote", 0) for r in reports),
         "placement": json.dumps(
-            [{k: r.get(k) for k in ("subtask", "host", "hint", "source")} for r in reports]
+            [{k: r.get(k) for k in ("stage", "subtask", "host", "hint", "source")} for r in reports]
         ),
     }
 
@@ -161,7 +161,9 @@ def restore_with_fallback(
         corrupt = [r for r in reports if "corrupt" in r]
         if not corrupt:
             return Restored(manifest, reports, fallbacks, time.perf_counter() - started)
-        reason = "; ".join(f"subtask {r['subtask']}: {r['corrupt']}" for r in corrupt[:3])
+        reason = "; ".join(
+            f"stage {r['stage']} subtask {r['subtask']}: {r['corrupt']}" for r in corrupt[:3]
+        )
         log(f"checkpoint {manifest.checkpoint_id} is not restorable, marking it CORRUPT: {reason}")
         catalog.mark_corrupt(job_id, manifest.checkpoint_id, reason)
         fallbacks.append(f"checkpoint {manifest.checkpoint_id}: {reason}")

@@ -27,10 +27,11 @@ import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from spark_jobs.bad_records import bad_record_error
+from spark_jobs.dataflow import execute
 from spark_jobs.delta_catalog import DeltaCatalog, now_ms
 from spark_jobs.errors import (
     AttemptFailedError,
@@ -41,15 +42,7 @@ from spark_jobs.errors import (
 from spark_jobs.events import EventChannel
 from spark_jobs.job import JobDefinition, watermark_lag_ms
 from spark_jobs.keyed_process import USER_ERROR_MARKER, user_error_text
-from spark_jobs.operators import KEY_GROUP_COLUMN
-from spark_jobs.placement import (
-    anchor_rdd,
-    executor_hosts,
-    lost_subtasks,
-    pin_to_anchor,
-    preferred_hosts,
-    subtask_partition,
-)
+from spark_jobs.placement import anchor_rdd, executor_hosts, lost_subtasks, preferred_hosts
 from spark_jobs.recovery import (
     ReplayEpoch,
     Restored,
@@ -61,16 +54,7 @@ from spark_jobs.settings import RuntimePaths
 from spark_jobs.sources import empty_frame, partitions_of, range_frame, stream_frame, tag_and_union
 from spark_jobs.start import StartPlan, plan_start, sink_writers
 from spark_jobs.startup import StartupTimeline
-from spark_jobs.subtask import (
-    CHUNKS_SCHEMA,
-    KEY_COLUMN,
-    SUBTASK_COLUMN,
-    BatchPlan,
-    RunContext,
-    run_subtask,
-    split_by_subtask,
-    warm_up_worker,
-)
+from spark_jobs.subtask import BatchPlan, RunContext, warm_up_worker
 from state.acks import Ack, ack_location, ack_path, inbox
 from state.catalog import FencedError
 from state.compaction import (
@@ -83,7 +67,6 @@ from state.compaction import (
 from state.config import EXACTLY_ONCE
 from state.coordinator import CheckpointCoordinator
 from state.faults import kill_point
-from state.keygroups import spark_key_group_sql
 from state.manifest import CheckpointManifest
 from state.paths import JobLayout
 from state.storage import StorageError, open_storage
@@ -261,13 +244,13 @@ class StreamingRun:
                 job.name,
                 self.attempt,
                 job.checkpoint,
-                [(job.operator.uid, i) for i in range(job.parallelism)],
+                self._tasks(),
                 self.storage,
                 self.catalog,
                 listeners=[_Listener(self)],
                 restored=restored.manifest,
                 now_ms=now_ms(),
-                stages={job.operator.uid: job.operator.state_schema()},
+                stages={stage.uid: stage.state_schema() for stage in job.stages},
             )
             poller = threading.Thread(target=self._poll_acks, name="cutline-acks", daemon=True)
             poller.start()
@@ -379,7 +362,7 @@ class StreamingRun:
         where the last committed epoch ended, which the restore reaches by replaying them."""
         base = manifest.source_positions if manifest else {}
         positions: Positions = {}
-        for name in self.job.operator.inputs:
+        for name in self.job.source_inputs:
             parts, unread = partitions_of(self.job.source(name), self.paths.log_root)
             start = base.get(name, {})
             positions[name] = {str(p): int(start.get(str(p), unread)) for p in parts}
@@ -425,7 +408,8 @@ class StreamingRun:
         """Take the restored checkpoint's watermark, counters and shared files as the run's."""
         self._known_shared = {f.path for f in manifest.files() if f.shared} if manifest else set()
         self._latest_manifest = manifest
-        self.watermark = manifest.watermarks.get(self.job.operator.uid) if manifest else None
+        held = manifest.watermarks if manifest else {}
+        self.watermarks = {s.uid: held[s.uid] for s in self.job.stages if s.uid in held}
         self.counters = dict(manifest.counters) if manifest else {}
 
     def _restore_state(self, manifest: CheckpointManifest | None, fallbacks: list[str]) -> Restored:
@@ -489,7 +473,7 @@ class StreamingRun:
                 name: range_frame(
                     self.spark, self.job, name, self.paths.log_root, r.start[name], r.end[name]
                 )
-                for name in self.job.operator.inputs
+                for name in self.job.source_inputs
             }
             stats = self._execute(
                 tag_and_union(self.job, frames), self._plan(r.epoch, None, emit=False)
@@ -507,7 +491,7 @@ class StreamingRun:
             name: stream_frame(
                 self.spark, self.job, name, self.paths.log_root, dict(self.positions[name])
             )
-            for name in self.job.operator.inputs
+            for name in self.job.source_inputs
         }
         return (
             tag_and_union(self.job, frames)
@@ -549,47 +533,30 @@ class StreamingRun:
     def _plan(self, epoch: int, checkpoint_id: int | None, *, emit: bool = True) -> BatchPlan:
         coordinator = self.coordinator
         latest = coordinator.latest_completed if coordinator else None
-        op = self.job.operator.uid
+        incremental = checkpoint_id is not None and self.job.checkpoint.incremental
         return BatchPlan(
             ctx=self.ctx,
             epoch=epoch,
             previous_epoch=epoch - 1,
             checkpoint_id=checkpoint_id,
             base_handles={
-                i: coordinator.base_handle((op, i))
-                for i in range(self.job.parallelism)
-                if checkpoint_id is not None and self.job.checkpoint.incremental
+                task: coordinator.base_handle(task) for task in self._tasks() if incremental
             },
             confirmed_checkpoint=latest.checkpoint_id if latest else None,
-            watermark=self.watermark,
+            watermarks=dict(self.watermarks),
             compact=self._compact_at(checkpoint_id),
             emit=emit,
             processing_time=now_ms(),
         )
 
-    def _execute(self, df, plan: BatchPlan) -> list[dict]:
-        """One micro-batch: route records to subtasks by key group, in Arrow IPC chunks, then
-        run each subtask where its working state lives. Returns the subtasks' statistics."""
-        from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import to_arrow_schema
+    def _tasks(self) -> list[tuple[str, int]]:
+        """Every (stage uid, subtask) of the job: the coordinator's tasks."""
+        return [(stage.uid, i) for stage in self.job.stages for i in range(self.job.parallelism)]
 
-        job = self.job
-        p, m = job.parallelism, job.max_parallelism
-        keyed = df.withColumn(KEY_GROUP_COLUMN, F.expr(spark_key_group_sql(KEY_COLUMN, m)))
-        keyed = keyed.withColumn(
-            SUBTASK_COLUMN, F.expr(f"CAST({KEY_GROUP_COLUMN} * {p} DIV {m} AS INT)")
-        )
-        plan = replace(plan, schema=to_arrow_schema(keyed.schema))
-        chunks = keyed.mapInArrow(split_by_subtask, CHUNKS_SCHEMA).rdd.partitionBy(
-            p, subtask_partition
-        )
-        return (
-            pin_to_anchor(chunks, self._anchor)
-            .mapPartitionsWithIndex(
-                lambda i, it: [run_subtask(plan, i, (chunk for _, chunk in it))]
-            )
-            .collect()
-        )
+    def _execute(self, df, plan: BatchPlan) -> list[dict]:
+        """One micro-batch through every stage, each subtask on its slot's host
+        (spark_jobs/dataflow.py). Returns the subtasks' statistics."""
+        return execute(df, plan, self._anchor)
 
     def _process_batch(self, df, spark_batch_id: int) -> None:
         self._restored.wait()  # the query starts while the state restores
@@ -628,12 +595,20 @@ class StreamingRun:
             self._stop.set()
 
     def _fold(self, stats: list[dict]) -> None:
-        """The subtasks' reports of one micro-batch into the watermark and the counters."""
-        event_times = [r["max_event_time"] for r in stats if r["max_event_time"] is not None]
-        lag = watermark_lag_ms(self.job.operator)
-        if lag is not None and event_times:
-            candidate = max(event_times) - lag
-            self.watermark = candidate if self.watermark is None else max(self.watermark, candidate)
+        """The subtasks' reports of one micro-batch into the stages' watermarks and the
+        counters."""
+        for stage in self.job.stages:
+            lag = watermark_lag_ms(stage)
+            times = [
+                r["max_event_time"]
+                for r in stats
+                if r["stage"] == stage.uid and r["max_event_time"] is not None
+            ]
+            if lag is not None and times:
+                candidate = max(times) - lag
+                self.watermarks[stage.uid] = max(
+                    self.watermarks.get(stage.uid, candidate), candidate
+                )
         bad = sum(r["bad_records"] for r in stats)
         if bad:
             self.counters["bad_records"] = self.counters.get("bad_records", 0) + bad
@@ -646,7 +621,8 @@ class StreamingRun:
             error = bad_record_error(found, sum(r["bad_records"] for r in stats))
             self.fail(str(error), error)
             return 0
-        records = sum(r["records"] for r in stats)
+        first = self.job.stages[0].uid
+        records = sum(r["records"] for r in stats if r["stage"] == first)
         for r in stats:
             for source, parts in r["positions"].items():
                 current = self.positions[source]
@@ -665,13 +641,12 @@ class StreamingRun:
         if checkpoint_id is not None:
             # Completion commits Delta transactions: it runs on the ack poller's thread, never on
             # Spark's stream thread, which a stopping query interrupts.
-            op = self.job.operator
             self._cuts.put(
                 (
                     checkpoint_id,
                     ends,
                     {s.sink: epoch for s in self.sinks},
-                    {op.uid: self.watermark} if self.watermark is not None else {},
+                    dict(self.watermarks),
                     uncommitted,
                     dict(self.counters),
                 )
@@ -700,7 +675,7 @@ class StreamingRun:
         cid = pending.checkpoint_id
         empty = tag_and_union(
             self.job,
-            {n: empty_frame(self.spark, self.job, n) for n in self.job.operator.inputs},
+            {n: empty_frame(self.spark, self.job, n) for n in self.job.source_inputs},
         )
         stats = self._execute(empty, self._plan(self.epoch, cid))
         self._after_batch(self.epoch, cid, stats)
@@ -849,8 +824,7 @@ class StreamingRun:
 
     def _poll_acks(self) -> None:
         """Deliver the acks subtasks left in this attempt's inbox; expire overdue checkpoints."""
-        op = self.job.operator.uid
-        seen: set[tuple[int, int]] = set()
+        seen: set[tuple[int, str, int]] = set()
         self._drop_acks(lambda attempt, cid: attempt < self.attempt)  # older attempts' inboxes
         while not self._shutdown.is_set():
             try:
@@ -867,13 +841,13 @@ class StreamingRun:
                     )
                 self.coordinator.expire(now_ms())
                 for cid in self.coordinator.pending_ids():
-                    for subtask in range(self.job.parallelism):
-                        if (cid, subtask) in seen:
+                    for op, subtask in self._tasks():
+                        if (cid, op, subtask) in seen:
                             continue
                         path = ack_path(self.layout, self.attempt, cid, op, subtask)
                         if not self.storage.exists(path):
                             continue
-                        seen.add((cid, subtask))
+                        seen.add((cid, op, subtask))
                         ack = Ack.from_json(self.storage.get_bytes(path), source=path)
                         self.coordinator.receive(ack, now_ms())
                 pending = set(self.coordinator.pending_ids())

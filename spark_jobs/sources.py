@@ -9,8 +9,10 @@ not a JSON object of the source's schema or has a null key; see spark_jobs/bad_r
 from __future__ import annotations
 
 import json
+import traceback
 from typing import Any
 
+from spark_jobs.errors import ConfigurationError, UserCodeError
 from spark_jobs.job import JobDefinition, KafkaSource, Source
 from spark_jobs.local_log import (
     BAD_DDL,
@@ -52,7 +54,7 @@ def stream_frame(spark, job: JobDefinition, name: str, log_root: str, start: Pos
     if isinstance(source, KafkaSource):
         reader = _kafka(spark.readStream, source, start)
         reader = reader.option("maxOffsetsPerTrigger", str(limit * source.partitions))
-        return _kafka_records(reader.load(), source, job.operator.inputs[name])
+        return _kafka_records(reader.load(), source, _raw_key(job, name))
     reader = _log(spark, spark.readStream, job, name, log_root, start)
     return reader.option("maxRecordsPerPartition", str(limit)).load()
 
@@ -70,7 +72,7 @@ def range_frame(
     if isinstance(source, KafkaSource):
         reader = _kafka(spark.read, source, start)
         reader = reader.option("endingOffsets", json.dumps({source.topic: end}))
-        return _kafka_records(reader.load(), source, job.operator.inputs[name])
+        return _kafka_records(reader.load(), source, _raw_key(job, name))
     reader = _log(spark, spark.read, job, name, log_root, start)
     return reader.option("endingOffsets", json.dumps(end)).load()
 
@@ -95,8 +97,16 @@ def _log(spark, reader, job: JobDefinition, name: str, log_root: str, start: Pos
         .option("topic", source.topic)
         .option("partitions", json.dumps(sorted(int(p) for p in start)))
         .option("startingOffsets", json.dumps(start))
-        .option("keyColumn", job.operator.inputs[name])
+        .option("keyColumn", _raw_key(job, name) or "")
     )
+
+
+def _raw_key(job: JobDefinition, name: str) -> str | None:
+    """The key column a source's reader checks for nulls: the first stage's key for it, unless a
+    transform makes the key (the runtime then checks it after the transforms)."""
+    if any(t.source == name for t in job.transforms):
+        return None
+    return job.source_inputs[name]
 
 
 def empty_frame(spark, job: JobDefinition, name: str):
@@ -104,7 +114,7 @@ def empty_frame(spark, job: JobDefinition, name: str):
     return spark.createDataFrame([], source_ddl(job.source(name)))
 
 
-def _kafka_records(raw, source: KafkaSource, key: str):
+def _kafka_records(raw, source: KafkaSource, key: str | None):
     """JSON records of a Kafka topic with the log source's position and bad-record columns; a
     record is bad when it does not parse as a JSON object or its key is null."""
     from pyspark.sql import functions as F
@@ -117,11 +127,10 @@ def _kafka_records(raw, source: KafkaSource, key: str):
         (F.col("offset") + 1).alias(NEXT_OFFSET_COLUMN),
         F.col("offset").alias(BAD_OFFSET),
     )
-    reason = (
-        F.when(F.col("_v").isNull(), F.lit("not a JSON object of the source's schema"))
-        .when(F.col(f"_v.{key}").isNull(), F.lit(f"null key {key!r}"))
-        .otherwise(F.lit(None).cast("string"))
-    )
+    reason = F.when(F.col("_v").isNull(), F.lit("not a JSON object of the source's schema"))
+    if key is not None:
+        reason = reason.when(F.col(f"_v.{key}").isNull(), F.lit(f"null key {key!r}"))
+    reason = reason.otherwise(F.lit(None).cast("string"))
     return parsed.select(
         "_v.*",
         PARTITION_COLUMN,
@@ -133,16 +142,68 @@ def _kafka_records(raw, source: KafkaSource, key: str):
 
 
 def tag_and_union(job: JobDefinition, frames: dict[str, Any]):
-    """One DataFrame of all operator inputs, each record tagged with its source and key."""
+    """One DataFrame of the first stage's input: each source's records through its transforms,
+    tagged with the source's name and the record's key."""
     from pyspark.sql import functions as F
 
-    tagged = [
-        df.withColumn(SOURCE_COLUMN, F.lit(name)).withColumn(
-            KEY_COLUMN, F.col(job.operator.inputs[name])
-        )
-        for name, df in frames.items()
-    ]
+    tagged = []
+    for name, df in frames.items():
+        key = job.source_inputs[name]
+        df = _transformed(job, name, df)
+        if key not in df.columns:
+            raise ConfigurationError(
+                f"stage {job.stages[0].name!r} is keyed by {key!r}, which source {name!r} (after "
+                f"its transforms) does not have: its columns are {df.columns}"
+            )
+        tagged.append(df.withColumn(SOURCE_COLUMN, F.lit(name)).withColumn(KEY_COLUMN, F.col(key)))
     union = tagged[0]
     for df in tagged[1:]:
         union = union.unionByName(df, allowMissingColumns=True)
     return union
+
+
+def _transformed(job: JobDefinition, name: str, df):
+    """Source ``name``'s well-formed records through its transforms, in order, then its bad
+    records as they came (only the runtime's columns: the bad-record policy needs no others). A
+    key a transform made null marks the record bad."""
+    from pyspark.sql import functions as F
+
+    transforms = [t for t in job.transforms if t.source == name]
+    if not transforms:
+        return df
+    system = [c for c in df.columns if c.startswith("_")]
+    bad = F.col(BAD_REASON).isNotNull()
+    good = df.where(~bad)
+    for t in transforms:
+        try:
+            good = t.function(good)
+        except Exception as e:
+            raise UserCodeError(
+                f"transform {t.name!r} of source {name!r} raised {type(e).__name__}: {e}\n"
+                + "".join(traceback.format_exception(e))
+            ) from e
+        columns = getattr(good, "columns", None)
+        if columns is None:
+            raise UserCodeError(
+                f"transform {t.name!r} of source {name!r} returned {type(good).__name__}, "
+                "not a DataFrame"
+            )
+        dropped = [c for c in system if c not in columns]
+        if dropped:
+            raise ConfigurationError(
+                f"transform {t.name!r} of source {name!r} dropped the runtime's columns "
+                f"{dropped}: keep the columns whose names start with '_' (select('*', ...), "
+                "withColumn and where keep them)"
+            )
+    key = job.source_inputs[name]
+    if key in good.columns:
+        reason = f"null key {key!r} after the transforms"
+        good = good.withColumn(
+            BAD_REASON, F.when(F.col(key).isNull(), F.lit(reason)).otherwise(F.col(BAD_REASON))
+        ).withColumn(
+            BAD_RAW,
+            F.when(F.col(key).isNull(), F.to_json(F.struct(*good.columns))).otherwise(
+                F.col(BAD_RAW)
+            ),
+        )
+    return good.unionByName(df.where(bad).select(system), allowMissingColumns=True)

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from spark_jobs.bad_records import dead_letters, first_bad, split_bad
 from spark_jobs.delta_sink import EPOCH_COLUMN, staging_dir
@@ -50,7 +49,6 @@ if TYPE_CHECKING:
 SUBTASK_COLUMN = "_subtask"
 KEY_COLUMN = "_key"
 PROGRESS = "__progress__"
-CHUNKS_SCHEMA = "subtask int, chunk binary"  # split_by_subtask's output
 
 
 def host_name() -> str:
@@ -73,12 +71,12 @@ class RunContext:
     local_state_root: str
     staging_root: str
 
-    def copies(self, subtask: int) -> LocalCopies:
-        """This host's working state and local copies of ``subtask`` (``CUTLINE_LOCAL_STATE_ROOT``
-        in an executor's environment overrides the job's root, for several workers on one
-        machine)."""
+    def copies(self, uid: str, subtask: int) -> LocalCopies:
+        """This host's working state and local copies of subtask ``subtask`` of stage ``uid``
+        (``CUTLINE_LOCAL_STATE_ROOT`` in an executor's environment overrides the job's root, for
+        several workers on one machine)."""
         root = os.environ.get("CUTLINE_LOCAL_STATE_ROOT") or self.local_state_root
-        return LocalCopies(root, self.job.name, self.job.operator.uid, subtask, self.attempt)
+        return LocalCopies(root, self.job.name, uid, subtask, self.attempt)
 
     def key_groups(self, subtask: int):
         return key_group_range(subtask, self.job.parallelism, self.job.max_parallelism)
@@ -90,11 +88,11 @@ class BatchPlan:
     epoch: int
     previous_epoch: int
     checkpoint_id: int | None = None
-    base_handles: dict[int, SubtaskStateHandle | None] = field(default_factory=dict)
+    base_handles: dict[tuple[str, int], SubtaskStateHandle | None] = field(default_factory=dict)
     confirmed_checkpoint: int | None = None
-    watermark: int | None = None
+    watermarks: dict[str, int] = field(default_factory=dict)  # per stage uid, as of the last cut
     compact: frozenset[int] = frozenset()  # subtasks that compact RocksDB before the snapshot
-    schema: pa.Schema | None = None  # of the routed records (an idle subtask gets none)
+    schema: pa.Schema | None = None  # of the first stage's routed records (for an idle subtask)
     emit: bool = True  # False: a replayed epoch whose output the sinks already committed
     processing_time: int = 0  # ms since the epoch, as the driver planned the micro-batch
 
@@ -170,38 +168,16 @@ def _snapshot_executor():
     return _DelayedExecutor(delay) if delay > 0 else None
 
 
-def _send_ack(ctx: RunContext, checkpoint_id: int, subtask: int, future) -> None:
+def _send_ack(ctx: RunContext, checkpoint_id: int, operator: str, subtask: int, future) -> None:
     """Put the ack of a finished snapshot (its handle, or its failure as a decline) into the
     attempt's inbox."""
     error = future.exception()
-    operator = ctx.job.operator.uid
     if error is None:
         ack = Ack(ctx.attempt, checkpoint_id, operator, subtask, future.result())
     else:
         ack = Ack(ctx.attempt, checkpoint_id, operator, subtask, None, repr(error))
     path = ack_path(JobLayout(ctx.job.name), ctx.attempt, checkpoint_id, operator, subtask)
     open_storage(ctx.checkpoint_root).put_bytes(path, ack.to_json())
-
-
-def split_by_subtask(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The mapInArrow body of a micro-batch's map side: this partition's records, cut into one
-    Arrow IPC stream per subtask (``CHUNKS_SCHEMA``), ready for the subtask shuffle."""
-    batches = [b for b in batches if b.num_rows]
-    if not batches:
-        return
-    table = pa.Table.from_batches(batches).sort_by(SUBTASK_COLUMN).combine_chunks()
-    counts = pc.value_counts(table.column(SUBTASK_COLUMN)).flatten()
-    subtasks, chunks, offset = [], [], 0
-    for subtask, count in zip(counts[0].to_pylist(), counts[1].to_pylist(), strict=True):
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table.slice(offset, count))
-        subtasks.append(subtask)
-        chunks.append(sink.getvalue().to_pybytes())
-        offset += count
-    yield pa.RecordBatch.from_arrays(
-        [pa.array(subtasks, pa.int32()), pa.array(chunks, pa.binary())], ["subtask", "chunk"]
-    )
 
 
 def warm_up_worker(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -213,31 +189,41 @@ def warm_up_worker(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
     yield from batches
 
 
-def _read_chunks(plan: BatchPlan, chunks: Iterable) -> pa.Table:
-    tables = [pa.ipc.open_stream(bytes(c)).read_all() for c in chunks if c is not None]
-    if tables:
-        return pa.concat_tables(tables)
-    if plan.schema is None:
-        raise ValueError("a micro-batch plan needs the schema of the routed records")
-    return plan.schema.empty_table()
+def read_chunks(chunks: Iterable[bytes], schema: pa.Schema | None) -> pa.Table:
+    """A subtask's records from its Arrow IPC chunks, in log order (by source, partition and
+    position), whatever order the shuffle delivered the chunks in: a replay sees them in the
+    same order. ``schema`` gives the empty table of a subtask that got none."""
+    tables = [pa.ipc.open_stream(bytes(c)).read_all() for c in chunks]
+    if not tables:
+        if schema is None:
+            raise ValueError("a micro-batch plan needs the schema of the routed records")
+        return schema.empty_table()
+    table = pa.concat_tables(tables)
+    order = [(c, "ascending") for c in (SOURCE_COLUMN, PARTITION_COLUMN, NEXT_OFFSET_COLUMN)]
+    order = [o for o in order if o[0] in table.column_names]
+    return table.sort_by(order) if order else table
 
 
-def run_subtask(plan: BatchPlan, subtask: int, chunks: Iterable) -> dict:
-    """Subtask ``subtask`` of one micro-batch, on the host that holds its working state: apply
-    the records (Arrow IPC ``chunks``; ``None`` entries are the anchor's and carry nothing)."""
+def run_subtask(
+    plan: BatchPlan, stage: int, subtask: int, table: pa.Table
+) -> tuple[dict, pa.Table]:
+    """Subtask ``subtask`` of stage ``stage`` in one micro-batch, on the host that holds its
+    working state: apply ``table`` (its records, in log order), commit the state with the
+    progress marker, stage the sinks' output, and at a barrier take the snapshot. Returns the
+    statistics and the output rows (the next stage's input)."""
     from state.rocksdb_store import RocksDBStore
     from state.snapshot import SubtaskSnapshotter
 
     ctx = plan.ctx
-    op = ctx.job.operator
-    table, bad = split_bad(_read_chunks(plan, chunks))
-    copies = ctx.copies(subtask)
+    op = ctx.job.stages[stage]
+    table, bad = split_bad(table) if stage == 0 else (table, table.schema.empty_table())
+    copies = ctx.copies(op.uid, subtask)
     if plan.confirmed_checkpoint is not None:
         copies.confirm(plan.confirmed_checkpoint)
     if not copies.db_dir.is_dir():
         raise SubtaskStateError(
-            f"subtask {subtask} of {ctx.job.name} runs on {host_name()}, which has no "
-            f"working state at {copies.db_dir}: restore from a checkpoint"
+            f"subtask {subtask} of stage {op.uid!r} of {ctx.job.name} runs on {host_name()}, "
+            f"which has no working state at {copies.db_dir}: restore from a checkpoint"
         )
     sync_ms = compact_ms = 0.0
     store = RocksDBStore(copies.db_dir, ctx.key_groups(subtask))
@@ -246,17 +232,18 @@ def run_subtask(plan: BatchPlan, subtask: int, chunks: Iterable) -> dict:
         expected = {"attempt": ctx.attempt, "epoch": plan.previous_epoch}
         if progress is None or {k: progress.get(k) for k in expected} != expected:
             raise SubtaskStateError(
-                f"subtask {subtask} of {ctx.job.name} on {host_name()}: working state is "
-                f"at {progress}, expected {expected}; restore from a checkpoint"
+                f"subtask {subtask} of stage {op.uid!r} of {ctx.job.name} on {host_name()}: "
+                f"working state is at {progress}, expected {expected}; restore from a checkpoint"
             )
         operator = make_operator(op, ctx.job.max_parallelism)
-        result = operator.apply(store, table, plan.watermark, plan.processing_time)
+        result = operator.apply(store, table, plan.watermarks.get(op.uid), plan.processing_time)
         txn = result.txn or store.begin()  # a stage's writes commit with the progress marker
         write_progress(txn, store, ctx.attempt, plan.epoch)
         txn.commit()
         kill_point("batch-applied")
         output = result.output
-        _stage_output(plan, subtask, ctx.job.sink.name, output)
+        for sink in ctx.job.sinks_of(op):
+            _stage_output(plan, subtask, sink.name, output)
         if bad.num_rows and ctx.job.bad_records == "dead_letter":
             _stage_output(plan, subtask, DEAD_LETTER_SINK, dead_letters(bad))
         if plan.checkpoint_id is not None:
@@ -275,19 +262,21 @@ def run_subtask(plan: BatchPlan, subtask: int, chunks: Iterable) -> dict:
                 local_recovery=ctx.job.checkpoint.local_recovery,
                 executor=_snapshot_executor(),
             )
-            cid = plan.checkpoint_id
-            future = snapshotter.snapshot(store, cid, plan.base_handles.get(subtask))
-            future.add_done_callback(lambda f: _send_ack(ctx, cid, subtask, f))
+            cid, uid = plan.checkpoint_id, op.uid
+            future = snapshotter.snapshot(store, cid, plan.base_handles.get((uid, subtask)))
+            future.add_done_callback(lambda f: _send_ack(ctx, cid, uid, subtask, f))
             sync_ms = (time.perf_counter() - started) * 1000
             kill_point("snapshot-taken")
     finally:
         store.close()
-    return {
+    read = pa.concat_tables([table, bad]) if bad.num_rows else table
+    stats = {
+        "stage": op.uid,
         "subtask": subtask,
         "host": host_name(),
         "records": table.num_rows,
         "output_rows": output.num_rows,
-        "positions": _positions(pa.concat_tables([table, bad]) if bad.num_rows else table),
+        "positions": _positions(read) if stage == 0 else {},
         "sync_ms": sync_ms,
         "compact_ms": compact_ms,
         "late_records": result.late_records,
@@ -295,12 +284,22 @@ def run_subtask(plan: BatchPlan, subtask: int, chunks: Iterable) -> dict:
         "bad_records": bad.num_rows,
         "first_bad": first_bad(bad),
     }
+    return stats, output
+
+
+def prepare_slot(
+    ctx: RunContext, subtask: int, handles: dict[str, SubtaskStateHandle | None], epoch: int
+) -> list[dict]:
+    """Set up the working state of subtask ``subtask`` of every stage (``handles``: per stage
+    uid) for a new attempt, in one Spark task: the stages' subtasks *i* share a host, as
+    Flink's slot sharing puts them in one slot. Returns the restore reports."""
+    return [prepare_subtask(ctx, uid, subtask, handle, epoch) for uid, handle in handles.items()]
 
 
 def prepare_subtask(
-    ctx: RunContext, subtask: int, handle: SubtaskStateHandle | None, epoch: int
+    ctx: RunContext, uid: str, subtask: int, handle: SubtaskStateHandle | None, epoch: int
 ) -> dict:
-    """Set up subtask ``subtask``'s working state for a new attempt (runs in a Spark task).
+    """Set up subtask ``subtask`` of stage ``uid``'s working state for a new attempt.
 
     With a handle, restore it local-first; without, start empty. Either way the state is then
     marked as belonging to this attempt at ``epoch``. Returns the restore report as a dict.
@@ -310,10 +309,10 @@ def prepare_subtask(
     from state.restore import ChecksumMismatchError, restore_subtask
     from state.rocksdb_store import RocksDBStore
 
-    copies = ctx.copies(subtask)
+    copies = ctx.copies(uid, subtask)
     copies.drop_older_working_dirs()
     shutil.rmtree(copies.db_dir, ignore_errors=True)
-    report = {"subtask": subtask, "host": host_name(), "source": "empty"}
+    report = {"stage": uid, "subtask": subtask, "host": host_name(), "source": "empty"}
     if handle is not None:
         if handle.key_group_range != ctx.key_groups(subtask):
             raise SubtaskStateError(

@@ -12,11 +12,14 @@ An output table is an update stream, so what "exactly once" means is checked per
   and sum of its orders in the input;
 - ``enriched_orders``: every order is emitted once, with a profile of its user (or none);
 - ``sessions`` (examples/sessions): every session the final watermark closes is emitted once,
-  numbered per user, with its clicks and distinct pages.
+  numbered per user, with its clicks and distinct pages;
+- ``country_clicks`` (examples/sessions, two stages): per user and per country, the emitted
+  counts rise strictly and the last ones are the input's, after the job's filter.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -152,9 +155,48 @@ def check_sessions(home: Path, gap_ms: int = 10_000, lateness_ms: int = 2_000) -
     return f"{len(clicks):,} clicks, {len(expected):,} sessions compared"
 
 
+def _rising_to(got: pd.DataFrame, key: str, value: str, expected: pd.Series) -> None:
+    """Per ``key``, the emitted ``value`` rises strictly from epoch to epoch (a record counted
+    twice, or an update emitted twice, breaks that) and ends at ``expected``."""
+    got = got.sort_values([key, "_epoch"])
+    twice = got[got.duplicated([key, value], keep=False)]
+    assert twice.empty, f"updates emitted twice:\n{twice.head(10)}"
+    falling = got.groupby(key)[value].diff() <= 0
+    assert not falling.any(), f"{value} going backwards:\n{got[falling].head(10)}"
+    final = got.groupby(key)[value].last()
+    pd.testing.assert_series_equal(
+        final.sort_index(), expected.sort_index(), check_dtype=False, check_names=False
+    )
+
+
+def check_country_clicks(home: Path) -> str:
+    """The two-stage pipeline examples/sessions/cutline_sessions/pipelines.py: clicks on pages
+    whose number is a multiple of 5 dropped, counted per user, then summed per country (the
+    first hex digit of the MD5 of the user name)."""
+    clicks = read_log(home, "clicks")
+    page = clicks["url"].str.extract(r"^/p/(\d+)$", expand=False).astype("int64")
+    kept = clicks[page % 5 != 0].copy()
+    kept["country"] = [hashlib.md5(u.encode()).hexdigest()[0] for u in kept["user"]]
+    per_user = kept.groupby("user").size()
+    users = output(home, "user_clicks")
+    _rising_to(users, "user", "clicks", per_user)
+    country_of = kept.groupby("user")["country"].first()
+    assert (users.groupby("user")["country"].last().sort_index() == country_of.sort_index()).all()
+    countries = output(home, "country_clicks")
+    _rising_to(countries, "country", "clicks", kept.groupby("country").size())
+    final_users = countries.sort_values("_epoch").groupby("country")["users"].last()
+    expected_users = kept.groupby("country")["user"].nunique()
+    assert final_users.sort_index().tolist() == expected_users.sort_index().tolist()
+    return (
+        f"{len(clicks):,} clicks, {len(kept):,} kept, {len(per_user):,} users, "
+        f"{len(expected_users)} countries, {len(users) + len(countries):,} output rows compared"
+    )
+
+
 CHECKS = {
     "clicks_per_user": check_clicks,
     "windowed_revenue": check_windows,
     "enriched_orders": check_enriched,
     "sessions": check_sessions,
+    "country_clicks": check_country_clicks,
 }

@@ -38,6 +38,8 @@ INPUTS = {
     "enriched_orders": [("orders", 16_000, 4_000), ("profiles", 4_000, 1_000)],
     # a user's job from its own package (examples/sessions), run as module:attr
     "cutline_sessions.jobs:sessions": [("clicks", 24_000, 6_000)],
+    # a transform and two keyed stages, the second re-keying the first's output; two sinks
+    "cutline_sessions.pipelines:country_clicks": [("clicks", 24_000, 6_000)],
 }
 IN_TASKS = {"subtask-restored", "batch-applied", "snapshot-taken"}  # counted per Python worker
 ONCE = {"restore-started", "sink-recovered"}  # reached once per attempt

@@ -8,9 +8,11 @@ import pytest
 
 from spark_jobs.cli import build_parser, job_for_run
 from spark_jobs.job import (
+    DeltaSink,
     JobDefinitionError,
     KeyedAggregate,
     LogSource,
+    Transform,
     WindowedAggregate,
 )
 from spark_jobs.job_loader import get_job, job_names
@@ -66,8 +68,48 @@ def test_bad_operator_and_source_fields():
         LogSource("s", "t", "a string", max_records_per_partition=0)
     job = get_job("clicks_per_user")
     other = dataclasses.replace(job.operator, source="missing")
-    with pytest.raises(JobDefinitionError, match="operator input 'missing'"):
+    with pytest.raises(JobDefinitionError, match="stage 'count_by_user': input 'missing'"):
         dataclasses.replace(job, operator=other)
+
+
+def test_a_pipeline_chains_stages_and_sends_each_sink_the_output_of_its_stage():
+    job = get_job("clicks_per_user")
+    first = job.operator
+    second = KeyedAggregate("per_count", first.name, "clicks", "bigint", {"users": ("count", None)})
+    sinks = (DeltaSink("per_user", "per_user", stage=first.name), DeltaSink("hist", "hist"))
+    chained = dataclasses.replace(job, operator=(first, second), sink=sinks)
+    assert chained.stages == (first, second)
+    assert chained.source_inputs == {"clicks": "user"}
+    assert chained.sinks_of(first) == [sinks[0]] and chained.sinks_of(second) == [sinks[1]]
+    assert job.stages == (first,) and job.outputs == (job.sink,)
+
+    def bad(match: str, **change) -> None:
+        with pytest.raises(JobDefinitionError, match=match):
+            dataclasses.replace(chained, **change)
+
+    bad(
+        r"stage 'per_count' must read the output of the stage before it, 'count_by_user'",
+        operator=(first, dataclasses.replace(second, source="clicks")),
+    )
+    bad(
+        r"stages' names must be unique",
+        operator=(first, dataclasses.replace(second, name=first.name, source=first.name)),
+    )
+    bad(
+        r"stages' uids must be unique", operator=(first, dataclasses.replace(second, uid=first.uid))
+    )
+    bad(
+        r"sink 'hist': stage 'nope' is not one of the job's stages",
+        sink=(sinks[0], DeltaSink("hist", "hist", stage="nope")),
+    )
+    bad(r"sinks' tables must be unique", sink=(sinks[0], DeltaSink("other", "per_user")))
+    bad(r"'dead_letters' is the dead-letter table's", sink=(DeltaSink("dead_letters", "x"),))
+    bad(
+        r"transform 't': source 'orders' is not one of the job's sources",
+        transforms=(Transform("t", "orders", lambda df: df),),
+    )
+    with pytest.raises(JobDefinitionError, match="transform 't': function must be callable"):
+        Transform("t", "clicks", "not a function")  # type: ignore[arg-type]
 
 
 def test_run_overrides_apply_to_the_registered_job():

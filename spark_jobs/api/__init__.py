@@ -1,7 +1,8 @@
 """Cutline's public API: everything a job in the user's own package needs.
 
-A job is a :class:`JobDefinition`: sources, one keyed stage, a Delta sink, checkpointing. The
-stage is either a built-in operator (:class:`KeyedAggregate`, :class:`WindowedAggregate`,
+A job is a :class:`JobDefinition`: sources, stateless :class:`Transform` steps of them, one
+keyed stage or a chain of them (each later stage re-keys the output of the one before), Delta
+sinks taking the stages' outputs, checkpointing. A stage is either a built-in operator (:class:`KeyedAggregate`, :class:`WindowedAggregate`,
 :class:`EnrichWithLatest`) or the user's own logic: a :class:`KeyedProcess` stage running a
 :class:`KeyedProcessFunction` subclass, whose keyed states (:class:`ValueStateSpec`,
 :class:`ListStateSpec`, :class:`MapStateSpec`, optionally with a :class:`Ttl`) and timers are
@@ -18,6 +19,7 @@ from spark_jobs.job import (
     KeyedAggregate,
     KeyedProcess,
     LogSource,
+    Transform,
     WindowedAggregate,
 )
 from spark_jobs.keyed_process import KeyedContext, KeyedProcessFunction
@@ -48,6 +50,7 @@ __all__ = [
     "MapState",
     "MapStateSpec",
     "StateAccessError",
+    "Transform",
     "Ttl",
     "ValueState",
     "ValueStateSpec",
