@@ -1,12 +1,15 @@
-"""Runtime benchmark: clicks_per_user on local Spark with checkpoints off, every 1 s and every 10 s.
+"""Runtime benchmark: a clicks job (default clicks_per_user; ``--job`` names another, e.g. the
+example package's ``sessions`` or ``country_clicks``) on local Spark with checkpoints off, every
+1 s and every 10 s.
 
 For each setting, on the same generated input and after a warm-up run: records/s over the run,
 micro-batch duration p50/p99 with and without a checkpoint in flight, and checkpoint durations
 (trigger to completion, from the catalog). "Off" means an interval longer than the run: one
 checkpoint at the first micro-batch and the final one, none in between. Prints one JSON object as
-its last line and writes it to bench/results/runtime.json.
+its last line and writes it to bench/results/runtime.json (runtime-<job>.json for another job).
 
     .venv/bin/python bench/runtime_bench.py --records-per-partition 1000000
+    .venv/bin/python bench/runtime_bench.py --job sessions --records-per-partition 300000
 """
 
 from __future__ import annotations
@@ -47,13 +50,14 @@ def main() -> None:
     parser.add_argument("--batch-records", type=int, default=50_000, help="per partition")
     parser.add_argument("--users", type=int, default=200_000)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--job", default="clicks_per_user", help="a job that reads clicks")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="cutline-runtime-bench-"))
     log = work / "input"
     generate(log, "clicks", "clicks", count=args.records_per_partition, users=args.users, seed=3)
     spark = build_spark(args.master, "cutline-runtime-bench")
-    base = get_job("clicks_per_user")
+    base = get_job(args.job)
     source = dataclasses.replace(base.sources[0], max_records_per_partition=args.batch_records)
     results = {}
     try:
@@ -81,6 +85,7 @@ def main() -> None:
                 if not c
             ]
             checkpoints = CatalogReader(RuntimePaths.under(home).warehouse).checkpoints(job.name)
+            sizes = [c.full_size for c in checkpoints] if checkpoints else [0]
             durations = [c.complete_time_ms - c.trigger_time_ms for c in checkpoints]
             results[name] = {
                 "records": summary.records,
@@ -94,6 +99,7 @@ def main() -> None:
                 "checkpoints": len(checkpoints),
                 "checkpoint_ms_median": statistics.median(durations) if durations else None,
                 "checkpoint_ms_max": max(durations) if durations else None,
+                "checkpoint_full_bytes_max": max(sizes),
             }
             print(name, json.dumps(results[name]), flush=True)
         results.pop("warmup")
@@ -107,7 +113,9 @@ def main() -> None:
     p99_ckpt = results["10s"]["batch_ms_p99_checkpoint_in_flight"]
     if p99_off and p99_ckpt:
         results["p99_ratio_10s"] = round(p99_ckpt / p99_off, 3)
-    out = ROOT / "bench" / "results" / "runtime.json"
+    results["job"] = args.job
+    name = "runtime.json" if args.job == "clicks_per_user" else f"runtime-{args.job}.json"
+    out = ROOT / "bench" / "results" / name
     out.write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results))
 

@@ -102,11 +102,29 @@ def _log(spark, reader, job: JobDefinition, name: str, log_root: str, start: Pos
 
 
 def _raw_key(job: JobDefinition, name: str) -> str | None:
-    """The key column a source's reader checks for nulls: the first stage's key for it, unless a
-    transform makes the key (the runtime then checks it after the transforms)."""
-    if any(t.source == name for t in job.transforms):
-        return None
-    return job.source_inputs[name]
+    """The key column a source's reader checks for nulls (a null key is a bad record, with its
+    raw line and offset): the first stage's key for it, if the source's schema has it. A key a
+    transform makes is checked after the transforms."""
+    key = job.source_inputs[name]
+    return key if key in schema_fields(job.source(name).schema) else None
+
+
+def schema_fields(ddl: str) -> list[str]:
+    """The top-level field names of a Spark DDL schema string."""
+    names, depth, start = [], 0, 0
+    for i, ch in enumerate(ddl + ","):
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            field = ddl[start:i].strip()
+            if field.startswith("`"):
+                names.append(field[1:].split("`")[0])
+            elif field:
+                names.append(field.split()[0])
+            start = i + 1
+    return names
 
 
 def empty_frame(spark, job: JobDefinition, name: str):
@@ -196,14 +214,17 @@ def _transformed(job: JobDefinition, name: str, df):
                 "withColumn and where keep them)"
             )
     key = job.source_inputs[name]
-    if key in good.columns:
-        reason = f"null key {key!r} after the transforms"
-        good = good.withColumn(
-            BAD_REASON, F.when(F.col(key).isNull(), F.lit(reason)).otherwise(F.col(BAD_REASON))
-        ).withColumn(
-            BAD_RAW,
-            F.when(F.col(key).isNull(), F.to_json(F.struct(*good.columns))).otherwise(
-                F.col(BAD_RAW)
-            ),
+    if key in good.columns and _raw_key(job, name) is None:
+        # the record's own offset is not known here: the position after it stands in
+        null = F.col(key).isNull()
+        reason = f"null key {key!r} after the transforms (offset: the position after the record)"
+        good = (
+            good.withColumn(BAD_REASON, F.when(null, F.lit(reason)).otherwise(F.col(BAD_REASON)))
+            .withColumn(
+                BAD_RAW, F.when(null, F.to_json(F.struct(*good.columns))).otherwise(F.col(BAD_RAW))
+            )
+            .withColumn(
+                BAD_OFFSET, F.when(null, F.col(NEXT_OFFSET_COLUMN)).otherwise(F.col(BAD_OFFSET))
+            )
         )
     return good.unionByName(df.where(bad).select(system), allowMissingColumns=True)

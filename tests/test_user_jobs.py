@@ -8,11 +8,13 @@ import pytest
 
 from spark_jobs.generate import generate
 from tests.e2e_util import completed_checkpoints, cutline, finish, last_line, report, run_to_end
-from tests.reference import check_sessions
+from tests.reference import check_country_clicks, check_sessions, output, read_log
+from tests.test_bad_records import BAD_LINES, log_with_bad_records
 from tests.user_jobs import FAIL_AFTER
 
 RUN = ["--idle-timeout", "3", "--interval-ms", "1000", "--max-records-per-partition", "4000"]
 SESSIONS = "cutline_sessions.jobs:sessions"
+PIPELINE = "cutline_sessions.pipelines:country_clicks"
 
 
 def latest_checkpoint(home) -> int:
@@ -77,3 +79,22 @@ def test_a_raising_function_fails_the_attempt_and_the_fixed_job_restores_exactly
     assert completed_checkpoints(home, "sessions"), "checkpoints before the failure"
     run_to_end(home, "run", SESSIONS, *RUN)  # the fix: the job without the bug
     report(f"after a user function raised and was fixed: {check_sessions(home)}")
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_a_pipeline_transform_sees_good_records_and_must_keep_the_runtime_columns(tmp_path):
+    home = tmp_path / "home"
+    log_with_bad_records(home, BAD_LINES)
+    line = refused(home, "run", "tests.user_jobs:dropping_transform", *RUN)
+    assert "transform 'parse' of source 'clicks' dropped the runtime's columns" in line
+    line = refused(home, "run", "tests.user_jobs:raising_transform", *RUN)
+    assert "transform 'parse' of source 'clicks' raised KeyError" in line
+    # the bad records pass around the transform to the dead-letter table, once each
+    run_to_end(home, "run", PIPELINE, *RUN, "--bad-records", "dead_letter")
+    report(f"two stages, two sinks: {check_country_clicks(home)}")
+    dead = output(home, "country_clicks_dead_letters").sort_values(["partition", "offset"])
+    expected = read_log(home, "clicks", bad=True).sort_values(["partition", "offset"])
+    assert dead[["partition", "offset", "raw"]].values.tolist() == (
+        expected[["partition", "offset", "raw"]].values.tolist()
+    )

@@ -10,8 +10,16 @@ import os
 import pyarrow as pa
 import pyarrow.compute as pc
 from cutline_sessions.jobs import Sessionize, sessions
+from cutline_sessions.pipelines import country_clicks, parse_clicks
 
-from spark_jobs.api import JobDefinition, KeyedContext, ListStateSpec, MapStateSpec, Ttl
+from spark_jobs.api import (
+    JobDefinition,
+    KeyedContext,
+    ListStateSpec,
+    MapStateSpec,
+    Transform,
+    Ttl,
+)
 
 FAIL_AFTER = "CUTLINE_TEST_FAIL_AFTER_TS"
 
@@ -64,3 +72,22 @@ class Fragile(Sessionize):
 
 def fragile() -> JobDefinition:
     return _with(function=Fragile())
+
+
+def _pipeline(transform) -> JobDefinition:
+    job = country_clicks()
+    return dataclasses.replace(job, transforms=(Transform("parse", "clicks", transform),))
+
+
+def dropping_transform() -> JobDefinition:
+    """A transform that projects away the runtime's columns: refused, naming it."""
+    return _pipeline(lambda df: parse_clicks(df).select("user", "url", "ts", "country"))
+
+
+def raising_transform() -> JobDefinition:
+    """A transform that raises while the job's plan is built."""
+
+    def parse(df):
+        raise KeyError("no column 'referrer'")
+
+    return _pipeline(parse)

@@ -2,12 +2,13 @@
 
 A job is a :class:`JobDefinition`: sources, stateless :class:`Transform` steps of them, one
 keyed stage or a chain of them (each later stage re-keys the output of the one before), Delta
-sinks taking the stages' outputs, checkpointing. A stage is either a built-in operator (:class:`KeyedAggregate`, :class:`WindowedAggregate`,
-:class:`EnrichWithLatest`) or the user's own logic: a :class:`KeyedProcess` stage running a
-:class:`KeyedProcessFunction` subclass, whose keyed states (:class:`ValueStateSpec`,
-:class:`ListStateSpec`, :class:`MapStateSpec`, optionally with a :class:`Ttl`) and timers are
-checkpointed with the sources' positions. Register the job under the ``cutline.jobs`` entry-point
-group of your package, or run it as ``cutline run my_package.jobs:attr``.
+sinks taking the stages' outputs, checkpointing. A stage is either a built-in operator
+(:class:`KeyedAggregate`, :class:`WindowedAggregate`, :class:`EnrichWithLatest`) or the user's
+own logic: a :class:`KeyedProcess` stage running a :class:`KeyedProcessFunction` subclass, whose
+keyed states (:class:`ValueStateSpec`, :class:`ListStateSpec`, :class:`MapStateSpec`, optionally
+with a :class:`Ttl`) and timers are checkpointed with the sources' positions. Register the job
+under the ``cutline.jobs`` entry-point group of your package, or run it as
+``cutline run my_package.jobs:attr``.
 """
 
 from spark_jobs.job import (
