@@ -34,8 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from spark_jobs.delta_catalog import CatalogReader  # noqa: E402
-from spark_jobs.job import DeltaSink, EnrichWithLatest, JobDefinition, LogSource  # noqa: E402
+from spark_jobs.job import DeltaSink, JobDefinition, LogSource  # noqa: E402
 from spark_jobs.local_log import append_records  # noqa: E402
+from spark_jobs.operators import EnrichWithLatest  # noqa: E402
 from spark_jobs.runtime import run_job  # noqa: E402
 from spark_jobs.session import build_spark  # noqa: E402
 from spark_jobs.settings import RuntimePaths  # noqa: E402

@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.errors import BadRecordError
+from spark_jobs.keyed_process import SOURCE_COLUMN
 from spark_jobs.local_log import BAD_OFFSET, BAD_RAW, BAD_REASON, PARTITION_COLUMN
-from spark_jobs.operators import SOURCE_COLUMN
 
 DEAD_LETTER_SCHEMA = pa.schema(
     [

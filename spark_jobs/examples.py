@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from spark_jobs.job import (
-    DeltaSink,
-    EnrichWithLatest,
-    JobDefinition,
-    KafkaSource,
-    KeyedAggregate,
-    LogSource,
-    WindowedAggregate,
-)
+from spark_jobs.job import DeltaSink, JobDefinition, KafkaSource, LogSource
 from spark_jobs.job_loader import register_job
+from spark_jobs.operators import EnrichWithLatest, KeyedAggregate, WindowedAggregate
 from state.config import CheckpointConfig
 
 CLICKS_SCHEMA = "user string, url string, ts long"

@@ -19,7 +19,6 @@ from state.config import CheckpointConfig
 from state.keygroups import DEFAULT_MAX_PARALLELISM, KEY_TYPES, check_parallelism
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
-AGGREGATES = ("count", "sum", "min", "max", "last")
 BAD_RECORD_POLICIES = ("fail", "dead_letter")
 DEAD_LETTER_SINK = "dead_letters"
 
@@ -109,27 +108,6 @@ class Transform:
             raise JobDefinitionError(f"transform {self.name!r}: function must be callable")
 
 
-def _check_aggregates(
-    where: str, aggregates: dict[str, tuple[str, str | None]], event_time: str | None = None
-) -> None:
-    """``event_time`` orders ``last``; ``None`` means the operator does not support ``last``."""
-    if not aggregates:
-        raise JobDefinitionError(f"{where}.aggregates must name at least one aggregate")
-    for out, (fn, col) in aggregates.items():
-        _check_name(f"{where}.aggregates output column", out)
-        if fn not in AGGREGATES:
-            raise JobDefinitionError(
-                f"{where}.aggregates[{out!r}] function must be one of {AGGREGATES}, got {fn!r}"
-            )
-        if fn != "count" and not col:
-            raise JobDefinitionError(f"{where}.aggregates[{out!r}] needs an input column")
-        if fn == "last" and not event_time:
-            raise JobDefinitionError(
-                f"{where}.aggregates[{out!r}]: 'last' is supported by KeyedAggregate with an "
-                "event_time column to order by"
-            )
-
-
 def _check_stage(stage) -> None:
     """The stage's name and uid (the uid defaults to the name)."""
     _check_name("operator.name", stage.name)
@@ -138,119 +116,19 @@ def _check_stage(stage) -> None:
     _check_name("operator.uid", stage.uid)
 
 
-def _aggregates_form(aggregates: dict[str, tuple[str, str | None]]) -> str:
-    return ",".join(f"{out}={fn}({col or ''})" for out, (fn, col) in aggregates.items())
-
-
 def _check_key_type(where: str, key_type: str) -> None:
     if key_type not in KEY_TYPES:
         raise JobDefinitionError(f"{where}.key_type must be one of {KEY_TYPES}, got {key_type!r}")
 
 
 @dataclass(frozen=True)
-class KeyedAggregate:
-    """Per key, running aggregates of value columns: ``aggregates`` maps an output column to
-    ``(function, input column)``, function one of count, sum, min, max, last (``count`` takes no
-    column). ``last`` keeps the value of the key's latest record by ``event_time`` (ties: the
-    later micro-batch, then the later log position), so replays give the same answer. Emits the
-    updated aggregates of every key a micro-batch touched."""
-
-    name: str
-    source: str
-    key: str
-    key_type: str
-    aggregates: dict[str, tuple[str, str | None]]
-    event_time: str | None = None
-    uid: str = ""
-
-    def __post_init__(self) -> None:
-        _check_stage(self)
-        _check_key_type("operator", self.key_type)
-        _check_aggregates("operator", self.aggregates, self.event_time)
-
-    def state_schema(self) -> dict[str, str]:
-        return {self.name: f"keyed-aggregate<{_aggregates_form(self.aggregates)}>/v1"}
-
-    @property
-    def inputs(self) -> dict[str, str]:
-        """Input source -> its key column."""
-        return {self.source: self.key}
-
-
-@dataclass(frozen=True)
-class WindowedAggregate:
-    """Tumbling event-time windows of ``window_ms`` per key. The watermark trails the largest
-    event time seen by ``out_of_orderness_ms``; a window is emitted once the watermark passes its
-    end, and its state and timer are then dropped. Records for an already emitted window are late:
-    they are dropped and counted."""
-
-    name: str
-    source: str
-    key: str
-    key_type: str
-    event_time: str
-    window_ms: int
-    out_of_orderness_ms: int
-    aggregates: dict[str, tuple[str, str | None]]
-    uid: str = ""
-
-    def __post_init__(self) -> None:
-        _check_stage(self)
-        _check_key_type("operator", self.key_type)
-        _check_aggregates("operator", self.aggregates)
-        if self.window_ms < 1:
-            raise JobDefinitionError("operator.window_ms must be >= 1")
-        if self.out_of_orderness_ms < 0:
-            raise JobDefinitionError("operator.out_of_orderness_ms must be >= 0")
-
-    @property
-    def inputs(self) -> dict[str, str]:
-        return {self.source: self.key}
-
-    def state_schema(self) -> dict[str, str]:
-        form = f"{_aggregates_form(self.aggregates)},{self.window_ms}ms"
-        return {self.name: f"window-aggregate<{form}>/v1", "__timers__": "timers/v1"}
-
-
-@dataclass(frozen=True)
-class EnrichWithLatest:
-    """Two inputs cut at the same barrier: every record of ``stream`` is emitted with
-    ``fields`` of the latest record of ``table`` for the same key (by event time ``table_time``).
-    Within a micro-batch, the table side is applied before the stream side."""
-
-    name: str
-    stream: str
-    table: str
-    key: str
-    key_type: str
-    fields: tuple[str, ...]
-    table_time: str
-    uid: str = ""
-
-    def __post_init__(self) -> None:
-        _check_stage(self)
-        _check_key_type("operator", self.key_type)
-        if self.stream == self.table:
-            raise JobDefinitionError("operator.stream and operator.table must differ")
-        if not self.fields:
-            raise JobDefinitionError("operator.fields must name at least one field")
-
-    @property
-    def inputs(self) -> dict[str, str]:
-        return {self.stream: self.key, self.table: self.key}
-
-    def state_schema(self) -> dict[str, str]:
-        return {self.name: f"latest<{','.join(self.fields)}>/v1"}
-
-
-@dataclass(frozen=True)
 class KeyedProcess:
-    """A stage of the user's own keyed logic (spark_jobs/keyed_process.py): ``inputs`` maps each
-    input source to its key column (two inputs: both cut at the same barrier), ``function`` is a
-    :class:`KeyedProcessFunction` instance. With ``event_time``, the stage's watermark trails the
-    largest event time seen by ``out_of_orderness_ms`` and drives event-time timers and
-    event-time TTL. ``uid`` (default: ``name``) identifies the stage's state in checkpoints:
-    keep it when renaming the stage."""
+    """A keyed stage running a :class:`KeyedProcessFunction` instance
+    (spark_jobs/keyed_process.py), the user's own or the library's (spark_jobs/operators.py).
+    ``inputs`` maps each input source to its key column (two inputs: both cut at the same
+    barrier). With ``event_time``, the stage's watermark trails the largest event time seen by
+    ``out_of_orderness_ms`` and drives event-time timers and event-time TTL. ``uid`` (default:
+    ``name``) identifies the stage's state in checkpoints: keep it when renaming the stage."""
 
     name: str
     inputs: dict[str, str]
@@ -289,17 +167,12 @@ class KeyedProcess:
     def state_schema(self) -> dict[str, str]:
         return {s.name: s.fingerprint() for s in self.function.states}
 
+    def watermark_lag_ms(self) -> int | None:
+        """How far the stage's watermark trails its largest event time; None: it has none."""
+        return self.out_of_orderness_ms if self.event_time else None
 
-Operator = KeyedAggregate | WindowedAggregate | EnrichWithLatest | KeyedProcess
 
-
-def watermark_lag_ms(operator: Operator) -> int | None:
-    """How far the stage's watermark trails its largest event time; None: it has none."""
-    if isinstance(operator, WindowedAggregate):
-        return operator.out_of_orderness_ms
-    if isinstance(operator, KeyedProcess) and operator.event_time:
-        return operator.out_of_orderness_ms
-    return None
+Operator = KeyedProcess  # every stage; the library's are built by spark_jobs/operators.py
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from state.write_buffer import BufferedTransaction
 if TYPE_CHECKING:
     from state.rocksdb_store import RocksDBStore
 
+SOURCE_COLUMN = "_source"  # in a two-input stage's records: the input each record came from
 EVENT_TIMERS = "__event_timers__"
 PROCESSING_TIMERS = "__processing_timers__"
 USER_ERROR_MARKER = "CutlineUserFunctionError"
@@ -58,13 +59,13 @@ def user_error_text(failure: str) -> str:
 
 @dataclass
 class OperatorResult:
-    """What an operator returns for one subtask and micro-batch. ``txn`` is its still open write
-    batch, which the subtask commits with its progress marker (None: the operator committed)."""
+    """What a stage returns for one subtask and micro-batch: its output rows, its figures, and
+    ``txn``, its still open write batch, which the subtask commits with its progress marker."""
 
     output: pa.Table
+    txn: BufferedTransaction
     late_records: int = 0
     max_event_time: int | None = None
-    txn: BufferedTransaction | None = None
 
 
 class KeyedProcessFunction:
@@ -75,6 +76,12 @@ class KeyedProcessFunction:
     states: tuple[StateSpec, ...] = ()
     output_schema: pa.Schema | None = None  # the output is cast to it when given
     use_pandas: bool = False  # records and timers as pandas frames instead of Arrow tables
+
+    def __eq__(self, other: object) -> bool:
+        """Functions of one class with equal configuration are equal (so are their stages)."""
+        return type(self) is type(other) and vars(self) == vars(other)
+
+    __hash__ = None  # configuration is compared, not hashed
 
     def process_batch(self, records: Any, ctx: KeyedContext) -> Any:
         """This subtask's records of one micro-batch; returns the output rows (or None)."""
@@ -108,6 +115,12 @@ class KeyedContext:
         if watermark is not None:
             self.clocks["event"] = watermark
         self._views: dict[str, ValueState | ListState | MapState] = {}
+        self.late_records = 0
+
+    def record_late(self, count: int) -> None:
+        """Count ``count`` records the function dropped as late (behind the watermark); the
+        figure is summed into each checkpoint's counters."""
+        self.late_records += int(count)
 
     def state(self, name: str) -> ValueState | ListState | MapState:
         """The view of declared state ``name``."""
@@ -145,7 +158,8 @@ class KeyedContext:
 
 
 class ProcessOperator:
-    """Runs a :class:`KeyedProcess` stage's function for one subtask and micro-batch."""
+    """Runs a stage's function for one subtask and micro-batch: every stage, the library's
+    (spark_jobs/operators.py) and the user's, runs through here."""
 
     def __init__(self, spec, max_parallelism: int) -> None:
         self.spec = spec
@@ -182,14 +196,14 @@ class ProcessOperator:
             outputs.append(self._call("process_batch", records, ctx))
         output = [o for o in outputs if o is not None and o.num_rows]
         result = pa.concat_tables(output, promote_options="permissive") if output else pa.table({})
-        return OperatorResult(result, max_event_time=max_event_time, txn=txn)
+        return OperatorResult(result, txn, ctx.late_records, max_event_time)
 
     def _records(self, table: pa.Table) -> pa.Table:
         """The user's columns: every input's own columns, the source name kept as ``_source``
         for two-input stages, the runtime's routing columns dropped."""
         keep = [c for c in table.column_names if not c.startswith("_")]
-        if len(self.spec.inputs) > 1 and "_source" in table.column_names:
-            keep.append("_source")
+        if len(self.spec.inputs) > 1 and SOURCE_COLUMN in table.column_names:
+            keep.append(SOURCE_COLUMN)
         return table.select(keep)
 
     def _due_timers(self, txn: BufferedTransaction, ctx: KeyedContext) -> pa.Table:

@@ -1,63 +1,49 @@
-"""The built-in keyed operators, vectorised over Arrow tables with RocksDB state (state/), and
-:func:`make_operator`, which picks the operator of a stage (a user's :class:`KeyedProcess` stage
-runs in spark_jobs/keyed_process.py).
+"""The library operators: :func:`KeyedAggregate`, :func:`WindowedAggregate` and
+:func:`EnrichWithLatest`, each a :class:`KeyedProcess` stage running a
+:class:`KeyedProcessFunction` written on the public API (spark_jobs/api/) alone, as a user's
+function would be. The runtime knows no operator but the function it calls.
 
-An operator processes one subtask's records of one micro-batch: Arrow group-bys, one multi-get of
-the touched keys' state, numpy arithmetic, one write batch. The state path never makes a Python
-call per record beyond building key bytes.
-
-Every operator's ``apply(store, table, watermark, processing_time)`` gets the subtask's records
-(with ``_kg``, the key group, and ``_source``), the watermark as of the end of the previous
-micro-batch, and returns an :class:`OperatorResult`. The built-in operators commit their own
-write batch and the subtask commits its progress next; a task that dies in between fails the
-attempt (tasks are not retried), which then restores from a checkpoint.
+They stay vectorised: Arrow group-bys, one multi-get per state per micro-batch, numpy arithmetic
+on packed aggregates, and writes into the micro-batch's one write batch.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.job import (
-    EnrichWithLatest,
-    KeyedAggregate,
-    KeyedProcess,
-    Operator,
-    WindowedAggregate,
-)
-from spark_jobs.keyed_process import OperatorResult, ProcessOperator
-from spark_jobs.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
-from state.keygroups import DEFAULT_MAX_PARALLELISM
-from state.state_types import key_bytes
+from spark_jobs.job import JobDefinitionError, KeyedProcess
+from spark_jobs.keyed_process import SOURCE_COLUMN, KeyedContext, KeyedProcessFunction
+from state.state_types import MapStateSpec, ValueStateSpec
 
-if TYPE_CHECKING:  # rocksdict is loaded only where state lives: in the executors' tasks
-    from state.rocksdb_store import RocksDBStore
-
-KEY_GROUP_COLUMN = "_kg"
-SOURCE_COLUMN = "_source"
+AGGREGATES = ("count", "sum", "min", "max", "last")
 _SEP = "\x1f"  # joins the table fields of EnrichWithLatest into one stored value
+_NULL_LEN = 0xFFFF_FFFF  # the stored length of a null ``last`` value
 
 
 def _split(raw: bytes, size: int) -> list[bytes]:
     return [raw[i : i + size] for i in range(0, len(raw), size)]
 
 
-def _check_keys(name: str, table: pa.Table, key: str) -> None:
-    nulls = table.column(key).null_count
-    if nulls:
-        raise ValueError(f"operator {name!r}: {nulls} records have a null key {key!r}")
-
-
-def _event_then_log_order(time_column: str) -> list[tuple[str, str]]:
-    """Sort keys that put records in event-time order, ties in log order, so that "the latest
-    record" is the same on every replay."""
-    return [(c, "ascending") for c in (time_column, PARTITION_COLUMN, NEXT_OFFSET_COLUMN)]
-
-
-_NULL_LEN = 0xFFFF_FFFF  # the stored length of a null ``last`` value
+def _check_aggregates(
+    where: str, aggregates: dict[str, tuple[str, str | None]], event_time: str | None = None
+) -> None:
+    """``event_time`` orders ``last``; ``None`` means the operator does not support ``last``."""
+    if not aggregates:
+        raise JobDefinitionError(f"{where}: aggregates must name at least one aggregate")
+    for out, (fn, col) in aggregates.items():
+        if fn not in AGGREGATES:
+            raise JobDefinitionError(
+                f"{where}: aggregates[{out!r}] function must be one of {AGGREGATES}, got {fn!r}"
+            )
+        if fn != "count" and not col:
+            raise JobDefinitionError(f"{where}: aggregates[{out!r}] needs an input column")
+        if fn == "last" and not event_time:
+            raise JobDefinitionError(
+                f"{where}: aggregates[{out!r}]: 'last' is supported by KeyedAggregate with an "
+                "event_time column to order by"
+            )
 
 
 class _Aggregates:
@@ -80,15 +66,26 @@ class _Aggregates:
         if self.last:
             fields += [("_last_at", "<i8")] + [(f"_len_{out}", "<u4") for _, out in self.last]
         self.dtype = np.dtype(fields)
+        form = ",".join(f"{out}={fn}({col or ''})" for out, (fn, col) in aggregates.items())
+        self.encoding = f"aggregates<{form}>/v1"  # the packed layout, in the state's fingerprint
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Aggregates) and (self.encoding, self.event_time) == (
+            other.encoding,
+            other.event_time,
+        )
+
+    __hash__ = None  # configuration is compared, not hashed
 
     def prepare(self, table: pa.Table) -> pa.Table:
-        """The batch in the order ``last`` follows: event time, then log position."""
+        """The batch in the order ``last`` follows: event time, ties in arrival order (the
+        records arrive in log order, and the sort is stable)."""
         if not self.last:
             return table
         for col, _ in self.last:
             if not (pa.types.is_string(t := table.schema.field(col).type) or pa.types.is_binary(t)):
                 raise ValueError(f"aggregate 'last' of {col!r} needs a string or binary column")
-        return table.sort_by(_event_then_log_order(self.event_time))
+        return table.sort_by([(self.event_time, "ascending")])
 
     def arrow_aggregations(self) -> list[tuple]:
         wanted = [(c, f) for c, f, _ in self.numeric]
@@ -110,6 +107,12 @@ class _Aggregates:
             types[out] = schema.field(col).type if schema is not None else pa.binary()
         return [pa.field(out, types[out]) for out in self.outputs]
 
+    def unpack(self, stored: list[bytes]) -> np.ndarray:
+        """The fixed-width records of stored values (``last`` values' bytes left out)."""
+        size = self.dtype.itemsize
+        fixed = b"".join(v[:size] for v in stored) if self.last else b"".join(stored)
+        return np.frombuffer(fixed, self.dtype)
+
     def merge(
         self, old: list[bytes | None], grouped: pa.Table
     ) -> tuple[list[bytes], dict[str, pa.Array], np.ndarray]:
@@ -120,8 +123,7 @@ class _Aggregates:
         stored = [v for v in old if v is not None]
         state = np.zeros(n, self.dtype)
         if stored:
-            fixed = b"".join(v[:size] for v in stored) if self.last else b"".join(stored)
-            state[present] = np.frombuffer(fixed, self.dtype)
+            state[present] = self.unpack(stored)
         new = np.empty(n, self.dtype)
         for c, f, out in self.numeric:
             batch = grouped.column(f"{c}_{f}" if c else f).to_numpy().astype(self.dtype[out])
@@ -165,196 +167,198 @@ class _Aggregates:
         return packed, columns, present
 
 
-class KeyedAggregateOperator:
-    """Running aggregates per key; emits the new aggregates of every touched key."""
+def _stored(values: pa.Array) -> list[bytes | None]:
+    return values.to_pylist()
 
-    def __init__(self, spec: KeyedAggregate) -> None:
-        self.spec = spec
-        self.aggs = _Aggregates(spec.aggregates, spec.event_time)
 
-    def apply(
-        self, store: RocksDBStore, table: pa.Table, watermark: int | None, processing_time: int = 0
-    ) -> OperatorResult:
-        spec = self.spec
-        fields = self.aggs.fields(table.schema)
-        if table.num_rows == 0:
-            return OperatorResult(pa.schema([table.schema.field(spec.key), *fields]).empty_table())
-        _check_keys(spec.name, table, spec.key)
+class RunningAggregates(KeyedProcessFunction):
+    """Running aggregates per key, one packed binary value each; emits the new aggregates of
+    every key a micro-batch touched."""
+
+    def __init__(
+        self, key: str, aggregates: dict[str, tuple[str, str | None]], event_time: str | None
+    ) -> None:
+        self.key = key
+        self.aggs = _Aggregates(aggregates, event_time)
+        self.states = (ValueStateSpec("aggregates", pa.binary(), encoding=self.aggs.encoding),)
+
+    def process_batch(self, records: pa.Table, ctx: KeyedContext) -> pa.Table:
         grouped = (
-            self.aggs.prepare(table)
-            .group_by([spec.key, KEY_GROUP_COLUMN], use_threads=False)
+            self.aggs.prepare(records)
+            .group_by(self.key, use_threads=False)
             .aggregate(self.aggs.arrow_aggregations())
         )
-        keys = grouped.column(spec.key).combine_chunks()
-        groups = grouped.column(KEY_GROUP_COLUMN).to_numpy()
-        kbytes = key_bytes(keys, spec.key_type)
-        values, columns, _ = self.aggs.merge(store.get_many(spec.name, groups, kbytes), grouped)
-        txn = store.begin()
-        txn.put(spec.name, groups, kbytes, values)
-        txn.commit()
-        schema = pa.schema([pa.field(spec.key, keys.type), *fields])
-        return OperatorResult(
-            pa.Table.from_arrays([keys] + [columns[f.name] for f in fields], schema=schema)
+        keys = grouped.column(self.key).combine_chunks()
+        state = ctx.state("aggregates")
+        values, columns, _ = self.aggs.merge(_stored(state.get(keys)), grouped)
+        state.update(keys, pa.array(values, pa.binary()))
+        fields = self.aggs.fields(records.schema)
+        schema = pa.schema([pa.field(self.key, keys.type), *fields])
+        return pa.Table.from_arrays([keys] + [columns[f.name] for f in fields], schema=schema)
+
+
+class TumblingWindows(KeyedProcessFunction):
+    """Tumbling event-time windows per key: a map from window start to its packed aggregates,
+    and an event-time timer at each window's last millisecond that emits and drops it. Records
+    of a window the watermark has passed are late: dropped and counted."""
+
+    def __init__(
+        self,
+        key: str,
+        event_time: str,
+        window_ms: int,
+        aggregates: dict[str, tuple[str, str | None]],
+    ) -> None:
+        self.key, self.event_time, self.window_ms = key, event_time, window_ms
+        self.aggs = _Aggregates(aggregates)
+        encoding = f"{self.aggs.encoding},{window_ms}ms"
+        self.states = (
+            MapStateSpec("windows", pa.binary(), key_type=pa.int64(), encoding=encoding),
         )
 
+    def on_timers(self, timers: pa.Table, ctx: KeyedContext) -> pa.Table:
+        keys = timers.column(self.key)
+        starts = pc.subtract(timers.column("timestamp"), self.window_ms - 1)
+        windows = ctx.state("windows")
+        packed = self.aggs.unpack(_stored(windows.get(keys, starts)))
+        windows.remove(keys, starts)
+        columns = {
+            self.key: keys,
+            "window_start": starts,
+            "window_end": pc.add(starts, self.window_ms),
+        }
+        columns.update({f.name: pa.array(packed[f.name]) for f in self.aggs.fields()})
+        return pa.table(columns)
 
-class WindowedAggregateOperator:
-    """Tumbling event-time windows per key, fired by timers when the watermark passes."""
-
-    def __init__(self, spec: WindowedAggregate) -> None:
-        self.spec = spec
-        self.aggs = _Aggregates(spec.aggregates)
-        self.schema = pa.schema(
-            [
-                pa.field(spec.key, pa.string() if spec.key_type == "string" else pa.int64()),
-                pa.field("window_start", pa.int64()),
-                pa.field("window_end", pa.int64()),
-                *self.aggs.fields(),
-            ]
+    def process_batch(self, records: pa.Table, ctx: KeyedContext) -> None:
+        ts = records.column(self.event_time).to_numpy(zero_copy_only=False).astype(np.int64)
+        starts = ts - np.mod(ts, self.window_ms)
+        last_ms = starts + self.window_ms - 1
+        on_time = np.ones(len(ts), bool) if ctx.watermark is None else last_ms > ctx.watermark
+        ctx.record_late(int((~on_time).sum()))
+        records = records.append_column("_window", pa.array(starts)).filter(pa.array(on_time))
+        if records.num_rows == 0:
+            return None
+        grouped = records.group_by([self.key, "_window"], use_threads=False).aggregate(
+            self.aggs.arrow_aggregations()
         )
-
-    def _state_keys(self, kbytes: list[bytes], starts: np.ndarray) -> list[bytes]:
-        # Sign bit flipped: big-endian bytes then sort like the signed values.
-        flipped = starts.astype(np.int64).view(np.uint64) ^ np.uint64(1 << 63)
-        starts_raw = _split(flipped.astype(">u8").tobytes(), 8)
-        return [len(k).to_bytes(4, "big") + k + s for k, s in zip(kbytes, starts_raw, strict=True)]
-
-    def _fire(self, store: RocksDBStore, watermark: int | None) -> pa.Table:
-        spec = self.spec
-        due = store.due_timers(watermark) if watermark is not None else []
-        if not due:
-            return self.schema.empty_table()
-        groups = [kg for _, kg, _ in due]
-        skeys = [k for _, _, k in due]
-        values = store.get_many(spec.name, groups, skeys)
-        packed = np.frombuffer(b"".join(v or b"" for v in values), self.aggs.dtype)
-        keys, starts = [], []
-        for k in skeys:
-            n = int.from_bytes(k[:4], "big")
-            keys.append(k[4 : 4 + n])
-            starts.append(int.from_bytes(k[4 + n :], "big") - (1 << 63))
-        key_col = (
-            pa.array(keys, pa.binary()).cast(pa.string())
-            if spec.key_type == "string"
-            else pa.array([int.from_bytes(k, "big", signed=True) for k in keys], pa.int64())
-        )
-        starts_arr = np.asarray(starts, np.int64)
-        txn = store.begin()
-        txn.delete(spec.name, groups, skeys)
-        txn.delete_timers(groups, skeys, [ts for ts, _, _ in due])
-        txn.commit()
-        columns = [key_col, pa.array(starts_arr), pa.array(starts_arr + spec.window_ms)]
-        columns += [pa.array(packed[f.name]) for f in self.aggs.fields()]
-        return pa.Table.from_arrays(columns, schema=self.schema)
-
-    def apply(
-        self, store: RocksDBStore, table: pa.Table, watermark: int | None, processing_time: int = 0
-    ) -> OperatorResult:
-        spec = self.spec
-        fired = self._fire(store, watermark)  # windows complete as of the previous cut
-        if table.num_rows == 0:
-            return OperatorResult(fired)
-        _check_keys(spec.name, table, spec.key)
-        ts = table.column(spec.event_time).to_numpy(zero_copy_only=False).astype(np.int64)
-        starts = ts - np.mod(ts, spec.window_ms)
-        on_time = (
-            np.ones(len(ts), bool)
-            if watermark is None
-            else (starts + spec.window_ms - 1) > watermark
-        )
-        late = int((~on_time).sum())
-        table = table.append_column("_window", pa.array(starts)).filter(pa.array(on_time))
-        result = OperatorResult(fired, late, int(ts.max()))
-        if table.num_rows == 0:
-            return result
-        grouped = table.group_by(
-            [spec.key, KEY_GROUP_COLUMN, "_window"], use_threads=False
-        ).aggregate(self.aggs.arrow_aggregations())
-        groups = grouped.column(KEY_GROUP_COLUMN).to_numpy()
-        wstarts = grouped.column("_window").to_numpy()
-        skeys = self._state_keys(key_bytes(grouped.column(spec.key), spec.key_type), wstarts)
-        values, _, present = self.aggs.merge(store.get_many(spec.name, groups, skeys), grouped)
-        txn = store.begin()
-        txn.put(spec.name, groups, skeys, values)
-        fresh = ~present
-        if fresh.any():
-            txn.register_timers(
-                groups[fresh],
-                [k for k, f in zip(skeys, fresh, strict=True) if f],
-                (wstarts[fresh] + spec.window_ms - 1).tolist(),
-            )
-        txn.commit()
-        return result
+        keys, wstarts = grouped.column(self.key), grouped.column("_window")
+        windows = ctx.state("windows")
+        values, _, present = self.aggs.merge(_stored(windows.get(keys, wstarts)), grouped)
+        windows.put(keys, wstarts, pa.array(values, pa.binary()))
+        fresh = pa.array(~present)
+        new_starts = wstarts.filter(fresh).to_numpy()
+        ctx.register_event_timers(keys.filter(fresh), new_starts + self.window_ms - 1)
+        return None
 
 
-class EnrichOperator:
-    """Stream records joined with the latest table record of their key."""
+class LatestOf(KeyedProcessFunction):
+    """Two inputs: every ``stream`` record with ``fields`` of the latest ``table`` record of its
+    key (by ``table_time``, ties in arrival order). Within a micro-batch the table side is
+    applied first."""
 
-    def __init__(self, spec: EnrichWithLatest) -> None:
-        self.spec = spec
+    def __init__(
+        self, stream: str, table: str, key: str, fields: tuple[str, ...], table_time: str
+    ) -> None:
+        self.stream, self.table, self.key = stream, table, key
+        self.fields, self.table_time = fields, table_time
+        encoding = f"latest<{','.join(fields)}>/v1"
+        self.states = (ValueStateSpec("latest", pa.string(), encoding=encoding),)
 
-    def apply(
-        self, store: RocksDBStore, table: pa.Table, watermark: int | None, processing_time: int = 0
-    ) -> OperatorResult:
-        spec = self.spec
-        if table.num_rows == 0:
-            return OperatorResult(pa.table({}))
-        _check_keys(spec.name, table, spec.key)
-        source = table.column(SOURCE_COLUMN)
-        updates = table.filter(pc.equal(source, spec.table))
-        stream = table.filter(pc.equal(source, spec.stream))
+    def process_batch(self, records: pa.Table, ctx: KeyedContext) -> pa.Table:
+        source = records.column(SOURCE_COLUMN)
+        updates = records.filter(pc.equal(source, self.table))
+        stream = records.filter(pc.equal(source, self.stream)).drop_columns([SOURCE_COLUMN])
+        latest = ctx.state("latest")
         if updates.num_rows:
-            self._apply_updates(store, updates)
+            # the latest record per key: by event time, ties by arrival (a stable sort)
+            updates = updates.sort_by([(self.key, "ascending"), (self.table_time, "ascending")])
+            rows = pa.array(np.arange(updates.num_rows))
+            last = (
+                updates.append_column("_row", rows)
+                .group_by(self.key, use_threads=False)
+                .aggregate([("_row", "max")])
+            )
+            chosen = updates.take(last.column("_row_max"))
+            fields = [pc.fill_null(pc.cast(chosen.column(f), pa.string()), "") for f in self.fields]
+            latest.update(chosen.column(self.key), pc.binary_join_element_wise(*fields, _SEP))
         if stream.num_rows == 0:
-            return OperatorResult(stream.slice(0, 0))
-        stored = store.get_many(
-            spec.name,
-            stream.column(KEY_GROUP_COLUMN).to_numpy(),
-            key_bytes(stream.column(spec.key), spec.key_type),
-        )
-        parts = pc.split_pattern(pa.array(stored, pa.binary()).cast(pa.string()), _SEP)
-        # The union of both inputs carries the table's columns (null on stream records).
-        types = {f: stream.schema.field(f).type for f in spec.fields if f in stream.column_names}
+            return stream
+        parts = pc.split_pattern(latest.get(stream.column(self.key)), _SEP)
+        # the union of both inputs carries the table's columns (null on stream records)
+        types = {f: stream.schema.field(f).type for f in self.fields if f in stream.column_names}
         out = stream.drop_columns(list(types))
-        for i, name in enumerate(spec.fields):
+        for i, name in enumerate(self.fields):
             value = pc.list_element(parts, i)
             out = out.append_column(name, value.cast(types[name]) if name in types else value)
-        return OperatorResult(out)
-
-    def _apply_updates(self, store: RocksDBStore, updates: pa.Table) -> None:
-        spec = self.spec
-        # The latest record per key: by event time, then by log position (deterministic).
-        order = pc.sort_indices(
-            updates, [(spec.key, "ascending"), *_event_then_log_order(spec.table_time)]
-        )
-        updates = updates.take(order)
-        rows = pa.array(np.arange(updates.num_rows))
-        last = (
-            updates.append_column("_row", rows)
-            .group_by(spec.key, use_threads=False)
-            .aggregate([("_row", "max")])
-        )
-        latest = updates.take(last.column("_row_max"))
-        values = pc.binary_join_element_wise(
-            *[pc.fill_null(pc.cast(latest.column(f), pa.string()), "") for f in spec.fields], _SEP
-        )
-        txn = store.begin()
-        txn.put(
-            spec.name,
-            latest.column(KEY_GROUP_COLUMN).to_numpy(),
-            key_bytes(latest.column(spec.key), spec.key_type),
-            [v.encode() for v in values.to_pylist()],
-        )
-        txn.commit()
+        return out
 
 
-def make_operator(spec: Operator, max_parallelism: int = DEFAULT_MAX_PARALLELISM):
-    """The operator that runs ``spec`` in a subtask: ``apply(store, table, watermark,
-    processing_time) -> OperatorResult``."""
-    if isinstance(spec, KeyedProcess):
-        return ProcessOperator(spec, max_parallelism)
-    if isinstance(spec, KeyedAggregate):
-        return KeyedAggregateOperator(spec)
-    if isinstance(spec, WindowedAggregate):
-        return WindowedAggregateOperator(spec)
-    return EnrichOperator(spec)
+def KeyedAggregate(
+    name: str,
+    source: str,
+    key: str,
+    key_type: str,
+    aggregates: dict[str, tuple[str, str | None]],
+    event_time: str | None = None,
+    uid: str = "",
+) -> KeyedProcess:
+    """Per key, running aggregates of value columns: ``aggregates`` maps an output column to
+    ``(function, input column)``, function one of count, sum, min, max, last (``count`` takes no
+    column). ``last`` keeps the value of the key's latest record by ``event_time`` (ties: the
+    later micro-batch, then the later log position), so replays give the same answer. Emits the
+    updated aggregates of every key a micro-batch touched."""
+    _check_aggregates(f"stage {name!r}", aggregates, event_time)
+    function = RunningAggregates(key, aggregates, event_time)
+    return KeyedProcess(name, {source: key}, key_type, function, uid=uid)
+
+
+def WindowedAggregate(
+    name: str,
+    source: str,
+    key: str,
+    key_type: str,
+    event_time: str,
+    window_ms: int,
+    out_of_orderness_ms: int,
+    aggregates: dict[str, tuple[str, str | None]],
+    uid: str = "",
+) -> KeyedProcess:
+    """Tumbling event-time windows of ``window_ms`` per key. The watermark trails the largest
+    event time seen by ``out_of_orderness_ms``; a window is emitted once the watermark passes its
+    end, and its state and timer are then dropped. Records for an already emitted window are
+    late: they are dropped and counted."""
+    _check_aggregates(f"stage {name!r}", aggregates)
+    if window_ms < 1:
+        raise JobDefinitionError(f"stage {name!r}: window_ms must be >= 1")
+    function = TumblingWindows(key, event_time, window_ms, aggregates)
+    return KeyedProcess(
+        name,
+        {source: key},
+        key_type,
+        function,
+        event_time=event_time,
+        out_of_orderness_ms=out_of_orderness_ms,
+        uid=uid,
+    )
+
+
+def EnrichWithLatest(
+    name: str,
+    stream: str,
+    table: str,
+    key: str,
+    key_type: str,
+    fields: tuple[str, ...],
+    table_time: str,
+    uid: str = "",
+) -> KeyedProcess:
+    """Two inputs cut at the same barrier: every record of ``stream`` is emitted with
+    ``fields`` of the latest record of ``table`` for the same key (by event time ``table_time``).
+    Within a micro-batch, the table side is applied before the stream side."""
+    if stream == table:
+        raise JobDefinitionError(f"stage {name!r}: stream and table must differ")
+    if not fields:
+        raise JobDefinitionError(f"stage {name!r}: fields must name at least one field")
+    function = LatestOf(stream, table, key, tuple(fields), table_time)
+    return KeyedProcess(name, {stream: key, table: key}, key_type, function, uid=uid)

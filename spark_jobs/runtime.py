@@ -40,7 +40,7 @@ from spark_jobs.errors import (
     UserCodeError,
 )
 from spark_jobs.events import EventChannel
-from spark_jobs.job import JobDefinition, watermark_lag_ms
+from spark_jobs.job import JobDefinition
 from spark_jobs.keyed_process import USER_ERROR_MARKER, user_error_text
 from spark_jobs.placement import anchor_rdd, executor_hosts, lost_subtasks, preferred_hosts
 from spark_jobs.recovery import (
@@ -598,7 +598,7 @@ class StreamingRun:
         """The subtasks' reports of one micro-batch into the stages' watermarks and the
         counters."""
         for stage in self.job.stages:
-            lag = watermark_lag_ms(stage)
+            lag = stage.watermark_lag_ms()
             times = [
                 r["max_event_time"]
                 for r in stats

@@ -14,6 +14,7 @@ from typing import Any
 
 from spark_jobs.errors import ConfigurationError, UserCodeError
 from spark_jobs.job import JobDefinition, KafkaSource, Source
+from spark_jobs.keyed_process import SOURCE_COLUMN
 from spark_jobs.local_log import (
     BAD_DDL,
     BAD_OFFSET,
@@ -25,7 +26,6 @@ from spark_jobs.local_log import (
     register_data_source,
     topic_partitions,
 )
-from spark_jobs.operators import SOURCE_COLUMN
 from spark_jobs.subtask import KEY_COLUMN
 
 Positions = dict[str, int]  # partition -> position of the next record

@@ -30,8 +30,8 @@ import pyarrow as pa
 from spark_jobs.bad_records import dead_letters, first_bad, split_bad
 from spark_jobs.delta_sink import EPOCH_COLUMN, staging_dir
 from spark_jobs.job import DEAD_LETTER_SINK, JobDefinition
+from spark_jobs.keyed_process import SOURCE_COLUMN, ProcessOperator
 from spark_jobs.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
-from spark_jobs.operators import SOURCE_COLUMN, make_operator
 from state.acks import Ack, ack_path
 from state.faults import kill_point
 from state.handles import SubtaskStateHandle
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 # rocksdict loaded beside deltalake's runtime aborts the interpreter at exit.
 
 SUBTASK_COLUMN = "_subtask"
+KEY_GROUP_COLUMN = "_kg"
 KEY_COLUMN = "_key"
 PROGRESS = "__progress__"
 
@@ -235,11 +236,10 @@ def run_subtask(
                 f"subtask {subtask} of stage {op.uid!r} of {ctx.job.name} on {host_name()}: "
                 f"working state is at {progress}, expected {expected}; restore from a checkpoint"
             )
-        operator = make_operator(op, ctx.job.max_parallelism)
+        operator = ProcessOperator(op, ctx.job.max_parallelism)
         result = operator.apply(store, table, plan.watermarks.get(op.uid), plan.processing_time)
-        txn = result.txn or store.begin()  # a stage's writes commit with the progress marker
-        write_progress(txn, store, ctx.attempt, plan.epoch)
-        txn.commit()
+        write_progress(result.txn, store, ctx.attempt, plan.epoch)  # one write batch with the
+        result.txn.commit()  # stage's writes
         kill_point("batch-applied")
         output = result.output
         for sink in ctx.job.sinks_of(op):

@@ -59,9 +59,15 @@ def _check_type(where: str, t: pa.DataType) -> pa.DataType:
 
 @dataclass(frozen=True)
 class StateSpec:
+    """A keyed state: its ``name``, the Arrow ``type`` of its values, an optional ``ttl``, and
+    ``encoding``: for a binary state whose bytes the function lays out itself, a name and version
+    of that layout, so a restore into a different layout is refused (Flink's serializer
+    snapshot)."""
+
     name: str
     type: pa.DataType
     ttl: Ttl | None = None
+    encoding: str = ""
     kind = "value"
 
     def __post_init__(self) -> None:
@@ -75,8 +81,12 @@ class StateSpec:
 
     def fingerprint(self) -> str:
         """The stored form of this state; a checkpoint restores only into the same one."""
+        return self._stored_form(f"{self.kind}<{self.type}>")
+
+    def _stored_form(self, kind_and_types: str) -> str:
         ttl = "ttl" if self.ttl else "no-ttl"
-        return f"{self.kind}<{self.type}>/{ttl}/v1"
+        encoding = f"/{self.encoding}" if self.encoding else ""
+        return f"{kind_and_types}/{ttl}/v1{encoding}"
 
 
 @dataclass(frozen=True)
@@ -105,8 +115,7 @@ class MapStateSpec(StateSpec):
         _check_type(f"state {self.name!r} map key", self.key_type)
 
     def fingerprint(self) -> str:
-        ttl = "ttl" if self.ttl else "no-ttl"
-        return f"map<{self.key_type},{self.type}>/{ttl}/v1"
+        return self._stored_form(f"map<{self.key_type},{self.type}>")
 
 
 # -- encoding ---------------------------------------------------------------------------------

@@ -7,21 +7,16 @@ import dataclasses
 import pytest
 
 from spark_jobs.cli import build_parser, job_for_run
-from spark_jobs.job import (
-    DeltaSink,
-    JobDefinitionError,
-    KeyedAggregate,
-    LogSource,
-    Transform,
-    WindowedAggregate,
-)
+from spark_jobs.job import DeltaSink, JobDefinitionError, LogSource, Transform
 from spark_jobs.job_loader import get_job, job_names
+from spark_jobs.operators import KeyedAggregate, WindowedAggregate
 
 
 def test_example_jobs_are_registered_and_installed_packages_add_theirs():
     assert job_names() == [
         "clicks_per_user",
         "clicks_per_user_kafka",
+        "country_clicks",  # examples/sessions too: a two-stage pipeline
         "enriched_orders",
         "sessions",  # examples/sessions, through its cutline.jobs entry point
         "user_activity",
@@ -54,7 +49,7 @@ def test_bad_job_fields(change, field):
 def test_bad_operator_and_source_fields():
     with pytest.raises(JobDefinitionError, match=r"operator\.key_type"):
         KeyedAggregate("a", "s", "k", "float", {"n": ("count", None)})
-    with pytest.raises(JobDefinitionError, match=r"operator\.aggregates\['n'\] function"):
+    with pytest.raises(JobDefinitionError, match=r"stage 'a': aggregates\['n'\] function"):
         KeyedAggregate("a", "s", "k", "string", {"n": ("median", "v")})
     with pytest.raises(JobDefinitionError, match="needs an input column"):
         KeyedAggregate("a", "s", "k", "string", {"n": ("sum", None)})
@@ -62,12 +57,12 @@ def test_bad_operator_and_source_fields():
         KeyedAggregate("a", "s", "k", "string", {"p": ("last", "payload")})
     with pytest.raises(JobDefinitionError, match="'last' is supported by KeyedAggregate with"):
         WindowedAggregate("w", "s", "k", "string", "ts", 10, 0, {"p": ("last", "payload")})
-    with pytest.raises(JobDefinitionError, match=r"operator\.window_ms"):
+    with pytest.raises(JobDefinitionError, match=r"stage 'w': window_ms"):
         WindowedAggregate("w", "s", "k", "string", "ts", 0, 0, {"n": ("count", None)})
     with pytest.raises(JobDefinitionError, match=r"source\.max_records_per_partition"):
         LogSource("s", "t", "a string", max_records_per_partition=0)
     job = get_job("clicks_per_user")
-    other = dataclasses.replace(job.operator, source="missing")
+    other = dataclasses.replace(job.operator, inputs={"missing": "user"})
     with pytest.raises(JobDefinitionError, match="stage 'count_by_user': input 'missing'"):
         dataclasses.replace(job, operator=other)
 
@@ -89,11 +84,11 @@ def test_a_pipeline_chains_stages_and_sends_each_sink_the_output_of_its_stage():
 
     bad(
         r"stage 'per_count' must read the output of the stage before it, 'count_by_user'",
-        operator=(first, dataclasses.replace(second, source="clicks")),
+        operator=(first, dataclasses.replace(second, inputs={"clicks": "clicks"})),
     )
     bad(
         r"stages' names must be unique",
-        operator=(first, dataclasses.replace(second, name=first.name, source=first.name)),
+        operator=(first, dataclasses.replace(second, name=first.name)),
     )
     bad(
         r"stages' uids must be unique", operator=(first, dataclasses.replace(second, uid=first.uid))

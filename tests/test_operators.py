@@ -1,18 +1,30 @@
-"""Keyed operators on real RocksDB, against simple reference computations."""
+"""The library operators (spark_jobs/operators.py) on real RocksDB, against simple reference
+computations, run the way the runtime runs every stage: records in log order, the stage's writes
+committed in one write batch."""
 
 from __future__ import annotations
 
+import ast
 import collections
+import inspect
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from spark_jobs.job import EnrichWithLatest, KeyedAggregate, WindowedAggregate
-from spark_jobs.operators import make_operator
-from state.backend import KeyGroupError
+import spark_jobs.operators
+from spark_jobs.api import __all__ as PUBLIC_API
+from spark_jobs.job import KeyedProcess
+from spark_jobs.keyed_process import (
+    EVENT_TIMERS,
+    OperatorResult,
+    ProcessOperator,
+    UserFunctionError,
+)
+from spark_jobs.operators import EnrichWithLatest, KeyedAggregate, WindowedAggregate
 from state.keygroups import KeyGroupRange, key_groups
 from state.rocksdb_store import RocksDBStore
+from state.write_buffer import BufferedTransaction
 
 
 @pytest.fixture
@@ -36,8 +48,35 @@ def batch(users, values=None, ts=None, source="s", **extra) -> pa.Table:
     return pa.table(cols)
 
 
+class Stage:
+    """A stage applied as a subtask applies it: records sorted into log order, the write batch
+    committed."""
+
+    def __init__(self, spec: KeyedProcess) -> None:
+        self.op = ProcessOperator(spec, 128)
+
+    def apply(self, store: RocksDBStore, table: pa.Table, watermark: int | None) -> OperatorResult:
+        log_order = [(c, "ascending") for c in ("_source", "_partition", "_next_offset")]
+        result = self.op.apply(store, table.sort_by(log_order), watermark, 0)
+        result.txn.commit()
+        return result
+
+
+def test_the_library_uses_only_the_public_api():
+    tree = ast.parse(inspect.getsource(spark_jobs.operators))
+    imported = {
+        (node.module, alias.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] in ("spark_jobs", "state")
+        for alias in node.names
+    }
+    assert imported, "the library imports Cutline's API"
+    private = sorted(f"{m}.{n}" for m, n in imported if n not in PUBLIC_API)
+    assert private == [], f"the library reaches past spark_jobs.api: {private}"
+
+
 def test_keyed_aggregate_matches_a_reference_over_batches(store):
-    op = make_operator(
+    op = Stage(
         KeyedAggregate(
             "agg",
             "s",
@@ -95,7 +134,7 @@ def test_last_keeps_the_latest_value_by_event_time_across_batches_and_reopens(tm
             if u not in latest or t >= latest[u][0]:
                 latest[u] = (t, p, g)
         with RocksDBStore(db, KeyGroupRange(0, 127)) as store:  # state survives a reopen
-            out = make_operator(spec).apply(store, table, None).output
+            out = Stage(spec).apply(store, table, None).output
         assert out.schema.field("p").type == pa.string()
         assert out.schema.field("q").type == pa.binary()
         for row in out.to_pylist():
@@ -105,18 +144,18 @@ def test_last_keeps_the_latest_value_by_event_time_across_batches_and_reopens(tm
 
 def test_last_needs_a_string_or_binary_column(store):
     spec = KeyedAggregate("agg", "s", "user", "string", {"p": ("last", "v")}, event_time="ts")
-    with pytest.raises(ValueError, match="'last' of 'v' needs a string or binary column"):
-        make_operator(spec).apply(store, batch(["a"]), None)
+    with pytest.raises(UserFunctionError, match="'last' of 'v' needs a string or binary column"):
+        Stage(spec).apply(store, batch(["a"]), None)
 
 
 def test_keyed_aggregate_rejects_null_keys_and_foreign_key_groups(tmp_path):
-    op = make_operator(KeyedAggregate("agg", "s", "user", "string", {"n": ("count", None)}))
+    op = Stage(KeyedAggregate("agg", "s", "user", "string", {"n": ("count", None)}))
     with RocksDBStore(tmp_path / "db", KeyGroupRange(0, 63)) as store:
         users = [f"u{i}" for i in range(200)]
-        with pytest.raises(KeyGroupError):
+        with pytest.raises(UserFunctionError, match="KeyGroupError"):
             op.apply(store, batch(users), None)
         bad = batch(["a"]).set_column(0, "user", pa.array([None], pa.string()))
-        with pytest.raises(ValueError, match="null key"):
+        with pytest.raises(UserFunctionError, match="1 null keys"):
             op.apply(store, bad, None)
 
 
@@ -124,7 +163,7 @@ def test_windows_fire_when_the_watermark_passes_and_late_records_are_dropped(sto
     spec = WindowedAggregate(
         "win", "s", "user", "string", "ts", 10, 0, {"n": ("count", None), "rev": ("sum", "v")}
     )
-    op = make_operator(spec)
+    op = Stage(spec)
     first = op.apply(store, batch(["a", "a", "b", "a"], [1, 2, 3, 4], [1, 5, 7, 12]), None)
     assert first.output.num_rows == 0 and first.max_event_time == 12
     # Watermark 12: window [0, 10) is complete; the record at ts 3 is late, [10, 20) is open.
@@ -140,15 +179,15 @@ def test_windows_fire_when_the_watermark_passes_and_late_records_are_dropped(sto
         ("a", 1, 4.0),
         ("b", 1, 20.0),
     ]
-    assert store.due_timers(10**9) == [], "fired windows leave no timers"
-    assert [k for kg in range(128) for k, _ in store.items("win", kg)] == [], "nor state"
+    assert BufferedTransaction(store).due_timers(EVENT_TIMERS, 10**9) == [], "no timers left"
+    assert [k for kg in range(128) for k, _ in store.items("windows", kg)] == [], "nor state"
 
 
 def test_enrich_applies_the_table_side_first_and_keeps_types(store):
     spec = EnrichWithLatest(
         "join", "orders", "profiles", "user", "string", ("country", "tier"), "ts"
     )
-    op = make_operator(spec)
+    op = Stage(spec)
     profiles = batch(
         ["a", "a", "b"],
         ts=[5, 9, 1],
