@@ -166,6 +166,7 @@ class ProcessOperator:
         self.function: KeyedProcessFunction = spec.function
         self.specs = {s.name: s for s in self.function.states}
         self.keys = KeyCodec(spec.key_type, max_parallelism)
+        self.expiring = any(s.ttl for s in self.function.states)  # TTL cleanup to run
 
     def apply(
         self,
@@ -187,7 +188,8 @@ class ProcessOperator:
             max_event_time = int(high.as_py())
             if watermark is None:  # the first micro-batch: event-time TTL stamps from its data
                 ctx.clocks["event"] = int(low.as_py()) - spec.out_of_orderness_ms
-        expire(self.specs, txn, self.keys, ctx.clocks)
+        if self.expiring:
+            expire(self.specs, txn, self.keys, ctx.clocks)
         outputs = []
         timers = self._due_timers(txn, ctx)
         if timers.num_rows:

@@ -7,7 +7,7 @@ bytes. Keys are stored as bytes (UTF-8 strings, big-endian integers) beside thei
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -148,16 +148,29 @@ def decode_values(raw: list[bytes | None], t: pa.DataType) -> pa.Array:
 
 @dataclass(frozen=True)
 class KeyCodec:
-    """The stage's keys as stored: bytes (UTF-8 strings, big-endian integers) and key groups."""
+    """The stage's keys as stored: bytes (UTF-8 strings, big-endian integers) and key groups.
+
+    The last arrays encoded are remembered by identity: a function that reads and then writes
+    the same keys (the usual get, compute, update) encodes them once."""
 
     key_type: str
     max_parallelism: int
+    _recent: list = field(default_factory=list, compare=False, repr=False)
 
     def encode(self, keys: pa.Array) -> tuple[np.ndarray, list[bytes]]:
+        for seen, encoded in self._recent:
+            if seen is keys:
+                return encoded
+        original = keys
         keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
         if keys.null_count:
             raise StateAccessError(f"{keys.null_count} null keys")
-        return key_groups(keys, self.key_type, self.max_parallelism), key_bytes(keys, self.key_type)
+        encoded = (
+            key_groups(keys, self.key_type, self.max_parallelism),
+            key_bytes(keys, self.key_type),
+        )
+        self._recent[:] = [(original, encoded), *self._recent[:3]]  # holds the arrays alive
+        return encoded
 
     def decode(self, raw: list[bytes]) -> pa.Array:
         if self.key_type in ("string", "binary"):

@@ -42,12 +42,15 @@ class BufferedTransaction(Transaction):
 
     def _read(self, full: list[bytes]) -> list[bytes | None]:
         out: list[bytes | None] = [None] * len(full)
-        missing = []
-        for i, k in enumerate(full):
-            if k in self._writes:
-                out[i] = self._writes[k]
-            else:
-                missing.append(i)
+        if self._writes:
+            missing = []
+            for i, k in enumerate(full):
+                if k in self._writes:
+                    out[i] = self._writes[k]
+                else:
+                    missing.append(i)
+        else:  # nothing written yet in this micro-batch: all from the database
+            missing = list(range(len(full)))
         if missing:
             missing.sort(key=full.__getitem__)  # key order: neighbours share blocks
             values = self.store.db.get([full[i] for i in missing])

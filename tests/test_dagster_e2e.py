@@ -1,13 +1,17 @@
-"""Automatic recovery through Dagster, end to end, with a real dagster-daemon and webserver.
+"""Automatic recovery through Dagster, end to end, with a real dagster-daemon and webserver, of a
+user's job: ``sessions`` from the separately installed package examples/sessions, which Dagster
+finds through the ``cutline.jobs`` entry point (its partition, the streaming run, the sensors).
 
-A streaming run of clicks_per_user reads input that keeps arriving; its checkpoint root is on the
-S3 server, given only in the run's resource config (not in the deployment's settings). Its Spark
-driver is killed with SIGKILL: ``restore_on_failure`` launches a restore run with the failed run's
-whole config (the S3 root included) that restores the latest checkpoint from the local copies,
-with the failed attempt's allocation as hints. Then that run's own Dagster process is killed: the
-driver notices and stops, ``streaming_heartbeat`` marks the run failed, and a third run restores
-and runs to the end. No checkpoint is marked CORRUPT, and the output equals what the input says it
-must be (pandas, tests/reference.py): nothing lost, nothing duplicated.
+Clicks keep arriving; the checkpoint root is on the S3 server, given only in the run's resource
+config (not in the deployment's settings), and snapshot uploads are slowed down so that
+checkpoints are pending. The Spark driver is killed with SIGKILL while a checkpoint's uploads
+are in flight: ``restore_on_failure`` launches a restore run with the failed run's whole config
+(the S3 root included) that restores the latest checkpoint from the local copies, with the failed
+attempt's allocation as hints. The restore run's driver is killed with SIGKILL too, and then the
+third run's own Dagster process: its driver notices and stops, ``streaming_heartbeat`` marks the
+run failed, and a fourth run restores and runs to the end. No checkpoint is marked CORRUPT, and
+the sessions equal what pandas computes from the input (tests/reference.py): nothing lost,
+nothing duplicated.
 """
 
 from __future__ import annotations
@@ -27,15 +31,17 @@ from dagster import AssetKey, DagsterRunStatus
 from orchestration.demo import DagsterProcesses, instance, launch_streaming_run, register_partitions
 from orchestration.partitions import DRIVER_PID_TAG, RESTORE_OF_TAG, WORKER_PID_TAG
 from spark_jobs.delta_catalog import read_delta
+from state.storage import open_storage
 from tests.e2e_util import ROOT, completed_checkpoints, report, wait_for
-from tests.reference import check_clicks
+from tests.reference import check_sessions
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
-JOB = "clicks_per_user"
+JOB = "sessions"  # registered by examples/sessions through the cutline.jobs entry point
 HOST = socket.gethostname()
-PER_PARTITION = 180_000  # clicks per partition, arriving at RATE records/s
+PER_PARTITION = 260_000  # clicks per partition, arriving at RATE records/s
 RATE = 2_400.0
+UPLOAD_DELAY_S = "3"  # every snapshot's asynchronous part starts this late
 
 
 def free_port() -> int:
@@ -92,31 +98,55 @@ def table_rows_dicts(path: Path) -> list[dict]:
     return read_delta(path, JOB).to_pylist()
 
 
-def test_dagster_restores_a_killed_driver_and_a_lost_run_process(tmp_path, s3_server, s3_bucket):
-    home = tmp_path / "home"
-    resources = {
-        "cutline_paths": {"checkpoint_root": f"s3://{s3_bucket}/checkpoints"},
-        "s3": {"endpoint_url": s3_server},
+def pending_checkpoints(home: Path, root: str, endpoint: str) -> list[int]:
+    """Checkpoint ids triggered (claimed) whose completion is not in the catalog yet: their
+    snapshots' uploads are in flight."""
+    paths = [info.path.split("/") for info in open_storage(root, endpoint_url=endpoint).list(JOB)]
+    claimed = {
+        int(p[1].removeprefix("chk-"))
+        for p in paths
+        if len(p) == 3 and p[1].startswith("chk-") and p[2] == "_claim"
     }
+    return sorted(claimed - {r["checkpoint_id"] for r in completed_checkpoints(home, JOB)})
+
+
+def driver_of(home: Path, **tags) -> int:
+    """The Spark driver's pid of the run with ``tags``, once it has reported it."""
+    wait_for(lambda: DRIVER_PID_TAG in getattr(run_where(home, **tags), "tags", {}), 120, "pid")
+    return int(run_where(home, **tags).tags[DRIVER_PID_TAG])
+
+
+def test_dagster_restores_a_users_job_after_driver_kills_and_a_lost_run_process(
+    tmp_path, s3_server, s3_bucket
+):
+    home = tmp_path / "home"
+    root = f"s3://{s3_bucket}/checkpoints"
+    resources = {"cutline_paths": {"checkpoint_root": root}, "s3": {"endpoint_url": s3_server}}
     (home / "log").mkdir(parents=True)
     generator = subprocess.Popen(
         [sys.executable, "-m", "spark_jobs.cli", "--home", str(home), "generate", "clicks",
          "--count", str(PER_PARTITION), "--rate", str(RATE), "--users", "5000"],
         cwd=ROOT,
     )  # fmt: skip
-    dagster = DagsterProcesses(home, free_port()).start()
+    slow_uploads = {"CUTLINE_FAULT_UPLOAD_DELAY_S": UPLOAD_DELAY_S}
+    dagster = DagsterProcesses(home, free_port(), env=slow_uploads).start()
     try:
         register_partitions(home)
         first = launch_streaming_run(dagster.client(), JOB, {"idle_timeout_s": 20.0}, resources)
 
-        # 1. kill -9 the Spark driver once two checkpoints completed
+        # 1. kill -9 the Spark driver while a checkpoint's uploads are in flight, once two
+        # checkpoints completed
         wait_for(lambda: len(completed_checkpoints(home, JOB)) >= 2, 300, "2 checkpoints")
-        run = run_where(home, **{"cutline/job": JOB})
-        assert run.run_id == first
-        wait_for(lambda: DRIVER_PID_TAG in run_where(home, **{"cutline/job": JOB}).tags, 60, "pid")
-        driver = int(run_where(home, **{"cutline/job": JOB}).tags[DRIVER_PID_TAG])
+        assert run_where(home, **{"cutline/job": JOB}).run_id == first
+        driver = driver_of(home, **{"cutline/job": JOB})
+        wait_for(lambda: pending_checkpoints(home, root, s3_server), 60, "a pending checkpoint")
+        pending = pending_checkpoints(home, root, s3_server)
         killed_at = time.time()
         os.kill(driver, signal.SIGKILL)
+        done = {r["checkpoint_id"] for r in completed_checkpoints(home, JOB)}
+        in_flight = [i for i in pending if i not in done]
+        report(f"\nkill -9 of the driver with checkpoints {in_flight} in flight")
+        assert in_flight, f"checkpoints {pending} completed before the kill"
 
         wait_for(lambda: run_where(home, **{RESTORE_OF_TAG: first}), 120, "a restore run")
         second = run_where(home, **{RESTORE_OF_TAG: first})
@@ -127,9 +157,7 @@ def test_dagster_restores_a_killed_driver_and_a_lost_run_process(tmp_path, s3_se
         assert config["restore"] == "latest" and config["idle_timeout_s"] == 20.0
         wait_for(lambda: first_batch_at(home, second.run_id), 180, "the restored first batch")
         recovery_s = first_batch_at(home, second.run_id) - killed_at
-        report(
-            f"\nkill -9 of the driver -> first micro-batch of the restore run: {recovery_s:.1f} s"
-        )
+        report(f"kill -9 of the driver -> first micro-batch of the restore run: {recovery_s:.1f} s")
         assert recovery_s < 120  # 38-49 s measured on this machine (target: 60 s)
 
         recoveries = table_rows_dicts(home / "warehouse" / "catalog" / "recoveries")
@@ -137,32 +165,41 @@ def test_dagster_restores_a_killed_driver_and_a_lost_run_process(tmp_path, s3_se
         assert (recovery["subtasks_local"], recovery["subtasks_remote"]) == (2, 0)
         assert json.loads(recovery["hints"]) == {"0": HOST, "1": HOST}
 
-        # 2. after a checkpoint, kill -9 the restore run's own process (the run worker) and the
-        # code server that launched it, which would otherwise report the death: as when the
-        # host goes away, nobody says the run ended; its driver stops heartbeating.
+        # 2. kill -9 the restore run's driver too, once it completed a checkpoint
         wait_for(
             lambda: any(r["attempt"] == 2 for r in completed_checkpoints(home, JOB)),
             180,
             "a checkpoint of attempt 2",
         )
+        os.kill(driver_of(home, **{RESTORE_OF_TAG: first}), signal.SIGKILL)
+        wait_for(lambda: run_where(home, **{RESTORE_OF_TAG: second.run_id}), 120, "a 2nd restore")
+        third = run_where(home, **{RESTORE_OF_TAG: second.run_id})
+        assert status(home, second.run_id) == DagsterRunStatus.FAILURE
+
+        # 3. after a checkpoint, kill -9 the third run's own process (the run worker) and the
+        # code server that launched it, which would otherwise report the death: as when the
+        # host goes away, nobody says the run ended; its driver stops heartbeating.
+        wait_for(
+            lambda: any(r["attempt"] == 3 for r in completed_checkpoints(home, JOB)),
+            180,
+            "a checkpoint of attempt 3",
+        )
         killed_at = time.time()
-        worker = int(run_where(home, **{RESTORE_OF_TAG: first}).tags[WORKER_PID_TAG])
+        worker = int(run_where(home, **{RESTORE_OF_TAG: second.run_id}).tags[WORKER_PID_TAG])
         os.kill(parent_pid(worker), signal.SIGKILL)
         os.kill(worker, signal.SIGKILL)
-        wait_for(
-            lambda: run_where(home, **{RESTORE_OF_TAG: second.run_id}), 300, "a second restore"
-        )
+        wait_for(lambda: run_where(home, **{RESTORE_OF_TAG: third.run_id}), 300, "a third restore")
         detected_s = time.time() - killed_at
         report(f"run process killed -> marked failed, restore requested: {detected_s:.1f} s")
-        assert status(home, second.run_id) == DagsterRunStatus.FAILURE
-        assert "driver lost" in failure_message(home, second.run_id)  # streaming_heartbeat
-        third = run_where(home, **{RESTORE_OF_TAG: second.run_id})
+        assert status(home, third.run_id) == DagsterRunStatus.FAILURE
+        assert "driver lost" in failure_message(home, third.run_id)  # streaming_heartbeat
+        fourth = run_where(home, **{RESTORE_OF_TAG: third.run_id})
 
-        # 3. the third run restores and runs to the end of the input
+        # 4. the fourth run restores and runs to the end of the input
         assert generator.wait(timeout=400) == 0
         finished = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
-        wait_for(lambda: status(home, third.run_id) in finished, 400, "the last run to finish")
-        assert status(home, third.run_id) == DagsterRunStatus.SUCCESS
+        wait_for(lambda: status(home, fourth.run_id) in finished, 400, "the last run to finish")
+        assert status(home, fourth.run_id) == DagsterRunStatus.SUCCESS
     finally:
         if generator.poll() is None:
             generator.kill()
@@ -171,9 +208,10 @@ def test_dagster_restores_a_killed_driver_and_a_lost_run_process(tmp_path, s3_se
     rows = attempts(home)
     assert [r["status"] for r in sorted(rows, key=lambda r: r["attempt"])] == [
         "LOST",  # killed -9: nobody said it ended until attempt 2 started
+        "LOST",
         "FAILED",  # its run process died: the driver stopped itself
         "FINISHED",
     ]
     assert all(r["status"] != "CORRUPT" for r in completed_checkpoints(home, JOB))
     assert not (home / "checkpoints").exists(), "nothing was written under the default root"
-    report(check_clicks(home))
+    report(check_sessions(home))
