@@ -1,0 +1,218 @@
+"""The barrier's return path on the driver: cuts and acks into the coordinator, off Spark's
+stream thread.
+
+A micro-batch that carried barrier *n* records its :class:`Cut` (where the sources, sinks,
+watermarks and counters stood at the barrier); each subtask's :class:`~state.acks.Ack` arrives in
+this attempt's inbox in durable storage once its upload is done. The :class:`AckPoller` thread
+hands both to the coordinator, which completes the checkpoint when it has all of them (writing
+the manifest, then committing the catalog row: state/coordinator.py) and notifies the run
+(spark_jobs/runtime/run.py ``on_complete``). Completion commits Delta transactions, so it runs
+here, never on Spark's stream thread, which a stopping query interrupts.
+
+:class:`CompactionRequests` serves a compaction request (spark_jobs/compaction.py) at a barrier:
+the named subtasks compact RocksDB before their snapshot, and the request is cleared once a
+checkpoint holding the compacted state completes.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from spark_jobs.delta_catalog import now_ms
+from spark_jobs.events import EventChannel
+from state.acks import Ack, ack_location, ack_path, inbox
+from state.compaction import (
+    COMPACT_REQUEST,
+    CompactionRequest,
+    CompactionRequestError,
+    clear_request,
+    read_request,
+)
+from state.coordinator import CheckpointCoordinator
+from state.manifest import CheckpointManifest
+from state.paths import JobLayout
+from state.storage import DurableStorage, StorageError
+
+Positions = dict[str, dict[str, int]]  # source -> partition -> position
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Where a checkpoint's barrier stood, recorded after its micro-batch: the sources'
+    positions, each sink's epoch, the stages' watermarks, where every epoch the sinks have not
+    committed ended, and the counters."""
+
+    checkpoint_id: int
+    positions: Positions
+    sink_epochs: dict[str, int]
+    watermarks: dict[str, int]
+    epoch_ends: dict[int, Positions]
+    counters: dict[str, int]
+
+
+class AckPoller:
+    """A thread that delivers cuts and this attempt's acks to the coordinator and expires
+    overdue checkpoints. Acks of older attempts are never delivered: their inboxes are
+    deleted at the start, and this attempt's acks once their checkpoint is no longer pending."""
+
+    def __init__(
+        self,
+        coordinator: CheckpointCoordinator,
+        storage: DurableStorage,
+        layout: JobLayout,
+        attempt: int,
+        tasks: list[tuple[str, int]],
+        log: Callable[[str], None],
+    ) -> None:
+        self.coordinator, self.storage, self.layout = coordinator, storage, layout
+        self.attempt, self.tasks, self.log = attempt, tasks, log
+        self._cuts: queue.Queue[Cut] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cutline-acks", daemon=True)
+
+    def record_cut(self, cut: Cut) -> None:
+        """Hand a barrier's cut to the coordinator (on the poller's thread)."""
+        self._cuts.put(cut)
+
+    def start(self) -> AckPoller:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout_s)
+
+    def _run(self) -> None:
+        seen: set[tuple[int, str, int]] = set()
+        self._drop_acks(lambda attempt, cid: attempt < self.attempt)  # older attempts' inboxes
+        while not self._stop.is_set():
+            try:
+                self._deliver_cuts()
+                self.coordinator.expire(now_ms())
+                for cid in self.coordinator.pending_ids():
+                    for op, subtask in self.tasks:
+                        if (cid, op, subtask) in seen:
+                            continue
+                        path = ack_path(self.layout, self.attempt, cid, op, subtask)
+                        if not self.storage.exists(path):
+                            continue
+                        seen.add((cid, op, subtask))
+                        ack = Ack.from_json(self.storage.get_bytes(path), source=path)
+                        self.coordinator.receive(ack, now_ms())
+                pending = set(self.coordinator.pending_ids())
+                self._drop_acks(lambda _, cid, live=pending: cid not in live, inbox(self.attempt))
+            except Exception as e:  # keep polling; persistent failures show up as timeouts
+                self.log(f"ack poller: {type(e).__name__}: {e}")
+            self._stop.wait(0.1)
+
+    def _deliver_cuts(self) -> None:
+        while not self._cuts.empty():
+            cut = self._cuts.get_nowait()
+            self.coordinator.record_cut(
+                cut.checkpoint_id,
+                cut.positions,
+                now_ms(),
+                sink_epochs=cut.sink_epochs,
+                watermarks=cut.watermarks,
+                epoch_ends=cut.epoch_ends,
+                counters=cut.counters,
+            )
+
+    def _drop_acks(self, stale, prefix: str = "_acks") -> None:
+        """Delete the acks under ``prefix`` for which ``stale(attempt, checkpoint_id)`` holds."""
+        skip = len(self.layout.job_id) + 1  # storage paths are "<job>/<relative path>"
+        paths = [
+            info.path
+            for info in self.storage.list(self.layout.job_path(prefix))
+            if (where := ack_location(info.path[skip:])) is not None and stale(*where)
+        ]
+        if paths:
+            self.storage.delete_many(paths)
+
+
+@dataclass
+class _Serving:
+    checkpoint_id: int  # the first checkpoint whose snapshot holds the compacted state
+    request: CompactionRequest
+    compact_ms: float = 0.0
+
+
+class CompactionRequests:
+    """Serves the job's compaction request, one at a time: at the next barrier the named
+    subtasks (all, if it names none) compact RocksDB before their snapshot; once a checkpoint
+    with the compacted state completes, the request is cleared (after the log line and event,
+    so whoever waits for it to go sees them). An aborted checkpoint leaves it to the next
+    barrier."""
+
+    def __init__(
+        self,
+        storage: DurableStorage,
+        layout: JobLayout,
+        parallelism: int,
+        log: Callable[[str], None],
+        events: EventChannel,
+    ) -> None:
+        self.storage, self.layout, self.parallelism = storage, layout, parallelism
+        self.log, self.events = log, events
+        self._serving: _Serving | None = None
+
+    def subtasks_at(self, checkpoint_id: int | None) -> frozenset[int]:
+        """The subtasks that compact before ``checkpoint_id``'s snapshot: those of a pending
+        request, unless an earlier checkpoint is serving it already."""
+        if checkpoint_id is None or self._serving is not None:
+            return frozenset()
+        try:
+            request = read_request(self.storage, self.layout)
+        except CompactionRequestError as e:
+            self.log(f"{e}: removed")
+            self.storage.delete(self.layout.job_path(COMPACT_REQUEST))
+            return frozenset()
+        except StorageError as e:  # tried again at the next barrier
+            self.log(f"compaction request unreadable: {e}")
+            return frozenset()
+        if request is None:
+            return frozenset()
+        everyone = range(self.parallelism)
+        subtasks = frozenset(s for s in request.subtasks if s in everyone) or frozenset(everyone)
+        self._serving = _Serving(checkpoint_id, request)
+        self.log(
+            f"checkpoint {checkpoint_id}: subtasks {sorted(subtasks)} compact their state first"
+            f" ({request.reason or 'requested'})"
+        )
+        return subtasks
+
+    def compacted(self, checkpoint_id: int, compact_ms: float) -> None:
+        """The micro-batch of ``checkpoint_id`` ran; its slowest compaction took ``compact_ms``."""
+        serving = self._serving
+        if serving is not None and serving.checkpoint_id == checkpoint_id:
+            serving.compact_ms = compact_ms
+
+    def on_complete(self, manifest: CheckpointManifest, files_before: int) -> None:
+        serving = self._serving
+        if serving is None or manifest.checkpoint_id < serving.checkpoint_id:
+            return
+        self._serving = None
+        self.log(
+            f"state compacted at checkpoint {serving.checkpoint_id} in {serving.compact_ms:.0f} "
+            f"ms: a restore now reads {manifest.file_count} files (before: {files_before})"
+        )
+        self.events.emit(
+            "compacted",
+            {
+                "checkpoint_id": manifest.checkpoint_id,
+                "subtasks": sorted(serving.request.subtasks),
+                "files_before": files_before,
+                "files_after": manifest.file_count,
+                "compact_ms": serving.compact_ms,
+            },
+        )
+        clear_request(self.storage, self.layout, serving.request)
+
+    def on_aborted(self, checkpoint_id: int) -> None:
+        serving = self._serving
+        if serving is not None and serving.checkpoint_id == checkpoint_id:
+            self._serving = None  # the next barrier serves the request

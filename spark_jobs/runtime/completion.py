@@ -1,0 +1,102 @@
+"""What the driver does once the coordinator says a checkpoint is complete (its catalog row is
+committed) or aborted: Flink's notifyCheckpointComplete on the driver's side.
+
+Exactly once, the sinks commit their staged epochs through the checkpoint's (a failed commit
+fails the attempt; the restore redoes it); the committed epochs' ends are forgotten; the
+checkpoint's new shared files are registered in the catalog; a compaction request it served is
+cleared; it is reported. Runs on the ack poller's thread (spark_jobs/runtime/barrier.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from spark_jobs.delta_catalog import DeltaCatalog
+from spark_jobs.delta_sink import DeltaSinkWriter
+from spark_jobs.events import EventChannel
+from spark_jobs.runtime.barrier import CompactionRequests
+from spark_jobs.runtime.epoch_ends import EpochEnds
+from spark_jobs.runtime.progress import RunSummary
+from state.faults import kill_point
+from state.manifest import CheckpointManifest
+
+
+class Completion:
+    """The coordinator's listener for one attempt."""
+
+    def __init__(
+        self,
+        job_name: str,
+        sinks: Sequence[DeltaSinkWriter],
+        catalog: DeltaCatalog,
+        ends: EpochEnds,
+        compaction: CompactionRequests,
+        summary: RunSummary,
+        restored: CheckpointManifest | None,
+        *,
+        exactly_once: bool,
+        log: Callable[[str], None],
+        events: EventChannel,
+        fail: Callable[[str, BaseException | None], None],
+    ) -> None:
+        self.job_name, self.sinks, self.catalog = job_name, sinks, catalog
+        self.ends, self.compaction, self.summary = ends, compaction, summary
+        self.exactly_once, self.log, self.events, self.fail = exactly_once, log, events, fail
+        self._latest = restored
+        self._known_shared = {f.path for f in restored.files() if f.shared} if restored else set()
+
+    def on_checkpoint_complete(self, record, manifest: CheckpointManifest) -> None:
+        kill_point("catalog-committed")
+        committed = 0
+        if self.exactly_once:
+            try:
+                for sink in self.sinks:
+                    epoch = manifest.sink_epochs.get(sink.sink)
+                    if epoch is not None:
+                        rows = sink.commit_through(epoch, manifest.epoch_ends)
+                        committed += rows if sink is self.sinks[0] else 0
+            except Exception as e:  # the restore redoes the commit; never go on without it
+                self.fail(f"sink commit of checkpoint {manifest.checkpoint_id}: {e}", e)
+                return
+            self.ends.forget_through(manifest.batch_id)
+        self._register_shared_files(manifest)
+        self.compaction.on_complete(manifest, self._latest.file_count if self._latest else 0)
+        self._latest = manifest
+        self.summary.checkpoints.append(manifest.checkpoint_id)
+        self.log(
+            f"checkpoint {manifest.checkpoint_id} complete: batch {manifest.batch_id}, "
+            f"full {manifest.full_size:,} B, uploaded {manifest.uploaded_bytes:,} B, "
+            f"sink rows committed {committed}"
+        )
+        self.events.emit("checkpoint", {**record.to_dict(), "counters": manifest.counters})
+
+    def on_checkpoint_aborted(self, checkpoint_id: int, reason: str) -> None:
+        self.summary.aborted.append(checkpoint_id)
+        self.compaction.on_aborted(checkpoint_id)
+        self.log(f"checkpoint {checkpoint_id} aborted: {reason}")
+
+    def on_job_failed(self, error: BaseException) -> None:
+        self.fail(f"checkpointing failed: {error}", error)
+
+    def _register_shared_files(self, manifest: CheckpointManifest) -> None:
+        """Rows in ``shared_state_files`` for the shared files this checkpoint uploaded (GC
+        keeps the rest of the rows in line with storage)."""
+        new_files = [
+            {
+                "job_id": self.job_name,
+                "path": f.path,
+                "operator": h.operator,
+                "subtask": h.subtask,
+                "size": f.size,
+                "created_by": manifest.checkpoint_id,
+                "last_used": manifest.checkpoint_id,
+                "refcount": 1,
+                "status": "LIVE",
+            }
+            for h in manifest.subtasks
+            for f in h.files
+            if f.shared and f.path not in self._known_shared
+        ]
+        self._known_shared.update(f.path for f in manifest.files() if f.shared)
+        if new_files:
+            self.catalog.record_shared_files(new_files)

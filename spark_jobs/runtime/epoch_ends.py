@@ -1,0 +1,108 @@
+"""Where each micro-batch (epoch) ended in the sources, and where a new attempt's micro-batches
+start: the record that lets a restore replay committed epochs exactly instead of emitting their
+output again (docs/design.md, section 5).
+
+Every micro-batch records its end; a checkpoint's cut carries the ends of the epochs the sinks
+have not committed yet (so a sink commit can record them in its Delta commit info), and they are
+forgotten once the sinks committed them. A restore from a checkpoint older than the sinks'
+last committed epoch reads the ends of the epochs in between from the sinks' commit history.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from spark_jobs.delta_sink import DeltaSinkWriter
+from spark_jobs.errors import NoRestorableCheckpointError
+from spark_jobs.job import JobDefinition
+from spark_jobs.sources import partitions_of
+from state.manifest import CheckpointManifest
+
+Positions = dict[str, dict[str, int]]  # source -> partition -> position
+
+
+class EpochEnds:
+    """The ends of the epochs the sinks have not committed (thread-safe: micro-batches record
+    them, checkpoint completion forgets them), and the committed ones read for a restore."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._uncommitted: dict[int, Positions] = {}
+        self._history: dict[int, dict[int, Positions]] = {}  # sink history after an epoch
+
+    def record(self, epoch: int, ends: Positions) -> dict[int, Positions]:
+        """``epoch`` ended at ``ends``; returns every uncommitted epoch's end (for a cut)."""
+        with self._lock:
+            self._uncommitted[epoch] = ends
+            return dict(self._uncommitted)
+
+    def forget_through(self, epoch: int) -> None:
+        """The sinks committed every epoch up to ``epoch``."""
+        with self._lock:
+            self._uncommitted = {e: p for e, p in self._uncommitted.items() if e > epoch}
+
+    def restore(self, manifest: CheckpointManifest, committed: int) -> None:
+        """Start from ``manifest``'s record of the epochs its sinks had not committed, less those
+        committed since (``committed``: the sinks' last committed epoch)."""
+        with self._lock:
+            self._uncommitted = {e: p for e, p in manifest.epoch_ends.items() if e > committed}
+
+    def committed_through(
+        self, manifest: CheckpointManifest, through: int, sinks: Sequence[DeltaSinkWriter]
+    ) -> dict[int, Positions]:
+        """Where each epoch after ``manifest``'s ended, up to ``through``: from the commit
+        history of the sink that committed furthest, and the checkpoint's own record of its
+        epochs the sinks had not committed. Raises :class:`NoRestorableCheckpointError` when an
+        epoch's end is unknown: it could not be replayed exactly."""
+        ends = self._history.get(manifest.batch_id)
+        if ends is None:  # read once per checkpoint: the start and the restore both need it
+            sink = max(sinks, key=lambda s: s.committed_epoch())
+            try:
+                ends = sink.committed_ends(manifest.batch_id)
+            except LookupError as e:
+                raise NoRestorableCheckpointError(
+                    f"restoring checkpoint {manifest.checkpoint_id} would emit committed output "
+                    f"again: {e}"
+                ) from e
+            self._history[manifest.batch_id] = ends
+        with self._lock:
+            known = {**self._uncommitted, **ends}
+        missing = [e for e in range(manifest.batch_id + 1, through + 1) if e not in known]
+        if missing:
+            raise NoRestorableCheckpointError(
+                f"restoring checkpoint {manifest.checkpoint_id}: no record of where epochs "
+                f"{missing} ended, so they cannot be replayed exactly"
+            )
+        return known
+
+
+def starting_point(
+    job: JobDefinition,
+    log_root: str,
+    manifest: CheckpointManifest | None,
+    committed: int,
+    exactly_once: bool,
+    ends: EpochEnds,
+    sinks: Sequence[DeltaSinkWriter],
+) -> tuple[int, Positions]:
+    """The epoch a new attempt's micro-batches continue after, and the positions they read from:
+    the checkpoint's (partitions it does not name: from their start), or, exactly once when the
+    sinks committed epochs after it (``committed``), where the last committed epoch ended,
+    which the restore reaches by replaying those epochs."""
+    base = manifest.source_positions if manifest else {}
+    positions: Positions = {}
+    for name in job.source_inputs:
+        parts, unread = partitions_of(job.source(name), log_root)
+        start = base.get(name, {})
+        positions[name] = {str(p): int(start.get(str(p), unread)) for p in parts}
+    if manifest is None:
+        return committed, positions  # epochs continue above the sinks' committed ones
+    if not exactly_once:
+        return max(manifest.batch_id, committed), positions
+    if committed <= manifest.batch_id:
+        ends.restore(manifest, committed)
+        return manifest.batch_id, positions
+    for name, parts in ends.committed_through(manifest, committed, sinks)[committed].items():
+        positions.setdefault(name, {}).update(parts)
+    return committed, positions

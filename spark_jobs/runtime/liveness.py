@@ -1,0 +1,55 @@
+"""The driver's liveness: a heartbeat in the catalog that orchestrators watch, and the two
+reasons a live driver stops itself: a newer attempt of its job has begun (it is superseded), or
+the orchestrator process that launched it is gone (so an orphaned driver never runs beside the
+restore that replaces it)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+from spark_jobs.delta_catalog import DeltaCatalog
+from state.catalog import FencedError
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def heartbeat(
+    catalog: DeltaCatalog,
+    job: str,
+    attempt: int,
+    every_s: float,
+    stop: threading.Event,
+    fail: Callable[[str, BaseException | None], None],
+    log: Callable[[str], None],
+    watch_pid: int | None = None,
+) -> None:
+    """Until ``stop``: every ``every_s`` record a heartbeat in ``streaming_jobs`` (an
+    orchestrator that sees it stop fails the run); fail the run if attempt ``attempt`` is
+    superseded or ``watch_pid`` is gone. A missed heartbeat is logged, not a failure."""
+    while not stop.wait(every_s):
+        if watch_pid is not None and not alive(watch_pid):
+            fail(f"the orchestrator process {watch_pid} is gone", None)
+            return
+        try:
+            catalog.heartbeat(job, attempt)
+            newest = catalog.newest_attempt(job)
+        except Exception as e:
+            log(f"heartbeat: {type(e).__name__}: {e}")
+            continue
+        if newest > attempt:
+            error = FencedError(
+                f"attempt {newest} of {job} has started: attempt {attempt} is superseded and stops"
+            )
+            fail(str(error), error)
+            return

@@ -1,0 +1,178 @@
+"""An attempt's micro-batches: each is one Spark job through every stage (spark_jobs/dataflow.py),
+planned with its barrier when the coordinator triggers a checkpoint.
+
+After a micro-batch the subtasks' statistics are folded into the attempt's
+:class:`~spark_jobs.runtime.progress.Progress`, its end is recorded
+(spark_jobs/runtime/epoch_ends.py), and at a barrier its :class:`~spark_jobs.runtime.barrier.Cut`
+goes to the ack poller, which completes the checkpoint once every subtask acked. At least once,
+the output is appended at once. The final checkpoint is a barrier with no records (Flink's
+stop-with-checkpoint); a replay runs committed epochs again, exactly as they ran, without output.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from spark_jobs.bad_records import bad_record_error
+from spark_jobs.dataflow import execute
+from spark_jobs.delta_catalog import now_ms
+from spark_jobs.delta_sink import DeltaSinkWriter
+from spark_jobs.recovery import ReplayEpoch
+from spark_jobs.runtime.barrier import AckPoller, CompactionRequests, Cut
+from spark_jobs.runtime.epoch_ends import EpochEnds
+from spark_jobs.runtime.progress import Progress, RunSummary
+from spark_jobs.sources import empty_frame, range_frame, tag_and_union
+from spark_jobs.subtask import BatchPlan, RunContext
+from state.coordinator import CheckpointCoordinator
+
+
+class MicroBatches:
+    """Runs one attempt's micro-batches. ``anchor`` (the restore's placement) is set before the
+    first; ``coordinator`` and ``acks`` before the first one that may carry a barrier."""
+
+    def __init__(
+        self,
+        spark,
+        ctx: RunContext,
+        log_root: str,
+        progress: Progress,
+        summary: RunSummary,
+        sinks: Sequence[DeltaSinkWriter],
+        ends: EpochEnds,
+        compaction: CompactionRequests,
+        *,
+        exactly_once: bool,
+        log: Callable[[str], None],
+        fail: Callable[[str, BaseException | None], None],
+    ) -> None:
+        self.spark, self.ctx, self.job, self.log_root = spark, ctx, ctx.job, log_root
+        self.progress, self.summary, self.sinks = progress, summary, sinks
+        self.ends, self.compaction, self.exactly_once = ends, compaction, exactly_once
+        self.log, self.fail = log, fail
+        self.anchor = None
+        self.coordinator: CheckpointCoordinator | None = None
+        self.acks: AckPoller | None = None
+
+    def tasks(self) -> list[tuple[str, int]]:
+        """Every (stage uid, subtask) of the job: the coordinator's tasks."""
+        return [(stage.uid, i) for stage in self.job.stages for i in range(self.job.parallelism)]
+
+    def run(self, df) -> tuple[int, int | None, int, bool]:
+        """The next micro-batch on ``df``, with a barrier if the coordinator triggers one.
+        Returns its epoch, checkpoint id, records, and whether a checkpoint was in flight."""
+        self.progress.epoch += 1
+        epoch = self.progress.epoch
+        pending = self.coordinator.trigger(epoch, None, now_ms())
+        cid = pending.checkpoint_id if pending else None
+        in_flight = bool(self.coordinator.pending_ids())
+        records = self._after(epoch, cid, self._execute(df, self._plan(epoch, cid)))
+        return epoch, cid, records, in_flight
+
+    def final_checkpoint(self, failed: Callable[[], bool], timeout_s: float = 120.0) -> None:
+        """A barrier with no records: commits all output. Fails the run unless the checkpoint
+        completes within ``timeout_s``."""
+        self.progress.epoch += 1
+        deadline = time.monotonic() + timeout_s
+        pending = None
+        while pending is None and time.monotonic() < deadline and not failed():
+            # max_concurrent may be reached: the pending ones finish first
+            pending = self.coordinator.trigger(self.progress.epoch, None, now_ms(), force=True)
+            if pending is None:
+                time.sleep(0.1)
+        if pending is None:
+            self.fail("no final checkpoint could be triggered", None)
+            return
+        cid = pending.checkpoint_id
+        frames = {n: empty_frame(self.spark, self.job, n) for n in self.job.source_inputs}
+        stats = self._execute(tag_and_union(self.job, frames), self._plan(self.progress.epoch, cid))
+        self._after(self.progress.epoch, cid, stats)
+        while time.monotonic() < deadline and not failed():
+            if cid in self.summary.checkpoints or cid in self.summary.aborted:
+                break
+            time.sleep(0.1)
+        if cid not in self.summary.checkpoints:
+            self.fail(f"final checkpoint {cid} did not complete", None)
+
+    def replay(self, epochs: list[ReplayEpoch]) -> None:
+        """Run committed micro-batches again, exactly as they ran (the same source ranges), with
+        no output: state and watermarks come out as they were."""
+        records = 0
+        for r in epochs:
+            frames = {
+                name: range_frame(
+                    self.spark, self.job, name, self.log_root, r.start[name], r.end[name]
+                )
+                for name in self.job.source_inputs
+            }
+            stats = self._execute(
+                tag_and_union(self.job, frames), self._plan(r.epoch, None, emit=False)
+            )
+            self.progress.fold(stats)
+            records += sum(s["records"] for s in stats)
+        self.summary.replayed_epochs = len(epochs)
+        self.log(
+            f"replayed epochs {epochs[0].epoch}..{epochs[-1].epoch} ({records:,} records) "
+            "without output: the sinks had committed them"
+        )
+
+    def _plan(self, epoch: int, checkpoint_id: int | None, *, emit: bool = True) -> BatchPlan:
+        coordinator = self.coordinator
+        latest = coordinator.latest_completed if coordinator else None
+        incremental = checkpoint_id is not None and self.job.checkpoint.incremental
+        return BatchPlan(
+            ctx=self.ctx,
+            epoch=epoch,
+            previous_epoch=epoch - 1,
+            checkpoint_id=checkpoint_id,
+            base_handles={
+                task: coordinator.base_handle(task) for task in self.tasks() if incremental
+            },
+            confirmed_checkpoint=latest.checkpoint_id if latest else None,
+            watermarks=dict(self.progress.watermarks),
+            compact=self.compaction.subtasks_at(checkpoint_id),
+            emit=emit,
+            processing_time=now_ms(),
+        )
+
+    def _execute(self, df, plan: BatchPlan) -> list[dict]:
+        """One micro-batch through every stage, each subtask on its slot's host. Returns the
+        subtasks' statistics."""
+        return execute(df, plan, self.anchor)
+
+    def _after(self, epoch: int, checkpoint_id: int | None, stats: list[dict]) -> int:
+        """Fold the statistics into the progress, record the epoch's end and a barrier's cut,
+        append at-least-once output; returns the records the first stage read."""
+        found = [r["first_bad"] for r in stats if r["first_bad"]]
+        if found and self.job.bad_records == "fail":
+            error = bad_record_error(found, sum(r["bad_records"] for r in stats))
+            self.fail(str(error), error)
+            return 0
+        first = self.job.stages[0].uid
+        records = sum(r["records"] for r in stats if r["stage"] == first)
+        progress = self.progress
+        progress.fold(stats)
+        self.summary.late_records += sum(r["late_records"] for r in stats)
+        self.summary.bad_records += sum(r["bad_records"] for r in stats)
+        ends = progress.position_copy()
+        uncommitted = self.ends.record(epoch, ends)
+        if checkpoint_id is not None:
+            self.compaction.compacted(checkpoint_id, max(r["compact_ms"] for r in stats))
+            sink_epochs = {s.sink: epoch for s in self.sinks}
+            self.acks.record_cut(
+                Cut(
+                    checkpoint_id,
+                    ends,
+                    sink_epochs,
+                    dict(progress.watermarks),
+                    uncommitted,
+                    dict(progress.counters),
+                )
+            )
+        if not self.exactly_once:
+            for sink in self.sinks:
+                sink.append_now(epoch, {epoch: ends})
+            self.ends.forget_through(epoch)
+        self.summary.batches += 1
+        self.summary.records += records
+        return records

@@ -1,0 +1,492 @@
+"""The driver of a checkpointed streaming job: one attempt, from its start to its stop.
+
+1. Start (spark_jobs/start.py, on a thread while the JVM starts): a new attempt that fences every
+   older one, the sinks fenced, the checkpoint to restore chosen and its sink commit redone.
+2. Restore (spark_jobs/recovery.py), on a thread beside the streaming query's start: every
+   subtask's working state local-first, placed on the host its executor hint names, falling back
+   past checkpoints that fail their checksums; then the epochs the sinks committed after the
+   restored checkpoint are replayed without output. The first micro-batch waits for it.
+3. Run the streaming query from the positions the restore ends at (runtime/epoch_ends.py). Each
+   micro-batch (in ``foreachBatch``, runtime/micro_batches.py) is one Spark job through every
+   stage, each subtask on the host that holds its working state (placement.py); at a barrier each
+   takes its synchronous snapshot. The ack poller (runtime/barrier.py) delivers the cut and the
+   subtasks' acks to the coordinator, so uploads never hold up the next micro-batch; a completed
+   checkpoint commits the sinks (runtime/completion.py).
+4. Stop (max batches or idle): take a final checkpoint, wait for it, commit, mark FINISHED.
+
+An attempt that learns that a newer one has started (its checkpoint or sink commit is fenced, or
+its heartbeat sees the newer attempt: runtime/liveness.py) stops at once (exit 3); it could not
+commit anything anyway.
+
+Threads: Spark's stream thread runs the micro-batches, the restore thread runs before the first
+(which waits for it), the ack poller completes checkpoints, the heartbeat watches liveness; the
+main thread watches the query and stops the run. They share the failure (set once) and the stop
+event; the progress is written by the micro-batches alone.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from spark_jobs.delta_catalog import DeltaCatalog, now_ms
+from spark_jobs.errors import AttemptFailedError, NonRetryableError, UserCodeError
+from spark_jobs.events import EventChannel
+from spark_jobs.job import JobDefinition
+from spark_jobs.keyed_process import USER_ERROR_MARKER, user_error_text
+from spark_jobs.placement import anchor_rdd, executor_hosts, lost_subtasks, preferred_hosts
+from spark_jobs.recovery import Restored, recovery_row, replay_epochs, restore_with_fallback
+from spark_jobs.runtime.barrier import AckPoller, CompactionRequests
+from spark_jobs.runtime.completion import Completion
+from spark_jobs.runtime.epoch_ends import EpochEnds, starting_point
+from spark_jobs.runtime.liveness import heartbeat
+from spark_jobs.runtime.micro_batches import MicroBatches
+from spark_jobs.runtime.progress import Progress, RunSummary
+from spark_jobs.settings import RuntimePaths
+from spark_jobs.sources import stream_frame, tag_and_union
+from spark_jobs.start import StartPlan, plan_start, sink_writers
+from spark_jobs.startup import StartupTimeline
+from spark_jobs.subtask import RunContext, warm_up_worker
+from state.catalog import FencedError
+from state.config import EXACTLY_ONCE
+from state.coordinator import CheckpointCoordinator
+from state.manifest import CheckpointManifest
+from state.paths import JobLayout
+from state.storage import open_storage
+
+HEARTBEAT_S = 10.0
+EXECUTOR_WAIT_S = 60.0  # how long a restore waits for executors on the hinted hosts
+HOST_CHECK_S = 2.0  # how often a run on a cluster checks that its subtasks' hosts have executors
+
+
+class StreamingRun:
+    """One attempt of a job on a Spark session."""
+
+    def __init__(
+        self,
+        spark,
+        job: JobDefinition,
+        paths: RuntimePaths,
+        *,
+        restore: str | int | None = "latest",
+        reset_sink: bool = False,
+        allow_non_restored: bool = False,
+        hints: dict[str, str] | None = None,
+        max_batches: int | None = None,
+        idle_timeout_s: float | None = None,
+        run_id: str = "",
+        log=None,
+        events: EventChannel | None = None,
+        heartbeat_s: float = HEARTBEAT_S,
+        watch_pid: int | None = None,
+        executor_wait_s: float = EXECUTOR_WAIT_S,
+        timeline: StartupTimeline | None = None,
+        plan: Future[StartPlan] | None = None,
+    ) -> None:
+        self.spark = spark
+        self.job = job
+        self.paths = paths
+        self.restore = restore
+        self.reset_sink = reset_sink
+        self.allow_non_restored = allow_non_restored
+        self.hints = hints or {}
+        self.max_batches = max_batches
+        self.idle_timeout_s = idle_timeout_s
+        self.run_id = run_id
+        self.events = events or EventChannel()
+        self.log = log or self.events.log
+        self.heartbeat_s = heartbeat_s
+        self.watch_pid = watch_pid
+        self.executor_wait_s = executor_wait_s
+        self.timeline = timeline or StartupTimeline()
+        self._early_plan = plan  # the attempt and checkpoint, decided while the session started
+        self.storage = open_storage(paths.checkpoint_root)
+        self.catalog = DeltaCatalog(spark, paths.warehouse)
+        self.layout = JobLayout(job.name)
+        self.exactly_once = job.checkpoint.mode == EXACTLY_ONCE
+        self._failure: str | None = None
+        self._error: BaseException | None = None  # the typed cause, when there is one
+        self._stop = threading.Event()  # stop taking micro-batches
+        self._restored = threading.Event()  # the working state is restored: micro-batches may run
+        self._shutdown = threading.Event()  # stop the heartbeat (after the final checkpoint)
+        self._batch_lock = threading.Lock()
+        self._last_progress = time.monotonic()
+        self._query_has_run = False
+        self._in_batch = False
+        # on a cluster, a host that loses its executors takes its subtasks' working state along
+        self._watch_hosts = not spark.sparkContext.master.startswith("local")
+        self.ends = EpochEnds()
+        self.progress = Progress(job)
+        self.allocation: dict[str, str] = {}
+        self.compaction = CompactionRequests(
+            self.storage, self.layout, job.parallelism, self.log, self.events
+        )
+        self.acks: AckPoller | None = None  # once the state is restored
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def fail(self, reason: str, error: BaseException | None = None) -> None:
+        """The attempt fails (the first reason given stands) and stops taking micro-batches."""
+        if self._failure is None:
+            self._failure, self._error = reason, error
+        self._stop.set()
+
+    def _plan_start(self) -> StartPlan:
+        if self._early_plan is not None:
+            plan = self._early_plan.result()
+            self.timeline.note_overlapped("attempt and checkpoint", plan.seconds)
+            self.timeline.mark("waiting for the plan")
+            return plan
+        plan = plan_start(
+            self.catalog,
+            self.storage,
+            self.job,
+            self.paths,
+            self.restore,
+            self.run_id,
+            self.log,
+            reset_sink=self.reset_sink,
+            allow_non_restored=self.allow_non_restored,
+        )
+        self.timeline.mark("attempt and checkpoint")
+        return plan
+
+    def run(self) -> RunSummary:
+        job = self.job
+        plan = self._plan_start()
+        self.attempt = plan.attempt
+        self.sinks = sink_writers(job, self.paths.warehouse, self.attempt)
+        manifest = plan.manifest
+        self.ctx = RunContext(
+            job=job,
+            attempt=self.attempt,
+            checkpoint_root=self.paths.checkpoint_root,
+            local_state_root=self.paths.local_state_root,
+            staging_root=str(self.sinks[0].staging_root),
+        )
+        self.summary = RunSummary(
+            job.name, self.attempt, manifest.checkpoint_id if manifest else None
+        )
+        self.batches = MicroBatches(
+            self.spark,
+            self.ctx,
+            self.paths.log_root,
+            self.progress,
+            self.summary,
+            self.sinks,
+            self.ends,
+            self.compaction,
+            exactly_once=self.exactly_once,
+            log=self.log,
+            fail=self.fail,
+        )
+        self.progress.adopt(manifest)
+        query = None
+        spark_checkpoint = tempfile.mkdtemp(prefix=f"cutline-{job.name}-query-")
+        try:
+            self.progress.epoch, self.progress.positions = starting_point(
+                job,
+                self.paths.log_root,
+                manifest,
+                plan.committed_epoch,
+                self.exactly_once,
+                self.ends,
+                self.sinks,
+            )
+            threading.Thread(
+                target=heartbeat,
+                args=(self.catalog, job.name, self.attempt, self.heartbeat_s, self._shutdown),
+                kwargs={"fail": self.fail, "log": self.log, "watch_pid": self.watch_pid},
+                name="cutline-heartbeat",
+                daemon=True,
+            ).start()
+            # The state restores on a thread of its own while the query starts: Spark starts
+            # its source and plans the first trigger meanwhile; the first micro-batch waits.
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cutline-restore") as pool:
+                restoring = pool.submit(self._restore_state, manifest, plan.fallbacks)
+                threading.Thread(target=self._warm_up, name="cutline-warm-up", daemon=True).start()
+                try:
+                    query = self._start_query(spark_checkpoint)
+                    self.timeline.mark("query started")
+                except BaseException:
+                    restoring.exception()  # wait for it; the query's error is the run's
+                    raise
+                restored = restoring.result()
+            self.timeline.mark("state restored")
+            self._start_checkpointing(restored.manifest)
+            self._restored.set()
+            self.events.emit(
+                "started",
+                {
+                    "attempt": self.attempt,
+                    "restored_from": self.summary.restored_from,
+                    "allocation": self.allocation,
+                    "restore_reports": self.summary.restore_reports,
+                },
+            )
+            self._last_progress = time.monotonic()
+            self._watch(query)
+            with self._batch_lock:  # let a running micro-batch finish; later ones are skipped
+                pass
+            query.stop()
+            query = None
+            if self._failure is None:
+                self.batches.final_checkpoint(lambda: self._failure is not None)
+        except Exception as e:  # the attempt failed: classified and raised below
+            self.fail(f"{type(e).__name__}: {e}", e)
+        finally:
+            self._stop.set()
+            self._restored.set()  # a micro-batch waiting for the restore is skipped
+            if query is not None:
+                query.stop()
+            self._shutdown.set()
+            if self.acks is not None:
+                self.acks.stop()
+            shutil.rmtree(spark_checkpoint, ignore_errors=True)
+            self._check_superseded()
+            self._record_end()
+        if self._failure:
+            if isinstance(self._error, NonRetryableError | FencedError):
+                raise self._error
+            if USER_ERROR_MARKER in self._failure:
+                raise UserCodeError(user_error_text(self._failure)) from self._error
+            raise AttemptFailedError(
+                f"{job.name} attempt {self.attempt} failed: {self._failure}"
+            ) from self._error
+        return self.summary
+
+    def _start_checkpointing(self, restored: CheckpointManifest | None) -> None:
+        """The coordinator, continuing after the restored checkpoint, with its listener and the
+        ack poller: from here on micro-batches may carry barriers."""
+        completion = Completion(
+            self.job.name,
+            self.sinks,
+            self.catalog,
+            self.ends,
+            self.compaction,
+            self.summary,
+            restored,
+            exactly_once=self.exactly_once,
+            log=self.log,
+            events=self.events,
+            fail=self.fail,
+        )
+        coordinator = CheckpointCoordinator(
+            self.job.name,
+            self.attempt,
+            self.job.checkpoint,
+            self.batches.tasks(),
+            self.storage,
+            self.catalog,
+            listeners=[completion],
+            restored=restored,
+            now_ms=now_ms(),
+            stages={stage.uid: stage.state_schema() for stage in self.job.stages},
+        )
+        self.acks = AckPoller(
+            coordinator, self.storage, self.layout, self.attempt, self.batches.tasks(), self.log
+        ).start()
+        self.batches.coordinator, self.batches.acks = coordinator, self.acks
+
+    def _check_superseded(self) -> None:
+        """A failed attempt that a newer one superseded failed because of it (its working state
+        was cleaned away, its commit fenced): say so, so that nobody restarts it."""
+        if self._failure is None or isinstance(self._error, FencedError):
+            return
+        try:
+            newest = self.catalog.newest_attempt(self.job.name)
+        except Exception:
+            return
+        if newest > self.attempt:
+            self._error = FencedError(
+                f"attempt {newest} of {self.job.name} has started: attempt {self.attempt} is "
+                f"superseded ({self._failure})"
+            )
+
+    def _record_end(self) -> None:
+        self.summary.failure = self._failure
+        self.summary.positions = self.progress.position_copy()
+        status = "FINISHED"
+        if isinstance(self._error, FencedError):
+            status = "SUPERSEDED"
+        elif self._failure:
+            status = "FAILED"
+        try:
+            self.catalog.set_job_status(self.job.name, self.attempt, status, self._failure or "")
+        except Exception as e:  # the run's own error matters more; the sensor sees the rest
+            self.log(f"could not record the attempt's end: {type(e).__name__}: {e}")
+
+    def _watch(self, query) -> None:
+        """Until the run stops: the query's health, lost hosts, and the idle timeout."""
+        hosts_checked, suspect = time.monotonic(), None
+        while not self._stop.wait(0.2):
+            if self._watch_hosts and time.monotonic() - hosts_checked > HOST_CHECK_S:
+                hosts_checked = time.monotonic()
+                lost = lost_subtasks(self.allocation, executor_hosts(self.spark.sparkContext))
+                if lost and lost == suspect:  # two checks in a row: not a registration race
+                    self.fail(
+                        f"executors lost on {sorted(lost)}, which held the working state of "
+                        f"subtasks {sorted(s for v in lost.values() for s in v)}: "
+                        "restore from the latest checkpoint"
+                    )
+                    # a micro-batch waiting for those subtasks' tasks would wait forever
+                    self.spark.sparkContext.cancelAllJobs()
+                suspect = lost or None
+            if query.exception() is not None:
+                self.fail(f"micro-batch failed: {query.exception()}")
+            elif not query.isActive:
+                self.fail("the streaming query stopped")
+            elif self.idle_timeout_s is not None and not self._idle(query):
+                self._last_progress = time.monotonic()  # idle time counts from here
+            elif (
+                self.idle_timeout_s is not None
+                and time.monotonic() - self._last_progress > self.idle_timeout_s
+            ):
+                self.log(f"no new input for {self.idle_timeout_s} s: stopping")
+                self._stop.set()
+
+    # -- start and restore -------------------------------------------------------------------
+
+    def _restore_state(self, manifest: CheckpointManifest | None, fallbacks: list[str]) -> Restored:
+        """Restore every subtask (falling back past checkpoints with positive evidence against
+        them), anchor the subtasks to their hosts, replay committed epochs, record the
+        recovery."""
+        job, started = self.job, time.perf_counter()
+        target = self.progress.epoch
+
+        def epoch_of(m: CheckpointManifest | None) -> int:
+            return m.batch_id if m is not None and self.exactly_once else target
+
+        restored = restore_with_fallback(
+            self.spark,
+            self.ctx,
+            self.catalog,
+            self.storage,
+            manifest,
+            epoch_of,
+            wanted=self.restore,
+            hints=self.hints,
+            executor_wait_s=self.executor_wait_s,
+            log=self.log,
+        )
+        restored.fallbacks[:0] = fallbacks
+        if restored.manifest is not manifest:
+            self.progress.adopt(restored.manifest)
+            self.summary.restored_from = restored.manifest.checkpoint_id
+        self.summary.restore_reports = restored.reports
+        self.allocation = {str(r["subtask"]): r["host"] for r in restored.reports}
+        sc = self.spark.sparkContext
+        # every micro-batch task of subtask i runs where subtask i was restored (placement.py)
+        self.batches.anchor = anchor_rdd(
+            sc, preferred_hosts(self.allocation, job.parallelism, executor_hosts(sc))
+        )
+        m = restored.manifest
+        if m is not None and epoch_of(m) < target:
+            ends = self.ends.committed_through(m, target, self.sinks)
+            self.batches.replay(replay_epochs(m, target, ends))
+        self.catalog.set_restored(
+            job.name, self.attempt, m.checkpoint_id if m else None, self.allocation
+        )
+        if m is not None:
+            row = recovery_row(
+                job.name, self.attempt, restored, self.hints, time.perf_counter() - started
+            )
+            self.catalog.record_recovery(row)
+            self.log(
+                f"restored checkpoint {m.checkpoint_id} (batch {m.batch_id}): "
+                f"{row['subtasks_local']} subtasks local, {row['subtasks_remote']} remote, "
+                f"{row['files_local'] + row['files_remote']} files: "
+                f"{row['bytes_local']:,} B local, {row['bytes_remote']:,} B remote"
+            )
+        self.timeline.note_overlapped("restore", time.perf_counter() - started)
+        return restored
+
+    def _start_query(self, spark_checkpoint: str):
+        positions = self.progress.positions
+        frames = {
+            name: stream_frame(
+                self.spark, self.job, name, self.paths.log_root, dict(positions[name])
+            )
+            for name in self.job.source_inputs
+        }
+        return (
+            tag_and_union(self.job, frames)
+            .writeStream.foreachBatch(self._process_batch)
+            .option("checkpointLocation", spark_checkpoint)
+            .queryName(f"cutline-{self.job.name}-{self.attempt}")
+            .start()
+        )
+
+    def _warm_up(self) -> None:
+        """Start the Python workers of Spark's SQL side (they are not the restore's) and load
+        what they run, with a tiny job of the first micro-batch's shape, beside the restore: a
+        cold start of them made the first micro-batch take about twice as long as the next
+        ones. Best effort: a failure only costs the first micro-batch that time."""
+        started = time.perf_counter()
+        p = self.job.parallelism
+        try:
+            (
+                self.spark.range(p, numPartitions=p)
+                .mapInArrow(warm_up_worker, "id long")
+                .mapInArrow(warm_up_worker, "id long")
+                .collect()
+            )
+        except Exception as e:
+            self.log(f"warming up Python workers failed (the first micro-batch does it): {e}")
+            return
+        self.timeline.note_overlapped("Python workers warmed", time.perf_counter() - started)
+
+    # -- micro-batches -----------------------------------------------------------------------
+
+    def _idle(self, query) -> bool:
+        """The query has run a trigger (on a loaded machine the first can take longer than the
+        idle timeout) and no micro-batch is running: a micro-batch longer than the idle timeout
+        is not idle time."""
+        if not self._query_has_run:
+            self._query_has_run = self.summary.batches > 0 or query.lastProgress is not None
+        return self._query_has_run and not self._in_batch
+
+    def _process_batch(self, df, spark_batch_id: int) -> None:
+        """``foreachBatch``: one micro-batch, unless the run is stopping."""
+        self._restored.wait()  # the query starts while the state restores
+        with self._batch_lock:  # a graceful stop waits for a running micro-batch
+            if not self._stop.is_set():
+                self._in_batch = True
+                try:
+                    self._run_batch(df)
+                finally:
+                    self._in_batch = False
+                    self._last_progress = time.monotonic()
+
+    def _run_batch(self, df) -> None:
+        first = not self.summary.batch_ms
+        if first:
+            self.timeline.mark("first trigger planned")
+        started = time.perf_counter()
+        epoch, cid, records, in_flight = self.batches.run(df)
+        ms = (time.perf_counter() - started) * 1000
+        self.summary.batch_ms.append(ms)
+        self.summary.batch_checkpointing.append(in_flight)
+        self.events.emit(
+            "batch", {"epoch": epoch, "records": records, "checkpoint": cid, "ms": round(ms, 1)}
+        )
+        if first:
+            self.timeline.mark("first micro-batch")
+            self.log(f"startup: {self.timeline.summary()}")
+            self.events.emit("startup", self.timeline.as_dict())
+        if self.max_batches is not None and self.summary.batches >= self.max_batches:
+            self._stop.set()
+
+
+def run_job(
+    spark,
+    job: JobDefinition,
+    paths: RuntimePaths,
+    **kwargs: Any,
+) -> RunSummary:
+    """Run one attempt of ``job`` (see :class:`StreamingRun` for the keyword arguments)."""
+    return StreamingRun(spark, job, paths, **kwargs).run()
