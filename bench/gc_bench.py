@@ -1,5 +1,5 @@
 """Retention GC benchmark: one job's catalog and primary storage at scale, collected by the real
-GC pass (``spark_jobs.gc.collect_garbage``) on local Spark and the local filesystem.
+GC pass (``spark_jobs.maintenance.gc.collect_garbage``) on local Spark and the local filesystem.
 
 The job (clicks_per_user: 2 subtasks, 2 retained) has ``--checkpoints`` checkpoints; each
 uploaded ``--shared-files / --checkpoints`` new shared SST files and 3 private files per subtask,
@@ -33,9 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from spark_jobs.delta_catalog import DeltaCatalog, now_ms  # noqa: E402
-from spark_jobs.gc import collect_garbage  # noqa: E402
+from spark_jobs.catalog.delta_catalog import DeltaCatalog, now_ms  # noqa: E402
 from spark_jobs.job_loader import get_job  # noqa: E402
+from spark_jobs.maintenance.gc import collect_garbage  # noqa: E402
 from spark_jobs.session import build_spark  # noqa: E402
 from spark_jobs.settings import RuntimePaths  # noqa: E402
 from state.catalog import CheckpointStatus, CompletedCheckpoint  # noqa: E402

@@ -33,13 +33,13 @@ import boto3
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from spark_jobs.delta_catalog import CatalogReader  # noqa: E402
+from spark_jobs.catalog.delta_catalog import CatalogReader  # noqa: E402
 from spark_jobs.job import DeltaSink, JobDefinition, LogSource  # noqa: E402
-from spark_jobs.local_log import append_records  # noqa: E402
 from spark_jobs.operators import EnrichWithLatest  # noqa: E402
-from spark_jobs.runtime import run_job  # noqa: E402
+from spark_jobs.runtime.run import run_job  # noqa: E402
 from spark_jobs.session import build_spark  # noqa: E402
 from spark_jobs.settings import RuntimePaths  # noqa: E402
+from spark_jobs.sources.local_log import append_records  # noqa: E402
 from spark_jobs.standalone import StandaloneCluster  # noqa: E402
 from state.config import CheckpointConfig  # noqa: E402
 from tests.moto_server import MotoServer  # noqa: E402

@@ -29,12 +29,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from spark_jobs.delta_catalog import CatalogReader  # noqa: E402
-from spark_jobs.generate import generate  # noqa: E402
+from spark_jobs.catalog.delta_catalog import CatalogReader  # noqa: E402
 from spark_jobs.job_loader import get_job  # noqa: E402
-from spark_jobs.runtime import run_job  # noqa: E402
+from spark_jobs.runtime.run import run_job  # noqa: E402
 from spark_jobs.session import build_spark  # noqa: E402
 from spark_jobs.settings import RuntimePaths  # noqa: E402
+from spark_jobs.sources.generate import generate  # noqa: E402
 
 # "warmup" runs first and is not reported: it absorbs JVM and Python worker warm-up.
 SETTINGS = {"warmup": 10**9, "off": 10**9, "10s": 10_000, "1s": 1_000}

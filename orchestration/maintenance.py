@@ -15,10 +15,10 @@ from dagster_pyspark import PySparkResource
 from pydantic import Field
 
 from orchestration.resources import CutlinePaths
-from spark_jobs.compaction import request_compaction
-from spark_jobs.delta_catalog import DeltaCatalog
-from spark_jobs.gc import collect_garbage
+from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.job_loader import job_names
+from spark_jobs.maintenance.compaction import request_compaction
+from spark_jobs.maintenance.gc import collect_garbage
 
 RETENTION_INTERVAL_S = 600  # between retention GC passes (retention_schedule)
 

@@ -33,7 +33,7 @@ def _core_demo(args: argparse.Namespace) -> int:
 
 def _checkpoints(args: argparse.Namespace) -> int:
     """A job's checkpoints from the catalog (read with delta-rs; no Spark)."""
-    from spark_jobs.delta_catalog import CatalogReader
+    from spark_jobs.catalog.delta_catalog import CatalogReader
 
     JobLayout(args.job)  # validates the name
     rows = CatalogReader(_paths(args).warehouse).checkpoints(args.job)
@@ -90,7 +90,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     """The main job on the embedded default: generate clicks, run clicks_per_user to the end."""
-    from spark_jobs.generate import generate, records_in
+    from spark_jobs.sources.generate import generate, records_in
 
     paths = _paths(args)
     if records_in(paths.log_root, "clicks", 0) == 0:
@@ -145,10 +145,10 @@ def _run(args: argparse.Namespace) -> int:
     from spark_jobs.events import open_events
     from spark_jobs.job import KafkaSource
     from spark_jobs.job_loader import ship_user_code
-    from spark_jobs.runtime import run_job
+    from spark_jobs.runtime.run import run_job
+    from spark_jobs.runtime.start import abandon_plan, plan_start_early
+    from spark_jobs.runtime.startup import StartupTimeline
     from spark_jobs.session import build_spark
-    from spark_jobs.start import abandon_plan, plan_start_early
-    from spark_jobs.startup import StartupTimeline
 
     timeline = StartupTimeline()
     job = job_for_run(args)
@@ -215,8 +215,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    """One retention GC pass over a job's checkpoints (see spark_jobs.gc)."""
-    from spark_jobs.gc import collect_garbage
+    """One retention GC pass over a job's checkpoints (see spark_jobs.maintenance.gc)."""
+    from spark_jobs.maintenance.gc import collect_garbage
     from spark_jobs.session import build_spark
 
     spark = build_spark(args.master or _settings(args).spark_master, f"cutline-gc-{args.job}")
@@ -237,7 +237,7 @@ def _gc(args: argparse.Namespace) -> int:
 
 def _compact(args: argparse.Namespace) -> int:
     """Ask a job to compact its state at its next barrier if its chain of files is too long."""
-    from spark_jobs.compaction import request_compaction
+    from spark_jobs.maintenance.compaction import request_compaction
 
     d = request_compaction(
         args.job,
@@ -266,7 +266,7 @@ def _compact(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from spark_jobs.generate import generate
+    from spark_jobs.sources.generate import generate
 
     root = _paths(args).log_root
     n = generate(
@@ -317,8 +317,8 @@ def _restore_choice(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from spark_jobs.generate import KINDS
     from spark_jobs.job import BAD_RECORD_POLICIES
+    from spark_jobs.sources.generate import KINDS
 
     parser = argparse.ArgumentParser(prog="cutline", description=__doc__)
     parser.add_argument(

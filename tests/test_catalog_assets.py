@@ -11,11 +11,11 @@ from dagster import instance_for_test, materialize
 import orchestration.assets.checks as checks
 from orchestration.assets.catalog import completed_checkpoints, shared_state_files, streaming_jobs
 from orchestration.resources import CutlinePaths, S3Resource
-from spark_jobs.delta_catalog import DeltaCatalog
-from spark_jobs.generate import generate
+from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.job_loader import get_job
-from spark_jobs.runtime import run_job
+from spark_jobs.runtime.run import run_job
 from spark_jobs.settings import RuntimePaths
+from spark_jobs.sources.generate import generate
 from state.restore import read_manifest
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

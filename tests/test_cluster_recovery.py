@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs.delta_catalog import read_delta
-from spark_jobs.generate import generate
+from spark_jobs.catalog.delta_catalog import read_delta
+from spark_jobs.sources.generate import generate
 from spark_jobs.standalone import StandaloneCluster
 from tests.e2e_util import (
     completed_checkpoints,

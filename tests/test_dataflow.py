@@ -9,13 +9,13 @@ import dataclasses
 import pyarrow as pa
 import pytest
 
-from spark_jobs.dataflow import empty_input, rekey, split_by_subtask
 from spark_jobs.examples import clicks_per_user
 from spark_jobs.job import DeltaSink
 from spark_jobs.keyed_process import SOURCE_COLUMN
-from spark_jobs.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from spark_jobs.operators import KeyedAggregate
-from spark_jobs.subtask import KEY_GROUP_COLUMN, SUBTASK_COLUMN, read_chunks
+from spark_jobs.runtime.dataflow import empty_input, rekey, split_by_subtask
+from spark_jobs.runtime.subtask import KEY_GROUP_COLUMN, SUBTASK_COLUMN, read_chunks
+from spark_jobs.sources.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from state.keygroups import key_group_of, key_group_range
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from spark_jobs.delta_catalog import TABLES, DeltaCatalog, _is_conflict
+from spark_jobs.catalog.delta_catalog import TABLES, DeltaCatalog, _is_conflict
 from state.catalog import CheckpointStatus, CompletedCheckpoint, FencedError
 from tests.e2e_util import report
 
@@ -130,8 +130,8 @@ def test_a_start_is_planned_without_spark_while_the_session_starts(spark, tmp_pa
 
     from spark_jobs.errors import ConfigurationError, NoRestorableCheckpointError
     from spark_jobs.job_loader import get_job
+    from spark_jobs.runtime.start import plan_start
     from spark_jobs.settings import RuntimePaths
-    from spark_jobs.start import plan_start
     from state.handles import StateFile, SubtaskStateHandle
     from state.keygroups import KeyGroupRange
     from state.manifest import CheckpointManifest

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from spark_jobs.delta_catalog import read_delta
-from spark_jobs.delta_sink import DeltaSinkWriter, staging_dir
+from spark_jobs.catalog.delta_catalog import read_delta
+from spark_jobs.sinks.delta_sink import DeltaSinkWriter, staging_dir
 from state.catalog import FencedError
 
 ENDS = {e: {"clicks": {"0": 100 * e, "1": 90 * e}} for e in range(10)}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs.generate import generate
+from spark_jobs.sources.generate import generate
 from state.faults import ENV as KILL_ENV
 from state.faults import KILL_POINTS
 from tests.e2e_util import cutline, finish, kill_driver, report, run_to_end

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from spark_jobs.delta_catalog import read_delta
-from spark_jobs.generate import generate
+from spark_jobs.catalog.delta_catalog import read_delta
+from spark_jobs.sources.generate import generate
 from state.faults import ENV as KILL_ENV
 from tests.e2e_util import (
     ROOT,

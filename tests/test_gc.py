@@ -15,11 +15,11 @@ from deltalake import DeltaTable
 
 from orchestration.definitions import defs
 from orchestration.resources import CutlinePaths
-from spark_jobs.delta_catalog import TABLES, CatalogReader
-from spark_jobs.gc import FAULT_PAUSE, FAULT_PAUSED, collect_garbage
-from spark_jobs.generate import generate
+from spark_jobs.catalog.delta_catalog import TABLES, CatalogReader
 from spark_jobs.job_loader import get_job
+from spark_jobs.maintenance.gc import FAULT_PAUSE, FAULT_PAUSED, collect_garbage
 from spark_jobs.settings import RuntimePaths
+from spark_jobs.sources.generate import generate
 from state.catalog import CheckpointStatus
 from state.compaction import read_request
 from state.paths import JobLayout

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from spark_jobs.generate import _records
+from spark_jobs.sources.generate import _records
 from tests.e2e_util import (
     completed_checkpoints,
     cutline,

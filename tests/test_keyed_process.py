@@ -17,7 +17,7 @@ from spark_jobs.keyed_process import (
     UserFunctionError,
     user_error_text,
 )
-from spark_jobs.subtask import write_progress
+from spark_jobs.runtime.subtask import write_progress
 from state.keygroups import KeyGroupRange
 from state.rocksdb_store import RocksDBStore
 from state.state_types import MapStateSpec, Ttl, ValueStateSpec

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.compute
 import pytest
 
-from spark_jobs.generate import PAYLOAD_BYTES, _records, generate, records_in
-from spark_jobs.local_log import (
+from spark_jobs.sources.generate import PAYLOAD_BYTES, _records, generate, records_in
+from spark_jobs.sources.local_log import (
     append_records,
     complete_size,
     offset_after_records,
@@ -104,7 +104,7 @@ def test_events_carry_a_payload_of_fixed_size():
 
 @pytest.mark.spark
 def test_spark_stream_reads_bounded_batches_from_recorded_positions(spark, tmp_path):
-    from spark_jobs.local_log import register_data_source
+    from spark_jobs.sources.local_log import register_data_source
 
     for p in (0, 1):
         append_records(tmp_path, "t", p, lines(25, start=100 * p))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs.generate import generate
+from spark_jobs.sources.generate import generate
 from state.manifest import CheckpointManifest
 from tests.e2e_util import completed_checkpoints, cutline, finish, last_line, report, run_to_end
 from tests.reference import check_clicks, output

@@ -30,7 +30,7 @@ from orchestration.restart import Liveness
 from orchestration.sensors.partitions import register_streaming_jobs
 from orchestration.sensors.restore import STRATEGY, restore_on_failure
 from orchestration.streaming import streaming_job
-from spark_jobs.delta_catalog import DeltaCatalog
+from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.job_loader import job_names
 
 pytestmark = pytest.mark.spark

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_jobs.generate import generate
+from spark_jobs.sources.generate import generate
 from tests.e2e_util import completed_checkpoints, cutline, finish, last_line, report, run_to_end
 from tests.reference import check_country_clicks, check_sessions, output, read_log
 from tests.test_bad_records import BAD_LINES, log_with_bad_records

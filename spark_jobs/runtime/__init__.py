@@ -1,6 +1,9 @@
-"""The driver's runtime: one attempt of a job (run.py), the barrier's return path (barrier.py),
-and where epochs ended and the next ones start (epoch_ends.py)."""
+"""The runtime of a job on Spark. The driver's side: one attempt's lifecycle (run.py), its
+micro-batches (micro_batches.py), what it reached (progress.py), the barrier's return path
+(barrier.py), checkpoint completion (completion.py), where epochs ended (epoch_ends.py),
+liveness (liveness.py); the start's decisions (start.py), restore and replay (recovery.py), the
+startup timeline (startup.py). The executors' side: one subtask of one micro-batch
+(subtask.py), a micro-batch through the chain of stages (dataflow.py), slot placement
+(placement.py).
 
-from spark_jobs.runtime.run import RunSummary, StreamingRun, run_job
-
-__all__ = ["RunSummary", "StreamingRun", "run_job"]
+Nothing is imported here: executors import subtask.py and dataflow.py alone."""

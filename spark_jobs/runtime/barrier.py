@@ -9,9 +9,10 @@ the manifest, then committing the catalog row: state/coordinator.py) and notifie
 (spark_jobs/runtime/run.py ``on_complete``). Completion commits Delta transactions, so it runs
 here, never on Spark's stream thread, which a stopping query interrupts.
 
-:class:`CompactionRequests` serves a compaction request (spark_jobs/compaction.py) at a barrier:
-the named subtasks compact RocksDB before their snapshot, and the request is cleared once a
-checkpoint holding the compacted state completes.
+:class:`CompactionRequests` serves a compaction request
+(spark_jobs/maintenance/compaction.py) at a barrier: the named subtasks compact RocksDB before
+their snapshot, and the request is cleared once a checkpoint holding the compacted state
+completes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from spark_jobs.delta_catalog import now_ms
+from spark_jobs.catalog.delta_catalog import now_ms
 from spark_jobs.events import EventChannel
 from state.acks import Ack, ack_location, ack_path, inbox
 from state.compaction import (

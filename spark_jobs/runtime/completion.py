@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from spark_jobs.delta_catalog import DeltaCatalog
-from spark_jobs.delta_sink import DeltaSinkWriter
+from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.events import EventChannel
 from spark_jobs.runtime.barrier import CompactionRequests
 from spark_jobs.runtime.epoch_ends import EpochEnds
 from spark_jobs.runtime.progress import RunSummary
+from spark_jobs.sinks.delta_sink import DeltaSinkWriter
 from state.faults import kill_point
 from state.manifest import CheckpointManifest
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from spark_jobs.delta_sink import DeltaSinkWriter
 from spark_jobs.errors import NoRestorableCheckpointError
 from spark_jobs.job import JobDefinition
-from spark_jobs.sources import partitions_of
+from spark_jobs.sinks.delta_sink import DeltaSinkWriter
+from spark_jobs.sources.frames import partitions_of
 from state.manifest import CheckpointManifest
 
 Positions = dict[str, dict[str, int]]  # source -> partition -> position

@@ -9,7 +9,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from spark_jobs.delta_catalog import DeltaCatalog
+from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from state.catalog import FencedError
 
 

@@ -1,5 +1,6 @@
-"""An attempt's micro-batches: each is one Spark job through every stage (spark_jobs/dataflow.py),
-planned with its barrier when the coordinator triggers a checkpoint.
+"""An attempt's micro-batches: each is one Spark job through every stage
+(spark_jobs/runtime/dataflow.py), planned with its barrier when the coordinator triggers a
+checkpoint.
 
 After a micro-batch the subtasks' statistics are folded into the attempt's
 :class:`~spark_jobs.runtime.progress.Progress`, its end is recorded
@@ -14,16 +15,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from spark_jobs.bad_records import bad_record_error
-from spark_jobs.dataflow import execute
-from spark_jobs.delta_catalog import now_ms
-from spark_jobs.delta_sink import DeltaSinkWriter
-from spark_jobs.recovery import ReplayEpoch
+from spark_jobs.catalog.delta_catalog import now_ms
 from spark_jobs.runtime.barrier import AckPoller, CompactionRequests, Cut
+from spark_jobs.runtime.dataflow import execute
 from spark_jobs.runtime.epoch_ends import EpochEnds
 from spark_jobs.runtime.progress import Progress, RunSummary
-from spark_jobs.sources import empty_frame, range_frame, tag_and_union
-from spark_jobs.subtask import BatchPlan, RunContext
+from spark_jobs.runtime.recovery import ReplayEpoch
+from spark_jobs.runtime.subtask import BatchPlan, RunContext
+from spark_jobs.sinks.delta_sink import DeltaSinkWriter
+from spark_jobs.sources.bad_records import bad_record_error
+from spark_jobs.sources.frames import empty_frame, range_frame, tag_and_union
 from state.coordinator import CheckpointCoordinator
 
 

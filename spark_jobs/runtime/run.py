@@ -1,8 +1,9 @@
 """The driver of a checkpointed streaming job: one attempt, from its start to its stop.
 
-1. Start (spark_jobs/start.py, on a thread while the JVM starts): a new attempt that fences every
-   older one, the sinks fenced, the checkpoint to restore chosen and its sink commit redone.
-2. Restore (spark_jobs/recovery.py), on a thread beside the streaming query's start: every
+1. Start (spark_jobs/runtime/start.py, on a thread while the JVM starts): a new attempt that
+   fences every older one, the sinks fenced, the checkpoint to restore chosen and its sink commit
+   redone.
+2. Restore (spark_jobs/runtime/recovery.py), on a thread beside the streaming query's start: every
    subtask's working state local-first, placed on the host its executor hint names, falling back
    past checkpoints that fail their checksums; then the epochs the sinks committed after the
    restored checkpoint are replayed without output. The first micro-batch waits for it.
@@ -33,24 +34,24 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from spark_jobs.delta_catalog import DeltaCatalog, now_ms
+from spark_jobs.catalog.delta_catalog import DeltaCatalog, now_ms
 from spark_jobs.errors import AttemptFailedError, NonRetryableError, UserCodeError
 from spark_jobs.events import EventChannel
 from spark_jobs.job import JobDefinition
 from spark_jobs.keyed_process import USER_ERROR_MARKER, user_error_text
-from spark_jobs.placement import anchor_rdd, executor_hosts, lost_subtasks, preferred_hosts
-from spark_jobs.recovery import Restored, recovery_row, replay_epochs, restore_with_fallback
 from spark_jobs.runtime.barrier import AckPoller, CompactionRequests
 from spark_jobs.runtime.completion import Completion
 from spark_jobs.runtime.epoch_ends import EpochEnds, starting_point
 from spark_jobs.runtime.liveness import heartbeat
 from spark_jobs.runtime.micro_batches import MicroBatches
+from spark_jobs.runtime.placement import anchor_rdd, executor_hosts, lost_subtasks, preferred_hosts
 from spark_jobs.runtime.progress import Progress, RunSummary
+from spark_jobs.runtime.recovery import Restored, recovery_row, replay_epochs, restore_with_fallback
+from spark_jobs.runtime.start import StartPlan, plan_start, sink_writers
+from spark_jobs.runtime.startup import StartupTimeline
+from spark_jobs.runtime.subtask import RunContext, warm_up_worker
 from spark_jobs.settings import RuntimePaths
-from spark_jobs.sources import stream_frame, tag_and_union
-from spark_jobs.start import StartPlan, plan_start, sink_writers
-from spark_jobs.startup import StartupTimeline
-from spark_jobs.subtask import RunContext, warm_up_worker
+from spark_jobs.sources.frames import stream_frame, tag_and_union
 from state.catalog import FencedError
 from state.config import EXACTLY_ONCE
 from state.coordinator import CheckpointCoordinator

@@ -8,10 +8,11 @@ instead of failing: that is positive evidence against the checkpoint, which
 
 Replaying committed epochs. A restore from checkpoint *k* whose sinks already committed epochs
 after *k*'s (a fallback past damaged checkpoints, or an explicit ``--restore ID``) must not emit
-those epochs again. The sinks recorded where each committed epoch ended (spark_jobs/delta_sink.py),
-so the driver replays exactly those micro-batches, from the same source ranges and in the same
-order, with their output suppressed: the state (and the watermark) comes out as it was when the
-sinks committed them, and the first new micro-batch continues from there.
+those epochs again. The sinks recorded where each committed epoch ended
+(spark_jobs/sinks/delta_sink.py), so the driver replays exactly those micro-batches, from the
+same source ranges and in the same order, with their output suppressed: the state (and the
+watermark) comes out as it was when the sinks committed them, and the first new micro-batch
+continues from there.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_jobs.errors import NoRestorableCheckpointError
-from spark_jobs.placement import executor_hosts, placed_rdd, preferred_hosts, wait_for_hosts
-from spark_jobs.start import select_checkpoint
-from spark_jobs.subtask import RunContext, prepare_slot
+from spark_jobs.runtime.placement import executor_hosts, placed_rdd, preferred_hosts, wait_for_hosts
+from spark_jobs.runtime.start import select_checkpoint
+from spark_jobs.runtime.subtask import RunContext, prepare_slot
 from state.manifest import CheckpointManifest
 
 Positions = dict[str, dict[str, int]]  # source -> partition -> position

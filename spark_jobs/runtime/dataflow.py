@@ -24,9 +24,8 @@ import pyarrow.compute as pc
 
 from spark_jobs.job import JobDefinition, Operator
 from spark_jobs.keyed_process import SOURCE_COLUMN
-from spark_jobs.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
-from spark_jobs.placement import pin_to_anchor, subtask_partition
-from spark_jobs.subtask import (
+from spark_jobs.runtime.placement import pin_to_anchor, subtask_partition
+from spark_jobs.runtime.subtask import (
     KEY_COLUMN,
     KEY_GROUP_COLUMN,
     SUBTASK_COLUMN,
@@ -34,6 +33,7 @@ from spark_jobs.subtask import (
     read_chunks,
     run_subtask,
 )
+from spark_jobs.sources.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from state.keygroups import key_groups, spark_key_group_sql, subtask_for_key_group
 
 CHUNKS_SCHEMA = "subtask int, chunk binary"  # split_by_subtask's output

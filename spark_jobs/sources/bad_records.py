@@ -1,7 +1,7 @@
 """What happens to a record that cannot be processed (the job's ``bad_records`` policy).
 
 Sources never fail on a bad record: they return it with null fields and the reason, the raw
-record and its offset (spark_jobs/sources.py). In the subtask that receives it:
+record and its offset (spark_jobs/sources/frames.py). In the subtask that receives it:
 
 - ``fail`` (the default): the record is left out and reported; the driver then fails the attempt
   with one line that names the source, partition, offset and reason, as a non-retryable error
@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from spark_jobs.errors import BadRecordError
 from spark_jobs.keyed_process import SOURCE_COLUMN
-from spark_jobs.local_log import BAD_OFFSET, BAD_RAW, BAD_REASON, PARTITION_COLUMN
+from spark_jobs.sources.local_log import BAD_OFFSET, BAD_RAW, BAD_REASON, PARTITION_COLUMN
 
 DEAD_LETTER_SCHEMA = pa.schema(
     [

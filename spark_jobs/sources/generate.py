@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spark_jobs.local_log import append_records, complete_size, partition_path
+from spark_jobs.sources.local_log import append_records, complete_size, partition_path
 
 KINDS = ("clicks", "orders", "profiles", "events")
 PAYLOAD_BYTES = 100  # of an "events" record

@@ -11,10 +11,10 @@ Every record carries ``_partition`` and ``_next_offset`` (the position after it)
 runtime takes the position at each cut. A record that cannot be processed (not JSON, a value of
 the wrong type, a null key) is not an error here: it is returned with null fields and the bad-record
 columns set (:data:`BAD_COLUMNS`: the reason, the raw line, its offset), and the job's policy
-decides what happens to it (spark_jobs/bad_records.py).
+decides what happens to it (spark_jobs/sources/bad_records.py).
 
 The same data source reads a fixed range of offsets as a batch (``startingOffsets`` to
-``endingOffsets``): a restore replays committed epochs exactly (spark_jobs/recovery.py).
+``endingOffsets``): a restore replays committed epochs exactly (spark_jobs/runtime/recovery.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Both kinds of source (the local log and Kafka) give every record its partition and the position
 after it (``_partition``, ``_next_offset``: the runtime takes the position at each cut from them)
 and the bad-record columns (``_bad_reason``, ``_bad_raw``, ``_bad_offset``: set on a record that is
-not a JSON object of the source's schema or has a null key; see spark_jobs/bad_records.py).
+not a JSON object of the source's schema or has a null key; see spark_jobs/sources/bad_records.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any
 from spark_jobs.errors import ConfigurationError, UserCodeError
 from spark_jobs.job import JobDefinition, KafkaSource, Source
 from spark_jobs.keyed_process import SOURCE_COLUMN
-from spark_jobs.local_log import (
+from spark_jobs.runtime.subtask import KEY_COLUMN
+from spark_jobs.sources.local_log import (
     BAD_DDL,
     BAD_OFFSET,
     BAD_RAW,
@@ -26,7 +27,6 @@ from spark_jobs.local_log import (
     register_data_source,
     topic_partitions,
 )
-from spark_jobs.subtask import KEY_COLUMN
 
 Positions = dict[str, int]  # partition -> position of the next record
 

@@ -10,8 +10,8 @@ micro-batch applied), applies the batch and records its progress, stages the sin
 this attempt's staging directory; a replayed epoch stages nothing), and at a barrier takes the
 synchronous snapshot and leaves the upload to a background thread, whose
 :class:`~state.acks.Ack` lands in this attempt's inbox in durable storage for the driver's
-coordinator. Bad records are split off first (spark_jobs/bad_records.py). It returns one small
-statistics dict.
+coordinator. Bad records are split off first (spark_jobs/sources/bad_records.py). It returns one
+small statistics dict.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from spark_jobs.bad_records import dead_letters, first_bad, split_bad
-from spark_jobs.delta_sink import EPOCH_COLUMN, staging_dir
 from spark_jobs.job import DEAD_LETTER_SINK, JobDefinition
 from spark_jobs.keyed_process import SOURCE_COLUMN, ProcessOperator
-from spark_jobs.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
+from spark_jobs.sinks.delta_sink import EPOCH_COLUMN, staging_dir
+from spark_jobs.sources.bad_records import dead_letters, first_bad, split_bad
+from spark_jobs.sources.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from state.acks import Ack, ack_path
 from state.faults import kill_point
 from state.handles import SubtaskStateHandle
@@ -185,7 +185,7 @@ def warm_up_worker(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
     """A mapInArrow body that passes its input through, run once at an attempt's start: the
     Python worker it runs in imports what a micro-batch's map side needs (this module, the log
     source's reader) and stays in Spark's pool for the first micro-batch."""
-    import spark_jobs.local_log  # noqa: F401 - the source's reader runs in these workers
+    import spark_jobs.sources.local_log  # noqa: F401 - the source's reader runs in these workers
 
     yield from batches
 

@@ -1,0 +1,1 @@
+"""The checkpoint catalog on Delta tables (delta_catalog.py)."""

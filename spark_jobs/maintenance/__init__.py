@@ -1,0 +1,1 @@
+"""Retention GC (gc.py) and state compaction requests (compaction.py)."""

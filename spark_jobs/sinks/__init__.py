@@ -1,0 +1,1 @@
+"""Output: the Delta sink, two-phase and fenced per attempt (delta_sink.py)."""
