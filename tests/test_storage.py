@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import boto3
 import pytest
 
-import state.storage as storage_mod
+import state.storage.local as storage_mod
 from state.paths import PathEscapeError
 from state.storage import (
     CorruptFileError,
