@@ -44,9 +44,9 @@ from spark_jobs.runtime.completion import Completion
 from spark_jobs.runtime.epoch_ends import EpochEnds, starting_point
 from spark_jobs.runtime.liveness import heartbeat
 from spark_jobs.runtime.micro_batches import MicroBatches
-from spark_jobs.runtime.placement import anchor_rdd, executor_hosts, lost_subtasks, preferred_hosts
+from spark_jobs.runtime.placement import executor_hosts, lost_subtasks
 from spark_jobs.runtime.progress import Progress, RunSummary
-from spark_jobs.runtime.recovery import Restored, recovery_row, replay_epochs, restore_with_fallback
+from spark_jobs.runtime.restore import AttemptRestore
 from spark_jobs.runtime.start import StartPlan, plan_start, sink_writers
 from spark_jobs.runtime.startup import StartupTimeline
 from spark_jobs.runtime.subtask import RunContext, warm_up_worker
@@ -208,7 +208,23 @@ class StreamingRun:
             # The state restores on a thread of its own while the query starts: Spark starts
             # its source and plans the first trigger meanwhile; the first micro-batch waits.
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cutline-restore") as pool:
-                restoring = pool.submit(self._restore_state, manifest, plan.fallbacks)
+                restore = AttemptRestore(
+                    self.spark,
+                    self.catalog,
+                    self.storage,
+                    self.sinks,
+                    self.ends,
+                    self.batches,
+                    self.progress,
+                    self.summary,
+                    self.restore,
+                    self.hints,
+                    self.executor_wait_s,
+                    self.exactly_once,
+                    self.log,
+                    self.timeline,
+                )
+                restoring = pool.submit(restore, manifest, plan.fallbacks)
                 threading.Thread(target=self._warm_up, name="cutline-warm-up", daemon=True).start()
                 try:
                     query = self._start_query(spark_checkpoint)
@@ -216,7 +232,7 @@ class StreamingRun:
                 except BaseException:
                     restoring.exception()  # wait for it; the query's error is the run's
                     raise
-                restored = restoring.result()
+                restored, self.allocation = restoring.result()
             self.timeline.mark("state restored")
             self._start_checkpointing(restored.manifest)
             self._restored.set()
@@ -350,61 +366,7 @@ class StreamingRun:
                 self.log(f"no new input for {self.idle_timeout_s} s: stopping")
                 self._stop.set()
 
-    # -- start and restore -------------------------------------------------------------------
-
-    def _restore_state(self, manifest: CheckpointManifest | None, fallbacks: list[str]) -> Restored:
-        """Restore every subtask (falling back past checkpoints with positive evidence against
-        them), anchor the subtasks to their hosts, replay committed epochs, record the
-        recovery."""
-        job, started = self.job, time.perf_counter()
-        target = self.progress.epoch
-
-        def epoch_of(m: CheckpointManifest | None) -> int:
-            return m.batch_id if m is not None and self.exactly_once else target
-
-        restored = restore_with_fallback(
-            self.spark,
-            self.ctx,
-            self.catalog,
-            self.storage,
-            manifest,
-            epoch_of,
-            wanted=self.restore,
-            hints=self.hints,
-            executor_wait_s=self.executor_wait_s,
-            log=self.log,
-        )
-        restored.fallbacks[:0] = fallbacks
-        if restored.manifest is not manifest:
-            self.progress.adopt(restored.manifest)
-            self.summary.restored_from = restored.manifest.checkpoint_id
-        self.summary.restore_reports = restored.reports
-        self.allocation = {str(r["subtask"]): r["host"] for r in restored.reports}
-        sc = self.spark.sparkContext
-        # every micro-batch task of subtask i runs where subtask i was restored (placement.py)
-        self.batches.anchor = anchor_rdd(
-            sc, preferred_hosts(self.allocation, job.parallelism, executor_hosts(sc))
-        )
-        m = restored.manifest
-        if m is not None and epoch_of(m) < target:
-            ends = self.ends.committed_through(m, target, self.sinks)
-            self.batches.replay(replay_epochs(m, target, ends))
-        self.catalog.set_restored(
-            job.name, self.attempt, m.checkpoint_id if m else None, self.allocation
-        )
-        if m is not None:
-            row = recovery_row(
-                job.name, self.attempt, restored, self.hints, time.perf_counter() - started
-            )
-            self.catalog.record_recovery(row)
-            self.log(
-                f"restored checkpoint {m.checkpoint_id} (batch {m.batch_id}): "
-                f"{row['subtasks_local']} subtasks local, {row['subtasks_remote']} remote, "
-                f"{row['files_local'] + row['files_remote']} files: "
-                f"{row['bytes_local']:,} B local, {row['bytes_remote']:,} B remote"
-            )
-        self.timeline.note_overlapped("restore", time.perf_counter() - started)
-        return restored
+    # -- start -----------------------------------------------------------------------------
 
     def _start_query(self, spark_checkpoint: str):
         positions = self.progress.positions

@@ -1,0 +1,102 @@
+"""An attempt's restore step, on its own thread beside the streaming query's start: every
+subtask's working state restored local-first on the host its hint names, falling back past
+checkpoints with positive evidence against them (spark_jobs/runtime/recovery.py); the
+micro-batch tasks anchored to where each subtask now lives (placement.py); the epochs the sinks
+committed after the restored checkpoint replayed without output; the recovery recorded in the
+catalog."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from spark_jobs.catalog.delta_catalog import DeltaCatalog
+from spark_jobs.runtime.epoch_ends import EpochEnds
+from spark_jobs.runtime.micro_batches import MicroBatches
+from spark_jobs.runtime.placement import anchor_rdd, executor_hosts, preferred_hosts
+from spark_jobs.runtime.progress import Progress, RunSummary
+from spark_jobs.runtime.recovery import (
+    Restored,
+    recovery_row,
+    replay_epochs,
+    restore_with_fallback,
+)
+from spark_jobs.runtime.startup import StartupTimeline
+from spark_jobs.sinks.delta_sink import DeltaSinkWriter
+from state.manifest import CheckpointManifest
+from state.storage import DurableStorage
+
+
+@dataclass
+class AttemptRestore:
+    """Restores one attempt's working state; ``wanted`` is the ``--restore`` choice, ``hints``
+    the executor hints (subtask -> host)."""
+
+    spark: object
+    catalog: DeltaCatalog
+    storage: DurableStorage
+    sinks: Sequence[DeltaSinkWriter]
+    ends: EpochEnds
+    batches: MicroBatches
+    progress: Progress
+    summary: RunSummary
+    wanted: str | int | None
+    hints: dict[str, str]
+    executor_wait_s: float
+    exactly_once: bool
+    log: Callable[[str], None]
+    timeline: StartupTimeline
+
+    def __call__(
+        self, manifest: CheckpointManifest | None, fallbacks: list[str]
+    ) -> tuple[Restored, dict[str, str]]:
+        """Restore from ``manifest`` (or older, on evidence), then replay up to the progress's
+        epoch. Returns what was restored and the allocation (subtask -> host)."""
+        ctx, started = self.batches.ctx, time.perf_counter()
+        job, attempt, target = ctx.job, ctx.attempt, self.progress.epoch
+
+        def epoch_of(m: CheckpointManifest | None) -> int:
+            return m.batch_id if m is not None and self.exactly_once else target
+
+        restored = restore_with_fallback(
+            self.spark,
+            ctx,
+            self.catalog,
+            self.storage,
+            manifest,
+            epoch_of,
+            wanted=self.wanted,
+            hints=self.hints,
+            executor_wait_s=self.executor_wait_s,
+            log=self.log,
+        )
+        restored.fallbacks[:0] = fallbacks
+        if restored.manifest is not manifest:
+            self.progress.adopt(restored.manifest)
+            self.summary.restored_from = restored.manifest.checkpoint_id
+        self.summary.restore_reports = restored.reports
+        allocation = {str(r["subtask"]): r["host"] for r in restored.reports}
+        sc = self.spark.sparkContext
+        # every micro-batch task of subtask i runs where subtask i was restored (placement.py)
+        self.batches.anchor = anchor_rdd(
+            sc, preferred_hosts(allocation, job.parallelism, executor_hosts(sc))
+        )
+        m = restored.manifest
+        if m is not None and epoch_of(m) < target:
+            ends = self.ends.committed_through(m, target, self.sinks)
+            self.batches.replay(replay_epochs(m, target, ends))
+        self.catalog.set_restored(job.name, attempt, m.checkpoint_id if m else None, allocation)
+        if m is not None:
+            row = recovery_row(
+                job.name, attempt, restored, self.hints, time.perf_counter() - started
+            )
+            self.catalog.record_recovery(row)
+            self.log(
+                f"restored checkpoint {m.checkpoint_id} (batch {m.batch_id}): "
+                f"{row['subtasks_local']} subtasks local, {row['subtasks_remote']} remote, "
+                f"{row['files_local'] + row['files_remote']} files: "
+                f"{row['bytes_local']:,} B local, {row['bytes_remote']:,} B remote"
+            )
+        self.timeline.note_overlapped("restore", time.perf_counter() - started)
+        return restored, allocation
