@@ -7,12 +7,12 @@ STAMP := $(VENV)/.cutline-installed
 
 .PHONY: install test test-fast lint format demo screenshots bench clean
 
-$(STAMP): pyproject.toml requirements.lock examples/sessions/pyproject.toml
+$(STAMP): pyproject.toml requirements.lock examples/basics/pyproject.toml examples/sessions/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev]'
-	# a user's package of jobs, registered through the cutline.jobs entry point
-	$(BIN)/python -m pip install --quiet --no-deps -e examples/sessions
+	# packages of jobs, registered through the cutline.jobs entry point as a user's would be
+	$(BIN)/python -m pip install --quiet --no-deps -e examples/basics -e examples/sessions
 	@touch $(STAMP)
 
 install: $(STAMP)

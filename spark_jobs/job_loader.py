@@ -1,6 +1,5 @@
 """Where jobs come from: ``cutline run NAME`` and Dagster find a job
 
-- registered in this process with :func:`register_job` (the built-in examples);
 - named ``module:attr`` (``my_package.jobs:sessions``): the attribute is a
   :class:`~spark_jobs.job.JobDefinition` or a function that returns one;
 - registered by an installed package under the ``cutline.jobs`` entry-point group, the entry
@@ -14,20 +13,12 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable
 from importlib.metadata import entry_points
 
 from spark_jobs.job import JobDefinition, JobDefinitionError
 from state.config import ConfigError
 
 ENTRY_POINT_GROUP = "cutline.jobs"
-_REGISTRY: dict[str, Callable[[], JobDefinition]] = {}
-
-
-def register_job(factory: Callable[[], JobDefinition]) -> Callable[[], JobDefinition]:
-    """Register a job factory under the name of the job it builds (decorator)."""
-    _REGISTRY[_build(factory, getattr(factory, "__qualname__", repr(factory))).name] = factory
-    return factory
 
 
 def _build(target: object, where: str) -> JobDefinition:
@@ -71,17 +62,10 @@ def _entry_points() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def _register_examples() -> None:
-    import spark_jobs.examples  # noqa: F401  (registers the example jobs)
-
-
 def get_job(name: str) -> JobDefinition:
-    """The job ``name``: registered, ``module:attr``, or an installed package's entry point."""
+    """The job ``name``: ``module:attr``, or an installed package's entry point."""
     if ":" in name:
         return load_reference(name)
-    _register_examples()
-    if name in _REGISTRY:
-        return _REGISTRY[name]()
     installed = _entry_points()
     if name in installed:
         job = load_reference(installed[name])
@@ -94,9 +78,8 @@ def get_job(name: str) -> JobDefinition:
 
 
 def job_names() -> list[str]:
-    """Every job this process can find by name (registered and installed)."""
-    _register_examples()
-    return sorted({*_REGISTRY, *_entry_points()})
+    """Every job this process can find by name: those installed packages register."""
+    return sorted(_entry_points())
 
 
 _OWN_PACKAGES = ("spark_jobs", "state", "orchestration")

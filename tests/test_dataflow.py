@@ -8,8 +8,8 @@ import dataclasses
 
 import pyarrow as pa
 import pytest
+from cutline_examples.jobs import clicks_per_user
 
-from spark_jobs.examples import clicks_per_user
 from spark_jobs.job import DeltaSink
 from spark_jobs.keyed_process import SOURCE_COLUMN
 from spark_jobs.operators import KeyedAggregate

@@ -1,13 +1,22 @@
-"""The example jobs, registered by name for ``cutline run`` and Dagster."""
+"""Cutline's example jobs, on the public API alone: each a library operator over the local log
+(or Kafka) into a Delta table. This package registers them through the ``cutline.jobs`` entry
+point (pyproject.toml), as any user's package would; ``cutline run clicks_per_user`` and the
+Dagster definitions find them by name."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from spark_jobs.job import DeltaSink, JobDefinition, KafkaSource, LogSource
-from spark_jobs.job_loader import register_job
-from spark_jobs.operators import EnrichWithLatest, KeyedAggregate, WindowedAggregate
-from state.config import CheckpointConfig
+from spark_jobs.api import (
+    CheckpointConfig,
+    DeltaSink,
+    EnrichWithLatest,
+    JobDefinition,
+    KafkaSource,
+    KeyedAggregate,
+    LogSource,
+    WindowedAggregate,
+)
 
 CLICKS_SCHEMA = "user string, url string, ts long"
 EVENTS_SCHEMA = "user string, amount double, payload string, ts long"
@@ -26,7 +35,6 @@ CHECKPOINTS = CheckpointConfig(
 )
 
 
-@register_job
 def clicks_per_user() -> JobDefinition:
     """Clicks per user: a keyed count over the clicks log, written to Delta exactly once."""
     return JobDefinition(
@@ -46,7 +54,6 @@ def clicks_per_user() -> JobDefinition:
     )
 
 
-@register_job
 def clicks_per_user_kafka() -> JobDefinition:
     """clicks_per_user reading a Kafka topic (brokers from $CUTLINE_KAFKA_BOOTSTRAP)."""
     base = clicks_per_user()
@@ -63,7 +70,6 @@ def clicks_per_user_kafka() -> JobDefinition:
     )
 
 
-@register_job
 def user_activity() -> JobDefinition:
     """Per user: event count, amount sum and the latest 100-byte payload (the peer benchmark's
     state: bench/peer_bench.py runs the same aggregation in Spark's own stateful APIs)."""
@@ -90,7 +96,6 @@ def user_activity() -> JobDefinition:
     )
 
 
-@register_job
 def windowed_revenue() -> JobDefinition:
     """Revenue and order count per user in tumbling 10-second event-time windows."""
     return JobDefinition(
@@ -113,7 +118,6 @@ def windowed_revenue() -> JobDefinition:
     )
 
 
-@register_job
 def enriched_orders() -> JobDefinition:
     """Orders enriched with the latest profile of their user: two inputs, one barrier."""
     return JobDefinition(

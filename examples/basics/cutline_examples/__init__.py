@@ -1,0 +1,1 @@
+"""Cutline's example jobs, in a package of their own (see README.md)."""
