@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from spark_jobs.catalog.delta_catalog import read_delta  # noqa: E402
+from spark_jobs.catalog.tables import read_delta  # noqa: E402
 from spark_jobs.standalone import StandaloneCluster  # noqa: E402
 from tests.e2e_util import expected_clicks, final_clicks  # noqa: E402
 

@@ -33,7 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from spark_jobs.catalog.delta_catalog import DeltaCatalog, now_ms  # noqa: E402
+from spark_jobs.catalog.delta_catalog import DeltaCatalog  # noqa: E402
+from spark_jobs.catalog.tables import now_ms  # noqa: E402
 from spark_jobs.job_loader import get_job  # noqa: E402
 from spark_jobs.maintenance.gc import collect_garbage  # noqa: E402
 from spark_jobs.session import build_spark  # noqa: E402

@@ -379,7 +379,7 @@ def bench_system(system: str, home: Path, keys: int, backlog: int, ts: int, args
 
 
 def cutline_state_bytes(home: Path) -> int | None:
-    from spark_jobs.catalog.delta_catalog import CatalogReader
+    from spark_jobs.catalog.tables import CatalogReader
     from state.catalog import CheckpointStatus
 
     rows = CatalogReader(str(home / "warehouse")).checkpoints(JOB, (CheckpointStatus.COMPLETED,))

@@ -33,7 +33,7 @@ import boto3
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from spark_jobs.catalog.delta_catalog import CatalogReader  # noqa: E402
+from spark_jobs.catalog.tables import CatalogReader  # noqa: E402
 from spark_jobs.job import DeltaSink, JobDefinition, LogSource  # noqa: E402
 from spark_jobs.operators import EnrichWithLatest  # noqa: E402
 from spark_jobs.runtime.run import run_job  # noqa: E402

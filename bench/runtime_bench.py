@@ -29,7 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from spark_jobs.catalog.delta_catalog import CatalogReader  # noqa: E402
+from spark_jobs.catalog.tables import CatalogReader  # noqa: E402
 from spark_jobs.job_loader import get_job  # noqa: E402
 from spark_jobs.runtime.run import run_job  # noqa: E402
 from spark_jobs.session import build_spark  # noqa: E402

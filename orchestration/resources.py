@@ -10,7 +10,7 @@ through here: boto3 finds them through its standard chain.
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from spark_jobs.catalog.delta_catalog import CatalogReader
+from spark_jobs.catalog.tables import CatalogReader
 from spark_jobs.session import SubmitCommand, submit_command
 from spark_jobs.settings import RuntimePaths, Settings, load_settings
 from state.storage import DurableStorage, open_storage

@@ -33,7 +33,7 @@ def _core_demo(args: argparse.Namespace) -> int:
 
 def _checkpoints(args: argparse.Namespace) -> int:
     """A job's checkpoints from the catalog (read with delta-rs; no Spark)."""
-    from spark_jobs.catalog.delta_catalog import CatalogReader
+    from spark_jobs.catalog.tables import CatalogReader
 
     JobLayout(args.job)  # validates the name
     rows = CatalogReader(_paths(args).warehouse).checkpoints(args.job)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from deltalake.exceptions import TableNotFoundError
 
-from spark_jobs.catalog.delta_catalog import read_delta
+from spark_jobs.catalog.tables import read_delta
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES: list[str] = []  # what tests measured; conftest.py repeats them at the end of the run

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from spark_jobs.catalog.delta_catalog import read_delta
+from spark_jobs.catalog.tables import read_delta
 
 # what makes a record valid, per topic: its key, and its fields of a numeric type
 VALID = {

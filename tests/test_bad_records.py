@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs.catalog.delta_catalog import read_delta
+from spark_jobs.catalog.tables import read_delta
 from spark_jobs.sources.generate import generate
 from spark_jobs.sources.local_log import append_records, partition_path
 from state.faults import ENV as KILL_ENV

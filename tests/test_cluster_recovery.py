@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs.catalog.delta_catalog import read_delta
+from spark_jobs.catalog.tables import read_delta
 from spark_jobs.sources.generate import generate
 from spark_jobs.standalone import StandaloneCluster
 from tests.e2e_util import (

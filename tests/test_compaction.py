@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from spark_jobs.catalog.delta_catalog import CatalogReader
+from spark_jobs.catalog.tables import CatalogReader
 from spark_jobs.settings import RuntimePaths
 from state.compaction import (
     COMPACT_REQUEST,

@@ -30,7 +30,7 @@ from dagster import AssetKey, DagsterRunStatus
 
 from orchestration.demo import DagsterProcesses, instance, launch_streaming_run, register_partitions
 from orchestration.partitions import DRIVER_PID_TAG, RESTORE_OF_TAG, WORKER_PID_TAG
-from spark_jobs.catalog.delta_catalog import read_delta
+from spark_jobs.catalog.tables import read_delta
 from state.storage import open_storage
 from tests.e2e_util import ROOT, completed_checkpoints, report, wait_for
 from tests.reference import check_sessions

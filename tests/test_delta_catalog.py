@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from spark_jobs.catalog.delta_catalog import TABLES, DeltaCatalog, _is_conflict
+from spark_jobs.catalog.delta_catalog import DeltaCatalog, _is_conflict
+from spark_jobs.catalog.tables import TABLES
 from state.catalog import CheckpointStatus, CompletedCheckpoint, FencedError
 from tests.e2e_util import report
 

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from spark_jobs.catalog.delta_catalog import read_delta
+from spark_jobs.catalog.tables import read_delta
 from spark_jobs.sinks.delta_sink import DeltaSinkWriter, staging_dir
 from state.catalog import FencedError
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from spark_jobs.catalog.delta_catalog import read_delta
+from spark_jobs.catalog.tables import read_delta
 from spark_jobs.sources.generate import generate
 from state.faults import ENV as KILL_ENV
 from tests.e2e_util import (

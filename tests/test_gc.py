@@ -15,7 +15,7 @@ from deltalake import DeltaTable
 
 from orchestration.definitions import defs
 from orchestration.resources import CutlinePaths
-from spark_jobs.catalog.delta_catalog import TABLES, CatalogReader
+from spark_jobs.catalog.tables import TABLES, CatalogReader
 from spark_jobs.job_loader import get_job
 from spark_jobs.maintenance.gc import FAULT_PAUSE, FAULT_PAUSED, collect_garbage
 from spark_jobs.settings import RuntimePaths

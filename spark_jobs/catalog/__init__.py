@@ -1,1 +1,2 @@
-"""The checkpoint catalog on Delta tables (delta_catalog.py)."""
+"""The checkpoint catalog on Delta tables: their schemas and reads (tables.py), the writer
+(delta_catalog.py)."""

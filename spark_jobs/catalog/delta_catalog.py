@@ -28,38 +28,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from spark_jobs.catalog.tables import (
+    TABLES,
+    CatalogReader,
+    arrow_schema,
+    now_ms,
+    read_delta,
+    rs_literal,
+)
 from state.catalog import CheckpointCatalog, CheckpointStatus, CompletedCheckpoint, FencedError
 
-TABLES: dict[str, str] = {
-    "streaming_jobs": (
-        "job_id string, attempt int, run_id string, status string, started_ms long, "
-        "ended_ms long, restored_from long, allocation string, last_heartbeat_ms long, "
-        "failure_reason string, checkpoint_root string"
-    ),
-    "completed_checkpoints": (
-        "job_id string, checkpoint_id long, batch_id long, attempt int, trigger_time_ms long, "
-        "complete_time_ms long, source_positions string, metadata_path string, full_size long, "
-        "incremental_size long, file_count int, sync_ms double, async_ms double, status string, "
-        "savepoint boolean"
-    ),
-    "shared_state_files": (
-        "job_id string, path string, operator string, subtask int, size long, created_by long, "
-        "last_used long, refcount int, status string, deleted_at_ms long"
-    ),
-    "recoveries": (
-        "job_id string, attempt int, checkpoint_id long, subtasks_local int, subtasks_remote int, "
-        "bytes_local long, bytes_remote long, duration_ms double, fallbacks string, hints string, "
-        "recovered_at_ms long, files_local int, files_remote int, placement string"
-    ),
-}
-
-_ARROW_TYPES = {
-    "string": "string",
-    "int": "int32",
-    "long": "int64",
-    "double": "float64",
-    "boolean": "bool",
-}
 _ATTEMPT_SHIFT = 32
 _UPDATE_TRIES = 10
 _CAS_TRIES = 40  # conditional commits lose to any concurrent commit of the table
@@ -72,10 +50,6 @@ _CONFLICTS = (  # Delta's commit conflicts, by the names the JVM gives them
     "MetadataChangedException",
     "ProtocolChangedException",
 )
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _is_conflict(error: BaseException) -> bool:
@@ -97,83 +71,6 @@ def _checkpoint_row(checkpoint: CompletedCheckpoint) -> dict[str, Any]:
     row = checkpoint.to_dict()
     row["source_positions"] = json.dumps(checkpoint.source_positions, sort_keys=True)
     return row
-
-
-def arrow_schema(table: str):
-    """The pyarrow schema of a catalog table (from its DDL in :data:`TABLES`)."""
-    import pyarrow as pa
-
-    fields = [column.split() for column in TABLES[table].split(", ")]
-    return pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in fields])
-
-
-def _rs_literal(value: str | int | None) -> str:
-    """A delta-rs (DataFusion) SQL literal: standard strings, where a backslash is itself."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    return str(int(value))
-
-
-def read_delta(
-    table: str | Path | Any, job_id: str | None = None, columns: list[str] | None = None
-):
-    """A Delta table (a path, or a ``deltalake.DeltaTable`` at the version it was loaded at), or
-    one job's rows of it, as a pyarrow Table (delta-rs; no Spark).
-
-    Read through delta-rs's own query engine, not ``DeltaTable.to_pyarrow_table``: the latter's
-    pyarrow dataset makes about every other interpreter abort at exit ("terminate called without
-    an active exception"; delta-rs#2184), which turns a CLI command's exit code into 134.
-    """
-    import pyarrow as pa
-    from deltalake import DeltaTable, QueryBuilder
-
-    select = ", ".join(f'"{c}"' for c in columns) if columns else "*"
-    where = f" WHERE job_id = {_rs_literal(job_id)}" if job_id is not None else ""
-    loaded = table if isinstance(table, DeltaTable) else DeltaTable(str(table))
-    query = QueryBuilder().register("t", loaded)
-    return pa.table(query.execute(f"SELECT {select} FROM t{where}").read_all())
-
-
-class CatalogReader:
-    """Read-only access to the catalog tables with delta-rs: no Spark needed (CLI, sensors)."""
-
-    def __init__(self, warehouse: str | Path) -> None:
-        self.root = Path(warehouse) / "catalog"
-
-    def path(self, table: str) -> str:
-        return str(self.root / table)
-
-    def _read(self, table: str, job_id: str) -> list[dict[str, Any]]:
-        from deltalake.exceptions import TableNotFoundError
-
-        try:
-            data = read_delta(self.path(table), job_id)
-        except TableNotFoundError:
-            return []
-        return data.to_pylist()
-
-    def jobs(self, job_id: str) -> list[dict[str, Any]]:
-        return sorted(self._read("streaming_jobs", job_id), key=lambda r: r["attempt"])
-
-    def shared_files(self, job_id: str) -> list[dict[str, Any]]:
-        return sorted(self._read("shared_state_files", job_id), key=lambda r: r["path"])
-
-    def recoveries(self, job_id: str) -> list[dict[str, Any]]:
-        return sorted(self._read("recoveries", job_id), key=lambda r: r["recovered_at_ms"])
-
-    def checkpoints(
-        self, job_id: str, statuses: tuple[CheckpointStatus, ...] | None = None
-    ) -> list[CompletedCheckpoint]:
-        out = []
-        for r in self._read("completed_checkpoints", job_id):
-            status = CheckpointStatus(r.pop("status"))
-            if statuses is not None and status not in statuses:
-                continue
-            r["source_positions"] = json.loads(r["source_positions"] or "{}")
-            out.append(CompletedCheckpoint(status=status, **r))
-        return sorted(out, key=lambda c: c.checkpoint_id)
 
 
 class DeltaCatalog(CatalogReader, CheckpointCatalog):
@@ -330,7 +227,7 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
         if lost:
             self._rs_update(
                 "streaming_jobs",
-                f"job_id = {_rs_literal(job_id)} AND attempt IN ({','.join(map(str, lost))})",
+                f"job_id = {rs_literal(job_id)} AND attempt IN ({','.join(map(str, lost))})",
                 status="LOST",
                 ended_ms=now_ms(),
                 failure_reason=f"superseded by attempt {attempt} while marked RUNNING",
@@ -370,7 +267,7 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
         if ids:
             self._rs_update(
                 "completed_checkpoints",
-                f"job_id = {_rs_literal(job_id)} AND checkpoint_id IN ({','.join(map(str, ids))})",
+                f"job_id = {rs_literal(job_id)} AND checkpoint_id IN ({','.join(map(str, ids))})",
                 status=status.value,
             )
 
@@ -400,13 +297,13 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
         """Set columns of the rows of ``table`` matching ``condition`` (delta-rs SQL; no Spark)."""
         from deltalake import DeltaTable
 
-        updates = {column: _rs_literal(value) for column, value in values.items()}
+        updates = {column: rs_literal(value) for column, value in values.items()}
         self._retrying(
             lambda: DeltaTable(self.path(table)).update(updates=updates, predicate=condition)
         )
 
     def _update_attempt(self, job_id: str, attempt: int, **values: str | int | None) -> None:
-        condition = f"job_id = {_rs_literal(job_id)} AND attempt = {int(attempt)}"
+        condition = f"job_id = {rs_literal(job_id)} AND attempt = {int(attempt)}"
         self._rs_update("streaming_jobs", condition, **values)
 
     def set_job_status(self, job_id: str, attempt: int, status: str, reason: str = "") -> None:

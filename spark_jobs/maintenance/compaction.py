@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from spark_jobs.catalog.delta_catalog import CatalogReader, now_ms
+from spark_jobs.catalog.tables import CatalogReader, now_ms
 from spark_jobs.job_loader import get_job
 from spark_jobs.settings import RuntimePaths
 from state.catalog import CheckpointStatus

@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spark_jobs.catalog.delta_catalog import DeltaCatalog, now_ms
+from spark_jobs.catalog.delta_catalog import DeltaCatalog
+from spark_jobs.catalog.tables import now_ms
 from spark_jobs.job_loader import get_job
 from spark_jobs.settings import RuntimePaths
 from state.acks import Ack, AckError, ack_location

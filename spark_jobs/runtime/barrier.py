@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from spark_jobs.catalog.delta_catalog import now_ms
+from spark_jobs.catalog.tables import now_ms
 from spark_jobs.events import EventChannel
 from state.acks import Ack, ack_location, ack_path, inbox
 from state.compaction import (

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from spark_jobs.catalog.delta_catalog import now_ms
+from spark_jobs.catalog.tables import now_ms
 from spark_jobs.runtime.barrier import AckPoller, CompactionRequests, Cut
 from spark_jobs.runtime.dataflow import execute
 from spark_jobs.runtime.epoch_ends import EpochEnds

@@ -34,7 +34,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from spark_jobs.catalog.delta_catalog import DeltaCatalog, now_ms
+from spark_jobs.catalog.delta_catalog import DeltaCatalog
+from spark_jobs.catalog.tables import now_ms
 from spark_jobs.errors import AttemptFailedError, NonRetryableError, UserCodeError
 from spark_jobs.events import EventChannel
 from spark_jobs.job import JobDefinition
