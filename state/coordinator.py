@@ -17,6 +17,9 @@ Lifecycle of checkpoint n:
 3. With all acks in: write ``_metadata``, commit the catalog row (only now is n complete), abort
    older pending checkpoints, subsume completed ones beyond ``num_retained``, notify.
 4. Consecutive failures beyond ``tolerable_failed_checkpoints`` fail the job.
+
+When a checkpoint may start and when failures fail the job are policy objects
+(state/checkpoint_policies.py).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any, Protocol
 
 from state.acks import Ack
 from state.catalog import CheckpointCatalog, CheckpointStatus, CompletedCheckpoint, FencedError
+from state.checkpoint_policies import CheckpointFailureError, FailurePolicy, TriggerPolicy
 from state.config import CheckpointConfig
 from state.faults import kill_point
 from state.handles import SubtaskStateHandle
@@ -50,10 +54,6 @@ class AckResult(enum.Enum):
     DUPLICATE = "duplicate"  # this task already acked this checkpoint
     LATE = "late"  # the checkpoint was already completed or aborted
     UNKNOWN = "unknown"  # no such checkpoint, or not a task of this job
-
-
-class CheckpointFailureError(RuntimeError):
-    """More consecutive checkpoint failures than ``tolerable_failed_checkpoints``."""
 
 
 class CheckpointListener(Protocol):
@@ -80,6 +80,28 @@ class PendingCheckpoint:
     cut_recorded: bool = True
     epoch_ends: dict[int, dict[str, dict[str, int]]] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
+
+    def to_manifest(
+        self, job_id: str, attempt: int, stages: dict[str, dict[str, str]]
+    ) -> CheckpointManifest:
+        """The self-contained manifest of this checkpoint, every ack and its cut being in."""
+        return CheckpointManifest(
+            job_id=job_id,
+            checkpoint_id=self.checkpoint_id,
+            batch_id=self.batch_id,
+            attempt=attempt,
+            trigger_time_ms=self.trigger_time_ms,
+            source_positions=self.source_positions,
+            sink_epochs=self.sink_epochs,
+            watermarks=self.watermarks,
+            subtasks=tuple(
+                sorted((h for h in self.acks.values() if h is not None), key=lambda h: h.task)
+            ),
+            savepoint=self.savepoint,
+            epoch_ends=self.epoch_ends,
+            counters=self.counters,
+            stages=stages,
+        )
 
 
 class CheckpointCoordinator:
@@ -121,9 +143,8 @@ class CheckpointCoordinator:
         known = [c.checkpoint_id for c in catalog.checkpoints(job_id)]
         self._next_id = max([0, *known, restored.checkpoint_id if restored else 0]) + 1
         self._latest: CheckpointManifest | None = restored
-        self._last_trigger_ms: int | None = None
-        self._last_completion_ms: int = now_ms
-        self._consecutive_failures = 0
+        self.trigger_policy = TriggerPolicy(config, now_ms)
+        self.failure_policy = FailurePolicy(config.tolerable_failed_checkpoints)
         self.failure: CheckpointFailureError | FencedError | None = None
         self.stats = {
             "triggered": 0,
@@ -171,14 +192,7 @@ class CheckpointCoordinator:
             return self._may_trigger(now_ms)
 
     def _may_trigger(self, now_ms: int) -> bool:
-        cfg = self.config
-        if self.failure is not None or len(self._pending) >= cfg.max_concurrent:
-            return False
-        if self._last_trigger_ms is not None and now_ms - self._last_trigger_ms < cfg.interval_ms:
-            return False
-        return (
-            now_ms - self._last_completion_ms >= cfg.min_pause_ms or self._last_trigger_ms is None
-        )
+        return self.failure is None and self.trigger_policy.may_trigger(now_ms, len(self._pending))
 
     def trigger(
         self,
@@ -222,7 +236,7 @@ class CheckpointCoordinator:
                 )
                 self._next_id = checkpoint_id + 1
                 self._pending[checkpoint_id] = pending
-                self._last_trigger_ms = now_ms
+                self.trigger_policy.triggered(now_ms)
                 self.stats["triggered"] += 1
                 return pending
         self._deliver()  # the claim failed, and with it maybe the job
@@ -363,15 +377,9 @@ class CheckpointCoordinator:
             self._count_failure_locked(f"checkpoint {checkpoint_id}: {reason}")
 
     def _count_failure_locked(self, reason: str) -> None:
-        self._consecutive_failures += 1
-        if self._consecutive_failures > self.config.tolerable_failed_checkpoints:
-            self._fail_locked(
-                CheckpointFailureError(
-                    f"{self._consecutive_failures} consecutive checkpoint failures exceed "
-                    f"tolerable_failed_checkpoints={self.config.tolerable_failed_checkpoints} "
-                    f"(last: {reason})"
-                )
-            )
+        error = self.failure_policy.failed(reason)
+        if error is not None:
+            self._fail_locked(error)
 
     def _fail_locked(self, error: CheckpointFailureError | FencedError) -> None:
         if self.failure is None:
@@ -379,23 +387,7 @@ class CheckpointCoordinator:
             self._events.append(lambda lst: lst.on_job_failed(error))
 
     def _complete(self, pending: PendingCheckpoint, now_ms: int) -> None:
-        manifest = CheckpointManifest(
-            job_id=self.job_id,
-            checkpoint_id=pending.checkpoint_id,
-            batch_id=pending.batch_id,
-            attempt=self.attempt,
-            trigger_time_ms=pending.trigger_time_ms,
-            source_positions=pending.source_positions,
-            sink_epochs=pending.sink_epochs,
-            watermarks=pending.watermarks,
-            subtasks=tuple(
-                sorted((h for h in pending.acks.values() if h is not None), key=lambda h: h.task)
-            ),
-            savepoint=pending.savepoint,
-            epoch_ends=pending.epoch_ends,
-            counters=pending.counters,
-            stages=self.stages,
-        )
+        manifest = pending.to_manifest(self.job_id, self.attempt, self.stages)
         record = CompletedCheckpoint.from_manifest(manifest, now_ms)
         try:
             # Exclusive: a zombie attempt that reached the same id can never replace it.
@@ -418,11 +410,11 @@ class CheckpointCoordinator:
             self._abort_completion(pending, f"completion failed: {e!r}", count_failure=True)
             return
         with self._lock:
-            self._consecutive_failures = 0
+            self.failure_policy.succeeded()
             self.stats["completed"] += 1
             if self._latest is None or manifest.checkpoint_id > self._latest.checkpoint_id:
                 self._latest = manifest
-                self._last_completion_ms = now_ms
+                self.trigger_policy.completed(now_ms)
             for older in [cid for cid in self._pending if cid < manifest.checkpoint_id]:
                 self._abort_locked(
                     older,
