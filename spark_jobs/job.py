@@ -14,9 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_jobs.keyed_process import KeyedProcessFunction
+from spark_jobs.keyed_process import Key, KeyedProcessFunction, key_columns
 from state.config import CheckpointConfig
-from state.keygroups import DEFAULT_MAX_PARALLELISM, KEY_TYPES, check_parallelism
+from state.keygroups import (
+    DEFAULT_MAX_PARALLELISM,
+    KEY_TYPES,
+    KeyType,
+    check_parallelism,
+    key_types_of,
+)
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 BAD_RECORD_POLICIES = ("fail", "dead_letter")
@@ -116,23 +122,20 @@ def _check_stage(stage) -> None:
     _check_name("operator.uid", stage.uid)
 
 
-def _check_key_type(where: str, key_type: str) -> None:
-    if key_type not in KEY_TYPES:
-        raise JobDefinitionError(f"{where}.key_type must be one of {KEY_TYPES}, got {key_type!r}")
-
-
 @dataclass(frozen=True)
 class KeyedProcess:
     """A keyed stage running a :class:`KeyedProcessFunction` instance
     (spark_jobs/keyed_process.py), the user's own or the library's (spark_jobs/operators.py).
     ``inputs`` maps each input source to its key column (two inputs: both cut at the same
-    barrier). With ``event_time``, the stage's watermark trails the largest event time seen by
-    ``out_of_orderness_ms`` and drives event-time timers and event-time TTL. ``uid`` (default:
-    ``name``) identifies the stage's state in checkpoints: keep it when renaming the stage."""
+    barrier); a composite key is a tuple of columns, with ``key_type`` the tuple of their types
+    (the function sees such keys as struct arrays: ``ctx.key_of(table)``). With ``event_time``,
+    the stage's watermark trails the largest event time seen by ``out_of_orderness_ms`` and
+    drives event-time timers and event-time TTL. ``uid`` (default: ``name``) identifies the
+    stage's state in checkpoints: keep it when renaming the stage."""
 
     name: str
-    inputs: dict[str, str]
-    key_type: str
+    inputs: dict[str, Key]
+    key_type: KeyType
     function: KeyedProcessFunction
     event_time: str | None = None
     out_of_orderness_ms: int = 0
@@ -140,9 +143,26 @@ class KeyedProcess:
 
     def __post_init__(self) -> None:
         _check_stage(self)
-        _check_key_type("operator", self.key_type)
+        try:
+            types = key_types_of(self.key_type)
+        except ValueError:
+            raise JobDefinitionError(
+                f"operator.key_type must be one of {KEY_TYPES} or a tuple of them (a composite "
+                f"key), got {self.key_type!r}"
+            ) from None
+        if not isinstance(self.key_type, str):
+            object.__setattr__(self, "key_type", types)
         if not self.inputs or len(self.inputs) > 2:
             raise JobDefinitionError("operator.inputs must map one or two sources to key columns")
+        composite = not isinstance(self.key_type, str)
+        for source, key in self.inputs.items():
+            if len(key_columns(key)) != len(types) or isinstance(key, str) == composite:
+                raise JobDefinitionError(
+                    f"operator {self.name!r}: input {source!r} is keyed by {key!r}, which does "
+                    f"not match key_type {self.key_type!r} column for column"
+                )
+        inputs = {s: k if isinstance(k, str) else key_columns(k) for s, k in self.inputs.items()}
+        object.__setattr__(self, "inputs", inputs)
         if not isinstance(self.function, KeyedProcessFunction):
             raise JobDefinitionError(
                 f"operator.function must be a KeyedProcessFunction instance, got "
@@ -161,7 +181,8 @@ class KeyedProcess:
             )
 
     @property
-    def key_column(self) -> str:
+    def key_column(self) -> Key:
+        """The key of the stage's first input: a column, or a composite key's columns."""
         return next(iter(self.inputs.values()))
 
     def state_schema(self) -> dict[str, str]:

@@ -37,6 +37,14 @@ from state.write_buffer import BufferedTransaction
 if TYPE_CHECKING:
     from state.rocksdb_store import RocksDBStore
 
+Key = str | tuple[str, ...]  # a key column, or a composite key's columns
+
+
+def key_columns(key: Key) -> tuple[str, ...]:
+    """The columns of a key."""
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
 SOURCE_COLUMN = "_source"  # in a two-input stage's records: the input each record came from
 EVENT_TIMERS = "__event_timers__"
 PROCESSING_TIMERS = "__processing_timers__"
@@ -88,7 +96,7 @@ class KeyedProcessFunction:
         raise NotImplementedError
 
     def on_timers(self, timers: Any, ctx: KeyedContext) -> Any:
-        """Due timers (columns: the key column, ``timestamp``, ``domain`` = "event" or
+        """Due timers (columns: the key column(s), ``timestamp``, ``domain`` = "event" or
         "processing"), in timestamp order; returns output rows (or None)."""
         return None
 
@@ -99,7 +107,7 @@ class KeyedContext:
     def __init__(
         self,
         stage: str,
-        key_column: str,
+        key_column: Key,
         specs: dict[str, StateSpec],
         txn: BufferedTransaction,
         keys: KeyCodec,
@@ -121,6 +129,16 @@ class KeyedContext:
         """Count ``count`` records the function dropped as late (behind the watermark); the
         figure is summed into each checkpoint's counters."""
         self.late_records += int(count)
+
+    def key_of(self, table: pa.Table) -> pa.Array:
+        """The stage's key of every row of ``table`` (records, timers, or a group-by of them):
+        its key column, or for a composite key the struct array of its key columns, which is
+        what the state views and the timer calls take."""
+        columns = key_columns(self.key_column)
+        if isinstance(self.key_column, str):
+            return table.column(self.key_column).combine_chunks()
+        arrays = [table.column(c).combine_chunks() for c in columns]
+        return pa.StructArray.from_arrays(arrays, list(columns))
 
     def state(self, name: str) -> ValueState | ListState | MapState:
         """The view of declared state ``name``."""
@@ -165,7 +183,7 @@ class ProcessOperator:
         self.spec = spec
         self.function: KeyedProcessFunction = spec.function
         self.specs = {s.name: s for s in self.function.states}
-        self.keys = KeyCodec(spec.key_type, max_parallelism)
+        self.keys = KeyCodec(spec.key_type, max_parallelism, key_columns(spec.key_column))
         self.expiring = any(s.ttl for s in self.function.states)  # TTL cleanup to run
 
     def apply(
@@ -223,18 +241,21 @@ class ProcessOperator:
                 txn.set_timers(
                     name, [g for _, g, _ in due], [k for _, _, k in due], stamps, registered=False
                 )
-                fired.append(
-                    pa.table(
-                        {
-                            ctx.key_column: self.keys.decode([k for _, _, k in due]),
-                            "timestamp": pa.array(stamps, pa.int64()),
-                            "domain": pa.array([domain] * len(due), pa.string()),
-                        }
-                    )
-                )
+                keys = self._key_columns(self.keys.decode([k for _, _, k in due]))
+                keys["timestamp"] = pa.array(stamps, pa.int64())
+                keys["domain"] = pa.array([domain] * len(due), pa.string())
+                fired.append(pa.table(keys))
         if not fired:
-            return pa.table({ctx.key_column: [], "timestamp": pa.array([], pa.int64())})
+            return pa.table(
+                {**self._key_columns(self.keys.decode([])), "timestamp": pa.array([], pa.int64())}
+            )
         return pa.concat_tables(fired).sort_by([("timestamp", "ascending")])
+
+    def _key_columns(self, keys: pa.Array) -> dict[str, pa.Array]:
+        """Keys as the stage's key column(s)."""
+        if isinstance(self.spec.key_column, str):
+            return {self.spec.key_column: keys}
+        return dict(zip(self.spec.key_column, keys.flatten(), strict=True))
 
     def _call(self, method: str, table: pa.Table, ctx: KeyedContext) -> pa.Table | None:
         fn = self.function

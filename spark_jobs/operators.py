@@ -171,12 +171,20 @@ def _stored(values: pa.Array) -> list[bytes | None]:
     return values.to_pylist()
 
 
+def _columns(key: str | tuple[str, ...]) -> list[str]:
+    """A key's columns (a composite key has several)."""
+    return [key] if isinstance(key, str) else list(key)
+
+
 class RunningAggregates(KeyedProcessFunction):
     """Running aggregates per key, one packed binary value each; emits the new aggregates of
     every key a micro-batch touched."""
 
     def __init__(
-        self, key: str, aggregates: dict[str, tuple[str, str | None]], event_time: str | None
+        self,
+        key: str | tuple[str, ...],
+        aggregates: dict[str, tuple[str, str | None]],
+        event_time: str | None,
     ) -> None:
         self.key = key
         self.aggs = _Aggregates(aggregates, event_time)
@@ -185,16 +193,16 @@ class RunningAggregates(KeyedProcessFunction):
     def process_batch(self, records: pa.Table, ctx: KeyedContext) -> pa.Table:
         grouped = (
             self.aggs.prepare(records)
-            .group_by(self.key, use_threads=False)
+            .group_by(_columns(self.key), use_threads=False)
             .aggregate(self.aggs.arrow_aggregations())
         )
-        keys = grouped.column(self.key).combine_chunks()
+        keys = ctx.key_of(grouped)
         state = ctx.state("aggregates")
         values, columns, _ = self.aggs.merge(_stored(state.get(keys)), grouped)
         state.update(keys, pa.array(values, pa.binary()))
-        fields = self.aggs.fields(records.schema)
-        schema = pa.schema([pa.field(self.key, keys.type), *fields])
-        return pa.Table.from_arrays([keys] + [columns[f.name] for f in fields], schema=schema)
+        out = {c: grouped.column(c) for c in _columns(self.key)}
+        out.update({f.name: columns[f.name] for f in self.aggs.fields(records.schema)})
+        return pa.table(out)
 
 
 class TumblingWindows(KeyedProcessFunction):
@@ -204,7 +212,7 @@ class TumblingWindows(KeyedProcessFunction):
 
     def __init__(
         self,
-        key: str,
+        key: str | tuple[str, ...],
         event_time: str,
         window_ms: int,
         aggregates: dict[str, tuple[str, str | None]],
@@ -217,16 +225,13 @@ class TumblingWindows(KeyedProcessFunction):
         )
 
     def on_timers(self, timers: pa.Table, ctx: KeyedContext) -> pa.Table:
-        keys = timers.column(self.key)
+        keys = ctx.key_of(timers)
         starts = pc.subtract(timers.column("timestamp"), self.window_ms - 1)
         windows = ctx.state("windows")
         packed = self.aggs.unpack(_stored(windows.get(keys, starts)))
         windows.remove(keys, starts)
-        columns = {
-            self.key: keys,
-            "window_start": starts,
-            "window_end": pc.add(starts, self.window_ms),
-        }
+        columns = {c: timers.column(c) for c in _columns(self.key)}
+        columns.update(window_start=starts, window_end=pc.add(starts, self.window_ms))
         columns.update({f.name: pa.array(packed[f.name]) for f in self.aggs.fields()})
         return pa.table(columns)
 
@@ -239,10 +244,10 @@ class TumblingWindows(KeyedProcessFunction):
         records = records.append_column("_window", pa.array(starts)).filter(pa.array(on_time))
         if records.num_rows == 0:
             return None
-        grouped = records.group_by([self.key, "_window"], use_threads=False).aggregate(
+        grouped = records.group_by([*_columns(self.key), "_window"], use_threads=False).aggregate(
             self.aggs.arrow_aggregations()
         )
-        keys, wstarts = grouped.column(self.key), grouped.column("_window")
+        keys, wstarts = ctx.key_of(grouped), grouped.column("_window")
         windows = ctx.state("windows")
         values, _, present = self.aggs.merge(_stored(windows.get(keys, wstarts)), grouped)
         windows.put(keys, wstarts, pa.array(values, pa.binary()))
@@ -258,7 +263,12 @@ class LatestOf(KeyedProcessFunction):
     applied first."""
 
     def __init__(
-        self, stream: str, table: str, key: str, fields: tuple[str, ...], table_time: str
+        self,
+        stream: str,
+        table: str,
+        key: str | tuple[str, ...],
+        fields: tuple[str, ...],
+        table_time: str,
     ) -> None:
         self.stream, self.table, self.key = stream, table, key
         self.fields, self.table_time = fields, table_time
@@ -272,19 +282,21 @@ class LatestOf(KeyedProcessFunction):
         latest = ctx.state("latest")
         if updates.num_rows:
             # the latest record per key: by event time, ties by arrival (a stable sort)
-            updates = updates.sort_by([(self.key, "ascending"), (self.table_time, "ascending")])
+            columns = _columns(self.key)
+            order = [(c, "ascending") for c in (*columns, self.table_time)]
+            updates = updates.sort_by(order)
             rows = pa.array(np.arange(updates.num_rows))
             last = (
                 updates.append_column("_row", rows)
-                .group_by(self.key, use_threads=False)
+                .group_by(columns, use_threads=False)
                 .aggregate([("_row", "max")])
             )
             chosen = updates.take(last.column("_row_max"))
             fields = [pc.fill_null(pc.cast(chosen.column(f), pa.string()), "") for f in self.fields]
-            latest.update(chosen.column(self.key), pc.binary_join_element_wise(*fields, _SEP))
+            latest.update(ctx.key_of(chosen), pc.binary_join_element_wise(*fields, _SEP))
         if stream.num_rows == 0:
             return stream
-        parts = pc.split_pattern(latest.get(stream.column(self.key)), _SEP)
+        parts = pc.split_pattern(latest.get(ctx.key_of(stream)), _SEP)
         # the union of both inputs carries the table's columns (null on stream records)
         types = {f: stream.schema.field(f).type for f in self.fields if f in stream.column_names}
         out = stream.drop_columns(list(types))
@@ -297,13 +309,14 @@ class LatestOf(KeyedProcessFunction):
 def KeyedAggregate(
     name: str,
     source: str,
-    key: str,
-    key_type: str,
+    key: str | tuple[str, ...],
+    key_type: str | tuple[str, ...],
     aggregates: dict[str, tuple[str, str | None]],
     event_time: str | None = None,
     uid: str = "",
 ) -> KeyedProcess:
-    """Per key, running aggregates of value columns: ``aggregates`` maps an output column to
+    """Per key (a column, or a tuple of columns with ``key_type`` the tuple of their types),
+    running aggregates of value columns: ``aggregates`` maps an output column to
     ``(function, input column)``, function one of count, sum, min, max, last (``count`` takes no
     column). ``last`` keeps the value of the key's latest record by ``event_time`` (ties: the
     later micro-batch, then the later log position), so replays give the same answer. Emits the
@@ -316,8 +329,8 @@ def KeyedAggregate(
 def WindowedAggregate(
     name: str,
     source: str,
-    key: str,
-    key_type: str,
+    key: str | tuple[str, ...],
+    key_type: str | tuple[str, ...],
     event_time: str,
     window_ms: int,
     out_of_orderness_ms: int,
@@ -347,8 +360,8 @@ def EnrichWithLatest(
     name: str,
     stream: str,
     table: str,
-    key: str,
-    key_type: str,
+    key: str | tuple[str, ...],
+    key_type: str | tuple[str, ...],
     fields: tuple[str, ...],
     table_time: str,
     uid: str = "",

@@ -176,17 +176,47 @@ def _hash_bytes(offsets: np.ndarray, data: np.ndarray, seed: np.ndarray) -> np.n
     return out
 
 
-def spark_hash(keys: pa.Array | list, key_type: str) -> np.ndarray:
-    """Spark SQL ``hash(key)`` for every key, as int32; a null key hashes to the seed (42)."""
-    if key_type not in KEY_TYPES:
-        raise ValueError(f"key_type must be one of {KEY_TYPES}, got {key_type!r}")
+KeyType = str | tuple[str, ...]  # one column's type, or a composite key's, column by column
+
+
+def key_types_of(key_type: KeyType) -> tuple[str, ...]:
+    """The column types of a key type (one for a single-column key); raises on unknown ones."""
+    types = (key_type,) if isinstance(key_type, str) else tuple(key_type)
+    bad = [t for t in types if t not in KEY_TYPES]
+    if not types or bad:
+        raise ValueError(
+            f"key_type must be one of {KEY_TYPES} or a tuple of them, got {key_type!r}"
+        )
+    return types
+
+
+def spark_hash(keys: pa.Array | list, key_type: KeyType) -> np.ndarray:
+    """Spark SQL ``hash(key)`` for every key, as int32; a null key hashes to the seed (42).
+
+    A composite key (``key_type`` a tuple) is a struct array of its columns and hashes as Spark's
+    ``hash(struct(a, b))``, which is ``hash(a, b)``: each column hashed with the previous one's
+    hash as the seed, a null column leaving it unchanged."""
+    types = key_types_of(key_type)
     arr = keys if isinstance(keys, (pa.Array, pa.ChunkedArray)) else pa.array(keys)
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
+    seed = np.full(len(arr), SPARK_HASH_SEED, np.uint32)
+    if isinstance(key_type, str):
+        return _hash_column(arr, key_type, seed).view(np.int32)
+    if not pa.types.is_struct(arr.type) or arr.type.num_fields != len(types):
+        raise ValueError(f"a composite key of {len(types)} columns is a struct array of them")
+    for column, t in zip(arr.flatten(), types, strict=True):  # flatten: offset and nulls applied
+        seed = _hash_column(column, t, seed)
+    if arr.null_count:  # a null struct: none of its columns are hashed
+        seed = np.where(arr.is_null().to_numpy(zero_copy_only=False), SPARK_HASH_SEED, seed)
+    return seed.astype(np.uint32).view(np.int32)
+
+
+def _hash_column(arr: pa.Array, key_type: str, seed: np.ndarray) -> np.ndarray:
+    """Spark's hash of one column's values with per-row seeds, as uint32."""
     n = len(arr)
-    seed = np.full(n, SPARK_HASH_SEED, np.uint32)
     if n == 0:
-        return np.zeros(0, np.int32)
+        return np.zeros(0, np.uint32)
     if key_type in ("string", "binary"):
         target = pa.large_binary()
         arr = arr.cast(pa.large_string() if key_type == "string" else target).cast(target)
@@ -201,11 +231,11 @@ def spark_hash(keys: pa.Array | list, key_type: str) -> np.ndarray:
         out = _hash_int64(arr.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False), seed)
     if arr.null_count:
         out = np.where(arr.is_null().to_numpy(zero_copy_only=False), seed, out)
-    return out.view(np.int32)
+    return out
 
 
 def key_groups(
-    keys: pa.Array | list, key_type: str, max_parallelism: int = DEFAULT_MAX_PARALLELISM
+    keys: pa.Array | list, key_type: KeyType, max_parallelism: int = DEFAULT_MAX_PARALLELISM
 ) -> np.ndarray:
     """Key group of every key: ``pmod(hash(key), max_parallelism)`` as Spark SQL computes it."""
     check_parallelism(1, max_parallelism)

@@ -7,12 +7,13 @@ bytes. Keys are stored as bytes (UTF-8 strings, big-endian integers) beside thei
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
-from state.keygroups import key_groups
+from state.keygroups import KeyType, key_groups
 
 TTL_CLOCKS = ("processing", "event")
 _FIXED = {
@@ -23,6 +24,7 @@ _FIXED = {
     pa.float64(): "<f8",
 }
 _VARIABLE = (pa.string(), pa.binary())
+_U32 = struct.Struct(">I")
 STATE_TYPES = (*_FIXED, *_VARIABLE)
 
 
@@ -150,12 +152,21 @@ def decode_values(raw: list[bytes | None], t: pa.DataType) -> pa.Array:
 class KeyCodec:
     """The stage's keys as stored: bytes (UTF-8 strings, big-endian integers) and key groups.
 
+    A composite key (``key_type`` a tuple of column types) comes as a struct array of its
+    columns (``names``) and is stored as its columns' bytes, each after its length (4 bytes,
+    big-endian), so the encoding is unambiguous and decodes back to the struct.
+
     The last arrays encoded are remembered by identity: a function that reads and then writes
     the same keys (the usual get, compute, update) encodes them once."""
 
-    key_type: str
+    key_type: KeyType
     max_parallelism: int
+    names: tuple[str, ...] = ()  # a composite key's column names
     _recent: list = field(default_factory=list, compare=False, repr=False)
+
+    @property
+    def composite(self) -> bool:
+        return not isinstance(self.key_type, str)
 
     def encode(self, keys: pa.Array) -> tuple[np.ndarray, list[bytes]]:
         for seen, encoded in self._recent:
@@ -163,22 +174,54 @@ class KeyCodec:
                 return encoded
         original = keys
         keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
-        if keys.null_count:
-            raise StateAccessError(f"{keys.null_count} null keys")
-        encoded = (
-            key_groups(keys, self.key_type, self.max_parallelism),
-            key_bytes(keys, self.key_type),
-        )
+        if self.composite:
+            encoded = self._encode_composite(keys)
+        else:
+            if keys.null_count:
+                raise StateAccessError(f"{keys.null_count} null keys")
+            encoded = (
+                key_groups(keys, self.key_type, self.max_parallelism),
+                key_bytes(keys, self.key_type),
+            )
         self._recent[:] = [(original, encoded), *self._recent[:3]]  # holds the arrays alive
         return encoded
 
+    def _encode_composite(self, keys: pa.Array) -> tuple[np.ndarray, list[bytes]]:
+        types = self.key_type
+        if not pa.types.is_struct(keys.type) or keys.type.num_fields != len(types):
+            raise StateAccessError(
+                f"a key of columns {list(self.names)} is a struct array of them "
+                "(ctx.key_of(table) builds it)"
+            )
+        columns = keys.flatten()
+        nulls = sum(c.null_count for c in columns) + keys.null_count
+        if nulls:
+            raise StateAccessError(f"{nulls} null key columns")
+        parts = [key_bytes(c, t) for c, t in zip(columns, types, strict=True)]
+        joined = [b"".join(_U32.pack(len(p)) + p for p in row) for row in zip(*parts, strict=True)]
+        return key_groups(keys, types, self.max_parallelism), joined
+
     def decode(self, raw: list[bytes]) -> pa.Array:
-        if self.key_type in ("string", "binary"):
-            arr = pa.array(raw, pa.binary())
-            return arr.cast(pa.string()) if self.key_type == "string" else arr
-        width = 4 if self.key_type == "int" else 8
-        data = np.frombuffer(b"".join(raw), f">i{width}").astype(f"<i{width}")
-        return pa.array(data, pa.int32() if width == 4 else pa.int64())
+        if not self.composite:
+            return _decode_column(raw, self.key_type)
+        columns: list[list[bytes]] = [[] for _ in self.key_type]
+        for key in raw:
+            at = 0
+            for column in columns:
+                (n,) = _U32.unpack_from(key, at)
+                column.append(key[at + 4 : at + 4 + n])
+                at += 4 + n
+        arrays = [_decode_column(c, t) for c, t in zip(columns, self.key_type, strict=True)]
+        return pa.StructArray.from_arrays(arrays, list(self.names))
+
+
+def _decode_column(raw: list[bytes], key_type: str) -> pa.Array:
+    if key_type in ("string", "binary"):
+        arr = pa.array(raw, pa.binary())
+        return arr.cast(pa.string()) if key_type == "string" else arr
+    width = 4 if key_type == "int" else 8
+    data = np.frombuffer(b"".join(raw), f">i{width}").astype(f"<i{width}")
+    return pa.array(data, pa.int32() if width == 4 else pa.int64())
 
 
 def key_bytes(column: pa.Array, key_type: str) -> list[bytes]:

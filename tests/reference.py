@@ -14,7 +14,9 @@ An output table is an update stream, so what "exactly once" means is checked per
 - ``sessions`` (examples/sessions): every session the final watermark closes is emitted once,
   numbered per user, with its clicks and distinct pages;
 - ``country_clicks`` (examples/sessions, two stages): per user and per country, the emitted
-  counts rise strictly and the last ones are the input's, after the job's filter.
+  counts rise strictly and the last ones are the input's, after the job's filter;
+- ``page_visits`` (examples/sessions, two stages keyed by composite keys): per (user, url) and
+  per (url, bucket), the emitted counts rise strictly and end at the input's.
 """
 
 from __future__ import annotations
@@ -155,11 +157,13 @@ def check_sessions(home: Path, gap_ms: int = 10_000, lateness_ms: int = 2_000) -
     return f"{len(clicks):,} clicks, {len(expected):,} sessions compared"
 
 
-def _rising_to(got: pd.DataFrame, key: str, value: str, expected: pd.Series) -> None:
-    """Per ``key``, the emitted ``value`` rises strictly from epoch to epoch (a record counted
-    twice, or an update emitted twice, breaks that) and ends at ``expected``."""
-    got = got.sort_values([key, "_epoch"])
-    twice = got[got.duplicated([key, value], keep=False)]
+def _rising_to(got: pd.DataFrame, key: str | list[str], value: str, expected: pd.Series) -> None:
+    """Per ``key`` (a column, or several), the emitted ``value`` rises strictly from epoch to
+    epoch (a record counted twice, or an update emitted twice, breaks that) and ends at
+    ``expected``."""
+    keys = [key] if isinstance(key, str) else key
+    got = got.sort_values([*keys, "_epoch"])
+    twice = got[got.duplicated([*keys, value], keep=False)]
     assert twice.empty, f"updates emitted twice:\n{twice.head(10)}"
     falling = got.groupby(key)[value].diff() <= 0
     assert not falling.any(), f"{value} going backwards:\n{got[falling].head(10)}"
@@ -193,10 +197,27 @@ def check_country_clicks(home: Path) -> str:
     )
 
 
+def check_page_visits(home: Path) -> str:
+    """The composite-key pipeline of examples/sessions/cutline_sessions/pipelines.py: visits per
+    (user, url), then per (url, bucket) the sum of the users' latest counts, where the bucket is
+    the user name's last character."""
+    clicks = read_log(home, "clicks")
+    clicks["bucket"] = clicks["user"].str[-1]
+    visits = output(home, "page_visits")
+    _rising_to(visits, ["user", "url"], "visits", clicks.groupby(["user", "url"]).size())
+    totals = output(home, "page_bucket_visits")
+    _rising_to(totals, ["url", "bucket"], "visits", clicks.groupby(["url", "bucket"]).size())
+    return (
+        f"{len(clicks):,} clicks, {clicks.groupby(['user', 'url']).ngroups:,} (user, url) and "
+        f"{clicks.groupby(['url', 'bucket']).ngroups} (url, bucket) keys compared"
+    )
+
+
 CHECKS = {
     "clicks_per_user": check_clicks,
     "windowed_revenue": check_windows,
     "enriched_orders": check_enriched,
     "sessions": check_sessions,
     "country_clicks": check_country_clicks,
+    "page_visits": check_page_visits,
 }

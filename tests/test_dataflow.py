@@ -16,7 +16,7 @@ from spark_jobs.operators import KeyedAggregate
 from spark_jobs.runtime.dataflow import empty_input, rekey, split_by_subtask
 from spark_jobs.runtime.subtask import KEY_GROUP_COLUMN, SUBTASK_COLUMN, read_chunks
 from spark_jobs.sources.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
-from state.keygroups import key_group_of, key_group_range
+from state.keygroups import key_group_of, key_group_range, key_groups
 
 
 def _chunks(batch: pa.RecordBatch) -> dict[int, bytes]:
@@ -116,3 +116,36 @@ def test_an_idle_later_stage_subtask_gets_its_key_column():
     spec = _two_stages().stages[1]
     table = empty_input(spec)
     assert table.num_rows == 0 and table.schema.field("country").type == pa.string()
+
+
+def test_a_composite_key_routes_each_column_combination_to_its_owner():
+    """A later stage keyed by two columns: every row goes to the subtask owning the key group of
+    Spark's hash(country, clicks), and an idle subtask's empty input has both columns."""
+    job = _two_stages()
+    by_pair = KeyedAggregate(
+        "per_pair", "per_user", ("country", "clicks"), ("string", "bigint"), {"n": ("count", None)}
+    )
+    job = dataclasses.replace(job, operator=(job.stages[0], by_pair))
+    output = pa.table(
+        {
+            "user": [f"user-{i}" for i in range(60)],
+            "country": [f"c{i % 7}" for i in range(60)],
+            "clicks": pa.array([i % 5 for i in range(60)], pa.int64()),
+        }
+    )
+    pairs = []
+    for subtask, chunk in rekey(output, job, 1, upstream=0):
+        table = read_chunks([chunk], None)
+        owned = key_group_range(subtask, job.parallelism, job.max_parallelism)
+        keys = pa.StructArray.from_arrays(
+            [table.column("country").combine_chunks(), table.column("clicks").combine_chunks()],
+            ["country", "clicks"],
+        )
+        groups = key_groups(keys, ("string", "bigint"), job.max_parallelism).tolist()
+        assert table.column(KEY_GROUP_COLUMN).to_pylist() == groups
+        assert all(g in owned for g in groups)
+        pairs += table.select(["country", "clicks"]).to_pylist()
+    expected = output.select(["country", "clicks"]).to_pylist()
+    assert sorted(pairs, key=str) == sorted(expected, key=str)
+    empty = empty_input(by_pair).schema
+    assert (empty.field("country").type, empty.field("clicks").type) == (pa.string(), pa.int64())

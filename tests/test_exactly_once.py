@@ -40,6 +40,8 @@ INPUTS = {
     "cutline_sessions.jobs:sessions": [("clicks", 24_000, 6_000)],
     # a transform and two keyed stages, the second re-keying the first's output; two sinks
     "cutline_sessions.pipelines:country_clicks": [("clicks", 24_000, 6_000)],
+    # two stages keyed by composite keys, the second re-partitioning by (url, bucket)
+    "cutline_sessions.pipelines:page_visits": [("clicks", 24_000, 6_000)],
 }
 IN_TASKS = {"subtask-restored", "batch-applied", "snapshot-taken"}  # counted per Python worker
 ONCE = {"restore-started", "sink-recovered"}  # reached once per attempt

@@ -318,28 +318,30 @@ KEY_CASES = {
 }
 
 
+class _SparkTypes(dict):
+    """Spark SQL types by key type, imported when a Spark test first asks."""
+
+    def __missing__(self, key_type: str):
+        from pyspark.sql import types as T
+
+        self.update(
+            string=T.StringType(), binary=T.BinaryType(), int=T.IntegerType(), bigint=T.LongType()
+        )
+        return self[key_type]
+
+
+SPARK_TYPES = _SparkTypes()
+
+
 @pytest.mark.spark
 @pytest.mark.parametrize("key_type", list(KEY_CASES))
 def test_spark_hash_and_key_groups_match_spark(spark, key_type: str) -> None:
-    from pyspark.sql.types import (
-        BinaryType,
-        IntegerType,
-        LongType,
-        StringType,
-        StructField,
-        StructType,
-    )
+    from pyspark.sql.types import StructField, StructType
 
-    spark_types = {
-        "string": StringType(),
-        "binary": BinaryType(),
-        "int": IntegerType(),
-        "bigint": LongType(),
-    }
     make_keys, arrow_type = KEY_CASES[key_type]
     keys = make_keys(random.Random(f"cutline-keygroups-{key_type}"))
     schema = StructType(
-        [StructField("i", IntegerType(), False), StructField("k", spark_types[key_type], True)]
+        [StructField("i", SPARK_TYPES["int"], False), StructField("k", SPARK_TYPES[key_type], True)]
     )
     df = spark.createDataFrame(list(enumerate(keys)), schema)
     group_columns = [f"{kg.spark_key_group_sql('k', m)} AS kg_{m}" for m in MAX_PARALLELISMS]
@@ -354,6 +356,46 @@ def test_spark_hash_and_key_groups_match_spark(spark, key_type: str) -> None:
         _assert_same(keys, kg.key_groups(arrow_keys, key_type, m), spark_groups, f"kg M={m}")
     # The scalar reference agrees with Spark too, so the unit tests above test the real thing.
     _assert_same(keys, [ref_hash(k, key_type) for k in keys], [r["h"] for r in rows], "reference")
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("types", [("string", "bigint"), ("int", "binary", "string")])
+def test_composite_keys_hash_like_spark_hash_of_a_struct(spark, types: tuple[str, ...]) -> None:
+    """A composite key hashes as Spark's ``hash(struct(a, b))``, which is ``hash(a, b)``: the
+    routing (spark_key_group_sql over the struct the sources build) and the state layer agree,
+    nulls in any column included."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructField, StructType
+
+    rng = random.Random(f"cutline-composite-{'-'.join(types)}")
+    names = [f"c{i}" for i in range(len(types))]
+    values = []
+    for t in types:
+        column = KEY_CASES[t][0](rng)[:1200]
+        rng.shuffle(column)
+        values.append(column)
+    n = min(len(v) for v in values)
+    rows_in = [(i, *(v[i] for v in values)) for i in range(n)]
+    schema = StructType(
+        [StructField("i", SPARK_TYPES["int"], False)]
+        + [StructField(c, SPARK_TYPES[t], True) for c, t in zip(names, types, strict=True)]
+    )
+    df = spark.createDataFrame(rows_in, schema).withColumn("k", F.struct(*names))
+    rows = sorted(
+        df.select(
+            "i",
+            F.hash("k").alias("struct_hash"),
+            F.hash(*names).alias("hash"),
+            F.expr(kg.spark_key_group_sql("k", 128)).alias("kg"),
+        ).collect()
+    )
+    keys = pa.StructArray.from_arrays(
+        [pa.array(v[:n], KEY_CASES[t][1]) for v, t in zip(values, types, strict=True)],
+        names,
+    )
+    ours = kg.spark_hash(keys, types)
+    assert ours.tolist() == [r["struct_hash"] for r in rows] == [r["hash"] for r in rows]
+    assert kg.key_groups(keys, types, 128).tolist() == [r["kg"] for r in rows]
 
 
 # --- Java ----------------------------------------------------------------------------------------

@@ -204,3 +204,37 @@ def test_enrich_applies_the_table_side_first_and_keeps_types(store):
     rows = {r["user"]: (r["country"], r["tier"]) for r in out.to_pylist()}
     assert rows == {"a": ("FR", 2), "b": ("US", 0), "c": (None, None)}
     assert out.schema.field("tier").type == pa.int32()
+
+
+def test_composite_keys_aggregate_and_window_per_column_combination(store):
+    """A key of two columns: each (user, page) pair has its own running count, and its own
+    windows fired by timers whose keys come back as both columns."""
+    rng = np.random.default_rng(5)
+    per_pair = Stage(
+        KeyedAggregate("pairs", "s", ("user", "page"), ("string", "bigint"), {"n": ("count", None)})
+    )
+    windows = Stage(
+        WindowedAggregate(
+            "win", "s", ("user", "page"), ("string", "bigint"), "ts", 10, 0, {"n": ("count", None)}
+        )
+    )
+    counts: collections.Counter = collections.Counter()
+    per_window: collections.Counter = collections.Counter()
+    fired, watermark = [], None
+    for step in range(4):
+        users = [f"u{i}" for i in rng.integers(0, 5, 200)]
+        pages = rng.integers(0, 4, 200).tolist()
+        ts = (step * 10 + rng.integers(0, 10, 200)).tolist()
+        table = batch(users, ts=ts, page=pa.array(pages, pa.int64()))
+        out = per_pair.apply(store, table, None).output
+        counts.update(zip(users, pages, strict=True))
+        got = {(r["user"], r["page"]): r["n"] for r in out.to_pylist()}
+        assert got == {k: counts[k] for k in set(zip(users, pages, strict=True))}
+        per_window.update((u, p, t // 10 * 10) for u, p, t in zip(users, pages, ts, strict=True))
+        fired += windows.apply(store, table, watermark).output.to_pylist()
+        watermark = max(ts)
+    fired += windows.apply(
+        store, batch([], ts=[], page=pa.array([], pa.int64())), 10**6
+    ).output.to_pylist()
+    got = {(r["user"], r["page"], r["window_start"]): r["n"] for r in fired}
+    assert got == dict(per_window), "every (user, page) window, once, with its count"

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.job import JobDefinition, Operator
-from spark_jobs.keyed_process import SOURCE_COLUMN
+from spark_jobs.keyed_process import SOURCE_COLUMN, Key, key_columns
 from spark_jobs.runtime.placement import pin_to_anchor, subtask_partition
 from spark_jobs.runtime.subtask import (
     KEY_COLUMN,
@@ -34,7 +34,7 @@ from spark_jobs.runtime.subtask import (
     run_subtask,
 )
 from spark_jobs.sources.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
-from state.keygroups import key_groups, spark_key_group_sql, subtask_for_key_group
+from state.keygroups import key_groups, key_types_of, spark_key_group_sql, subtask_for_key_group
 
 CHUNKS_SCHEMA = "subtask int, chunk binary"  # split_by_subtask's output
 _KEY_ARROW_TYPES = {
@@ -97,16 +97,18 @@ def rekey(output: pa.Table, job: JobDefinition, stage: int, upstream: int) -> li
         return []
     spec, before = job.stages[stage], job.stages[stage - 1].name
     key = spec.inputs[before]
-    if key not in output.column_names:
+    missing = [c for c in key_columns(key) if c not in output.column_names]
+    if missing:
         raise ValueError(
-            f"stage {spec.name!r} is keyed by {key!r}, which the output of stage {before!r} "
-            f"does not have: its columns are {output.column_names}"
+            f"stage {spec.name!r} is keyed by {key!r}, but the output of stage {before!r} has "
+            f"no {missing}: its columns are {output.column_names}"
         )
     p, m = job.parallelism, job.max_parallelism
-    groups = key_groups(output.column(key), spec.key_type, m)
+    keys = key_array(output, key)
+    groups = key_groups(keys, spec.key_type, m)
     n = output.num_rows
     table = (
-        output.append_column(KEY_COLUMN, output.column(key))
+        output.append_column(KEY_COLUMN, keys)
         .append_column(SOURCE_COLUMN, pa.array([before] * n, pa.string()))
         .append_column(PARTITION_COLUMN, pa.array(np.full(n, upstream, np.int32)))
         .append_column(NEXT_OFFSET_COLUMN, pa.array(np.arange(1, n + 1, dtype=np.int64)))
@@ -116,13 +118,23 @@ def rekey(output: pa.Table, job: JobDefinition, stage: int, upstream: int) -> li
     return cut_by_subtask(table)
 
 
+def key_array(table: pa.Table, key: Key) -> pa.Array:
+    """``table``'s keys: its key column, or a struct array of a composite key's columns."""
+    if isinstance(key, str):
+        return table.column(key).combine_chunks()
+    return pa.StructArray.from_arrays([table.column(c).combine_chunks() for c in key], list(key))
+
+
 def empty_input(spec: Operator) -> pa.Table:
-    """No records for a later stage: its key column and the routing columns."""
-    key = next(iter(spec.inputs.values()))
+    """No records for a later stage: its key column(s) and the routing columns."""
+    columns = key_columns(spec.key_column)
+    types = [_KEY_ARROW_TYPES[t] for t in key_types_of(spec.key_type)]
+    fields = list(zip(columns, types, strict=True))
+    key_type = types[0] if isinstance(spec.key_column, str) else pa.struct(fields)
     return pa.schema(
         [
-            (key, _KEY_ARROW_TYPES[spec.key_type]),
-            (KEY_COLUMN, _KEY_ARROW_TYPES[spec.key_type]),
+            *fields,
+            (KEY_COLUMN, key_type),
             (SOURCE_COLUMN, pa.string()),
             (PARTITION_COLUMN, pa.int32()),
             (NEXT_OFFSET_COLUMN, pa.int64()),

@@ -14,7 +14,7 @@ from typing import Any
 
 from spark_jobs.errors import ConfigurationError, UserCodeError
 from spark_jobs.job import JobDefinition, KafkaSource, Source
-from spark_jobs.keyed_process import SOURCE_COLUMN
+from spark_jobs.keyed_process import SOURCE_COLUMN, key_columns
 from spark_jobs.runtime.subtask import KEY_COLUMN
 from spark_jobs.sources.local_log import (
     BAD_DDL,
@@ -97,16 +97,17 @@ def _log(spark, reader, job: JobDefinition, name: str, log_root: str, start: Pos
         .option("topic", source.topic)
         .option("partitions", json.dumps(sorted(int(p) for p in start)))
         .option("startingOffsets", json.dumps(start))
-        .option("keyColumn", _raw_key(job, name) or "")
+        .option("keyColumn", ",".join(_raw_key(job, name)))
     )
 
 
-def _raw_key(job: JobDefinition, name: str) -> str | None:
-    """The key column a source's reader checks for nulls (a null key is a bad record, with its
-    raw line and offset): the first stage's key for it, if the source's schema has it. A key a
-    transform makes is checked after the transforms."""
-    key = job.source_inputs[name]
-    return key if key in schema_fields(job.source(name).schema) else None
+def _raw_key(job: JobDefinition, name: str) -> tuple[str, ...]:
+    """The key columns a source's reader checks for nulls (a null key is a bad record, with its
+    raw line and offset): the first stage's key for it, if the source's schema has all its
+    columns; none otherwise (a key a transform makes is checked after the transforms)."""
+    columns = key_columns(job.source_inputs[name])
+    fields = schema_fields(job.source(name).schema)
+    return columns if all(c in fields for c in columns) else ()
 
 
 def schema_fields(ddl: str) -> list[str]:
@@ -132,7 +133,7 @@ def empty_frame(spark, job: JobDefinition, name: str):
     return spark.createDataFrame([], source_ddl(job.source(name)))
 
 
-def _kafka_records(raw, source: KafkaSource, key: str | None):
+def _kafka_records(raw, source: KafkaSource, key: tuple[str, ...]):
     """JSON records of a Kafka topic with the log source's position and bad-record columns; a
     record is bad when it does not parse as a JSON object or its key is null."""
     from pyspark.sql import functions as F
@@ -146,8 +147,8 @@ def _kafka_records(raw, source: KafkaSource, key: str | None):
         F.col("offset").alias(BAD_OFFSET),
     )
     reason = F.when(F.col("_v").isNull(), F.lit("not a JSON object of the source's schema"))
-    if key is not None:
-        reason = reason.when(F.col(f"_v.{key}").isNull(), F.lit(f"null key {key!r}"))
+    for column in key:
+        reason = reason.when(F.col(f"_v.{column}").isNull(), F.lit(f"null key {column!r}"))
     reason = reason.otherwise(F.lit(None).cast("string"))
     return parsed.select(
         "_v.*",
@@ -168,12 +169,15 @@ def tag_and_union(job: JobDefinition, frames: dict[str, Any]):
     for name, df in frames.items():
         key = job.source_inputs[name]
         df = _transformed(job, name, df)
-        if key not in df.columns:
+        missing = [c for c in key_columns(key) if c not in df.columns]
+        if missing:
             raise ConfigurationError(
-                f"stage {job.stages[0].name!r} is keyed by {key!r}, which source {name!r} (after "
-                f"its transforms) does not have: its columns are {df.columns}"
+                f"stage {job.stages[0].name!r} is keyed by {key!r}, but source {name!r} (after "
+                f"its transforms) has no {missing}: its columns are {df.columns}"
             )
-        tagged.append(df.withColumn(SOURCE_COLUMN, F.lit(name)).withColumn(KEY_COLUMN, F.col(key)))
+        # a composite key routes as Spark's hash(struct(...)), which is hash(a, b, ...)
+        value = F.col(key) if isinstance(key, str) else F.struct(*key)
+        tagged.append(df.withColumn(SOURCE_COLUMN, F.lit(name)).withColumn(KEY_COLUMN, value))
     union = tagged[0]
     for df in tagged[1:]:
         union = union.unionByName(df, allowMissingColumns=True)
@@ -213,10 +217,13 @@ def _transformed(job: JobDefinition, name: str, df):
                 f"{dropped}: keep the columns whose names start with '_' (select('*', ...), "
                 "withColumn and where keep them)"
             )
-    key = job.source_inputs[name]
-    if key in good.columns and _raw_key(job, name) is None:
+    columns = key_columns(job.source_inputs[name])
+    if all(c in good.columns for c in columns) and not _raw_key(job, name):
         # the record's own offset is not known here: the position after it stands in
-        null = F.col(key).isNull()
+        null = F.lit(False)
+        for c in columns:
+            null = null | F.col(c).isNull()
+        key = job.source_inputs[name]
         reason = f"null key {key!r} after the transforms (offset: the position after the record)"
         good = (
             good.withColumn(BAD_REASON, F.when(null, F.lit(reason)).otherwise(F.col(BAD_REASON)))

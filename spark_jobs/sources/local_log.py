@@ -119,7 +119,7 @@ def read_range(
     start: int,
     end: int,
     schema: pa.Schema,
-    key: str | None = None,
+    key: str | tuple[str, ...] = (),
 ) -> pa.Table:
     """The records in bytes ``[start, end)`` of ``path``, parsed with Arrow's JSON reader, with
     their positions and the bad-record columns (set on records that are not JSON objects, have a
@@ -146,12 +146,16 @@ def read_range(
             raise MalformedRecordError(
                 f"malformed record in {path} between byte offsets {start} and {end}: {e}"
             ) from e
-    if key is not None and table.column(key).null_count:
-        null_key = np.asarray(table.column(key).is_null())
-        positions = np.flatnonzero(good)[null_key]
+    null_key = np.zeros(table.num_rows, bool)
+    # the key's columns: a null in any of them makes the record bad
+    for column in (key,) if isinstance(key, str) else key:
+        nulls = np.asarray(table.column(column).is_null())
+        positions = np.flatnonzero(good)[nulls & ~null_key]
         for i in positions:
-            reasons[i] = f"null key {key!r}"
-        good[positions] = False
+            reasons[i] = f"null key {column!r}"
+        null_key |= nulls
+    if null_key.any():
+        good[np.flatnonzero(good)[null_key]] = False
         table = table.filter(pa.array(~null_key))
     out = _with_positions(table, partition, ends[good])
     if good.all():
@@ -258,7 +262,8 @@ def _data_source_class():
             self.partitions_ = [int(p) for p in json.loads(options["partitions"])]
             self.starting = json.loads(options.get("startingOffsets", "{}"))
             self.ending = json.loads(options.get("endingOffsets", "{}"))
-            self.key = options.get("keyColumn") or None
+            # the key's columns, comma-separated (a composite key has several)
+            self.key = tuple(c for c in (options.get("keyColumn") or "").split(",") if c)
             fields = [f for f in schema.fields if not f.name.startswith("_")]
             self.arrow_schema = to_arrow_schema(StructType(fields))
             self.columns = [f.name for f in schema.fields]  # what Spark expects, in its order
