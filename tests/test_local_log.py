@@ -76,6 +76,15 @@ def test_bad_records_are_returned_with_reason_raw_line_and_offset(tmp_path):
     assert read_range(path, 1, 0, end, SCHEMA).num_rows == 7  # without a key: 3 bad
 
 
+def test_a_null_in_any_column_of_a_composite_key_is_a_bad_record(tmp_path):
+    records = [b'{"user": "a", "n": 1}', b'{"n": 2}', b'{"user": "b"}', b'{"user": "c", "n": 3}']
+    end = append_records(tmp_path, "t", 0, records)
+    table = read_range(partition_path(tmp_path, "t", 0), 0, 0, end, SCHEMA, key=("user", "n"))
+    reasons = table.column("_bad_reason").to_pylist()
+    assert reasons == [None, None, "null key 'user'", "null key 'n'"]  # rejects come last
+    assert table.column("user").to_pylist()[:2] == ["a", "c"]
+
+
 def test_generator_is_deterministic_and_chunk_aligned(tmp_path):
     assert _records("orders", 3, 0, 0, 25_000, 50) == (
         _records("orders", 3, 0, 0, 12_345, 50) + _records("orders", 3, 0, 12_345, 12_655, 50)
