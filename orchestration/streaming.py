@@ -42,7 +42,6 @@ from orchestration.partitions import (
     streaming_job_partitions,
 )
 from orchestration.resources import CutlinePaths, S3Resource, SparkSubmit
-from spark_jobs.job import KafkaSource
 from spark_jobs.job_loader import get_job
 
 
@@ -174,7 +173,7 @@ def streaming_driver(
             args += ["--max-batches", str(config.max_batches)]
         if config.idle_timeout_s is not None:
             args += ["--idle-timeout", str(config.idle_timeout_s)]
-        kafka = any(isinstance(s, KafkaSource) for s in definition.sources)
+        kafka = any(s.needs_kafka_connector for s in definition.sources)
         submit = spark_submit.command(args, kafka=kafka)
         forward = _Forwarder(context, job_name)
         with open_pipes_session(

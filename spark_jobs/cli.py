@@ -143,7 +143,6 @@ def job_for_run(args: argparse.Namespace):
 
 def _run(args: argparse.Namespace) -> int:
     from spark_jobs.events import open_events
-    from spark_jobs.job import KafkaSource
     from spark_jobs.job_loader import ship_user_code
     from spark_jobs.runtime.run import run_job
     from spark_jobs.runtime.start import abandon_plan, plan_start_early
@@ -158,7 +157,7 @@ def _run(args: argparse.Namespace) -> int:
     restore = None if args.restore == "none" else args.restore
     if args.reset_sink and restore is not None:
         raise ConfigurationError("--reset-sink only goes with --restore none (a start-over)")
-    kafka = any(isinstance(s, KafkaSource) for s in job.sources)
+    kafka = any(s.needs_kafka_connector for s in job.sources)
     watch = os.environ.get("CUTLINE_WATCH_PID")
     master = args.master or _settings(args).spark_master
     with open_events() as events:

@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from spark_jobs.keyed_process import Key, KeyedProcessFunction, key_columns
 from state.config import CheckpointConfig
@@ -54,11 +54,19 @@ class LogSource:
     schema: str
     max_records_per_partition: int = 10_000
 
+    needs_kafka_connector: ClassVar[bool] = False
+
     def __post_init__(self) -> None:
         _check_name("source.name", self.name)
         _check_name("source.topic", self.topic)
         if self.max_records_per_partition < 1:
             raise JobDefinitionError("source.max_records_per_partition must be >= 1")
+
+    def reader(self):
+        """How it is read (spark_jobs/sources/readers.py)."""
+        from spark_jobs.sources.readers import LogReader
+
+        return LogReader(self)
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,14 @@ class KafkaSource:
             raise JobDefinitionError("source.partitions must be >= 1")
         if self.max_records_per_partition < 1:
             raise JobDefinitionError("source.max_records_per_partition must be >= 1")
+
+    needs_kafka_connector: ClassVar[bool] = True
+
+    def reader(self):
+        """How it is read (spark_jobs/sources/readers.py)."""
+        from spark_jobs.sources.readers import KafkaReader
+
+        return KafkaReader(self)
 
     def servers(self) -> str:
         servers = self.bootstrap_servers or os.environ.get("CUTLINE_KAFKA_BOOTSTRAP")

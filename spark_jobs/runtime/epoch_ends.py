@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from spark_jobs.errors import NoRestorableCheckpointError
 from spark_jobs.job import JobDefinition
 from spark_jobs.sinks.delta_sink import DeltaSinkWriter
-from spark_jobs.sources.frames import partitions_of
 from state.manifest import CheckpointManifest
 
 Positions = dict[str, dict[str, int]]  # source -> partition -> position
@@ -93,7 +92,7 @@ def starting_point(
     base = manifest.source_positions if manifest else {}
     positions: Positions = {}
     for name in job.source_inputs:
-        parts, unread = partitions_of(job.source(name), log_root)
+        parts, unread = job.source(name).reader().partitions(log_root)
         start = base.get(name, {})
         positions[name] = {str(p): int(start.get(str(p), unread)) for p in parts}
     if manifest is None:
