@@ -16,6 +16,7 @@ from state.handles import StateFile, SubtaskStateHandle
 from state.paths import JobLayout, PathEscapeError, check_relative
 
 MANIFEST_VERSION = 1
+Positions = dict[str, dict[str, int]]  # source -> partition -> position after the last record
 
 
 class ManifestError(ValueError):

@@ -33,11 +33,9 @@ from state.compaction import (
     read_request,
 )
 from state.coordinator import CheckpointCoordinator
-from state.manifest import CheckpointManifest
+from state.manifest import CheckpointManifest, Positions
 from state.paths import JobLayout
 from state.storage import DurableStorage, StorageError
-
-Positions = dict[str, dict[str, int]]  # source -> partition -> position
 
 
 @dataclass(frozen=True)

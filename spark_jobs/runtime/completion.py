@@ -16,7 +16,7 @@ from spark_jobs.events import EventChannel
 from spark_jobs.runtime.barrier import CompactionRequests
 from spark_jobs.runtime.epoch_ends import EpochEnds
 from spark_jobs.runtime.progress import RunSummary
-from spark_jobs.sinks.delta_sink import DeltaSinkWriter
+from spark_jobs.sinks.sink import Sink
 from state.faults import kill_point
 from state.manifest import CheckpointManifest
 
@@ -27,7 +27,7 @@ class Completion:
     def __init__(
         self,
         job_name: str,
-        sinks: Sequence[DeltaSinkWriter],
+        sinks: Sequence[Sink],
         catalog: DeltaCatalog,
         ends: EpochEnds,
         compaction: CompactionRequests,

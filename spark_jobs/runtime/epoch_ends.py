@@ -15,10 +15,8 @@ from collections.abc import Sequence
 
 from spark_jobs.errors import NoRestorableCheckpointError
 from spark_jobs.job import JobDefinition
-from spark_jobs.sinks.delta_sink import DeltaSinkWriter
-from state.manifest import CheckpointManifest
-
-Positions = dict[str, dict[str, int]]  # source -> partition -> position
+from spark_jobs.sinks.sink import Sink
+from state.manifest import CheckpointManifest, Positions
 
 
 class EpochEnds:
@@ -48,7 +46,7 @@ class EpochEnds:
             self._uncommitted = {e: p for e, p in manifest.epoch_ends.items() if e > committed}
 
     def committed_through(
-        self, manifest: CheckpointManifest, through: int, sinks: Sequence[DeltaSinkWriter]
+        self, manifest: CheckpointManifest, through: int, sinks: Sequence[Sink]
     ) -> dict[int, Positions]:
         """Where each epoch after ``manifest``'s ended, up to ``through``: from the commit
         history of the sink that committed furthest, and the checkpoint's own record of its
@@ -83,7 +81,7 @@ def starting_point(
     committed: int,
     exactly_once: bool,
     ends: EpochEnds,
-    sinks: Sequence[DeltaSinkWriter],
+    sinks: Sequence[Sink],
 ) -> tuple[int, Positions]:
     """The epoch a new attempt's micro-batches continue after, and the positions they read from:
     the checkpoint's (partitions it does not name: from their start), or, exactly once when the

@@ -22,7 +22,7 @@ from spark_jobs.runtime.epoch_ends import EpochEnds
 from spark_jobs.runtime.progress import Progress, RunSummary
 from spark_jobs.runtime.recovery import ReplayEpoch
 from spark_jobs.runtime.subtask import BatchPlan, RunContext
-from spark_jobs.sinks.delta_sink import DeltaSinkWriter
+from spark_jobs.sinks.sink import Sink
 from spark_jobs.sources.bad_records import bad_record_error
 from spark_jobs.sources.frames import empty_frame, range_frame, tag_and_union
 from state.coordinator import CheckpointCoordinator
@@ -39,7 +39,7 @@ class MicroBatches:
         log_root: str,
         progress: Progress,
         summary: RunSummary,
-        sinks: Sequence[DeltaSinkWriter],
+        sinks: Sequence[Sink],
         ends: EpochEnds,
         compaction: CompactionRequests,
         *,

@@ -8,9 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_jobs.job import JobDefinition
-from state.manifest import CheckpointManifest
-
-Positions = dict[str, dict[str, int]]  # source -> partition -> position
+from state.manifest import CheckpointManifest, Positions
 
 
 @dataclass

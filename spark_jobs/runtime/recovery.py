@@ -26,9 +26,7 @@ from spark_jobs.errors import NoRestorableCheckpointError
 from spark_jobs.runtime.placement import executor_hosts, placed_rdd, preferred_hosts, wait_for_hosts
 from spark_jobs.runtime.start import select_checkpoint
 from spark_jobs.runtime.subtask import RunContext, prepare_slot
-from state.manifest import CheckpointManifest
-
-Positions = dict[str, dict[str, int]]  # source -> partition -> position
+from state.manifest import CheckpointManifest, Positions
 
 
 @dataclass(frozen=True)

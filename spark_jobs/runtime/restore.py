@@ -23,7 +23,7 @@ from spark_jobs.runtime.recovery import (
     restore_with_fallback,
 )
 from spark_jobs.runtime.startup import StartupTimeline
-from spark_jobs.sinks.delta_sink import DeltaSinkWriter
+from spark_jobs.sinks.sink import Sink
 from state.manifest import CheckpointManifest
 from state.storage import DurableStorage
 
@@ -36,7 +36,7 @@ class AttemptRestore:
     spark: object
     catalog: DeltaCatalog
     storage: DurableStorage
-    sinks: Sequence[DeltaSinkWriter]
+    sinks: Sequence[Sink]
     ends: EpochEnds
     batches: MicroBatches
     progress: Progress

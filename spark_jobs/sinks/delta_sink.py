@@ -34,11 +34,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_jobs.sinks.sink import Positions
 from state.catalog import FencedError
 from state.faults import kill_point
 
 EPOCH_COLUMN = "_epoch"
-Positions = dict[str, dict[str, int]]  # source -> partition -> position after the epoch
+
 _TRIES = 40
 
 
@@ -49,7 +50,7 @@ def staging_dir(staging_root: str | Path, job_id: str, sink: str, attempt: int, 
 
 
 class DeltaSinkWriter:
-    """One Delta table written by one attempt of a job."""
+    """One Delta table written by one attempt of a job: a :class:`~spark_jobs.sinks.sink.Sink`."""
 
     def __init__(
         self, job_id: str, sink: str, table: str, warehouse: str | Path, attempt: int

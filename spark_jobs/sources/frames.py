@@ -17,17 +17,22 @@ from spark_jobs.job import JobDefinition
 from spark_jobs.keyed_process import SOURCE_COLUMN, key_columns
 from spark_jobs.runtime.subtask import KEY_COLUMN
 from spark_jobs.sources.local_log import BAD_OFFSET, BAD_RAW, BAD_REASON, NEXT_OFFSET_COLUMN
-from spark_jobs.sources.readers import Positions, source_ddl
+from spark_jobs.sources.readers import PartitionPositions, source_ddl
 
 
-def stream_frame(spark, job: JobDefinition, name: str, log_root: str, start: Positions):
+def stream_frame(spark, job: JobDefinition, name: str, log_root: str, start: PartitionPositions):
     """Source ``name`` as a stream from ``start`` (one micro-batch reads at most the source's
     ``max_records_per_partition`` per partition)."""
     return job.source(name).reader().stream(spark, _raw_key(job, name), log_root, start)
 
 
 def range_frame(
-    spark, job: JobDefinition, name: str, log_root: str, start: Positions, end: Positions
+    spark,
+    job: JobDefinition,
+    name: str,
+    log_root: str,
+    start: PartitionPositions,
+    end: PartitionPositions,
 ):
     """The records of source ``name`` from ``start`` up to ``end``, as a batch: exactly what
     one micro-batch that ran from ``start`` to ``end`` read."""

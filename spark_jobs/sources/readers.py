@@ -25,7 +25,7 @@ from spark_jobs.sources.local_log import (
     topic_partitions,
 )
 
-Positions = dict[str, int]  # partition -> position of the next record
+PartitionPositions = dict[str, int]  # partition -> position of the next record
 
 
 def source_ddl(source: LogSource | KafkaSource) -> str:
@@ -37,12 +37,17 @@ class SourceReader(Protocol):
     def partitions(self, log_root: str) -> tuple[list[int], int]:
         """The source's partitions, and the position that means "from the beginning"."""
 
-    def stream(self, spark, key: tuple[str, ...], log_root: str, start: Positions) -> Any:
+    def stream(self, spark, key: tuple[str, ...], log_root: str, start: PartitionPositions) -> Any:
         """A streaming DataFrame from ``start``; a micro-batch reads at most the source's
         ``max_records_per_partition`` per partition."""
 
     def batch(
-        self, spark, key: tuple[str, ...], log_root: str, start: Positions, end: Positions
+        self,
+        spark,
+        key: tuple[str, ...],
+        log_root: str,
+        start: PartitionPositions,
+        end: PartitionPositions,
     ) -> Any:
         """The records from ``start`` up to ``end`` of the partitions in both, as a batch."""
 
@@ -62,18 +67,25 @@ class LogReader:
             )
         return parts, 0
 
-    def stream(self, spark, key: tuple[str, ...], log_root: str, start: Positions) -> Any:
+    def stream(self, spark, key: tuple[str, ...], log_root: str, start: PartitionPositions) -> Any:
         limit = str(self.source.max_records_per_partition)
         reader = self._reader(spark, spark.readStream, key, log_root, start)
         return reader.option("maxRecordsPerPartition", limit).load()
 
     def batch(
-        self, spark, key: tuple[str, ...], log_root: str, start: Positions, end: Positions
+        self,
+        spark,
+        key: tuple[str, ...],
+        log_root: str,
+        start: PartitionPositions,
+        end: PartitionPositions,
     ) -> Any:
         reader = self._reader(spark, spark.read, key, log_root, start)
         return reader.option("endingOffsets", json.dumps(end)).load()
 
-    def _reader(self, spark, reader, key: tuple[str, ...], log_root: str, start: Positions):
+    def _reader(
+        self, spark, reader, key: tuple[str, ...], log_root: str, start: PartitionPositions
+    ):
         register_data_source(spark)
         return (
             reader.format("cutline_log")
@@ -95,20 +107,25 @@ class KafkaReader:
     def partitions(self, log_root: str) -> tuple[list[int], int]:
         return list(range(self.source.partitions)), -2  # Kafka's "earliest"
 
-    def stream(self, spark, key: tuple[str, ...], log_root: str, start: Positions) -> Any:
+    def stream(self, spark, key: tuple[str, ...], log_root: str, start: PartitionPositions) -> Any:
         limit = self.source.max_records_per_partition * self.source.partitions
         reader = self._reader(spark.readStream, start)
         reader = reader.option("maxOffsetsPerTrigger", str(limit))
         return self._records(reader.load(), key)
 
     def batch(
-        self, spark, key: tuple[str, ...], log_root: str, start: Positions, end: Positions
+        self,
+        spark,
+        key: tuple[str, ...],
+        log_root: str,
+        start: PartitionPositions,
+        end: PartitionPositions,
     ) -> Any:
         reader = self._reader(spark.read, start)
         reader = reader.option("endingOffsets", json.dumps({self.source.topic: end}))
         return self._records(reader.load(), key)
 
-    def _reader(self, reader, start: Positions):
+    def _reader(self, reader, start: PartitionPositions):
         return (
             reader.format("kafka")
             .option("kafka.bootstrap.servers", self.source.servers())
