@@ -1,24 +1,26 @@
 """Safe evolution: which checkpoints a changed job may restore (Flink's operator uids).
 
 Every stateful stage has a uid (default: its name) and a state schema: each state's fingerprint
-names its kind, type and stored form (state/user_state.py; the built-in operators name their own
-forms). Each manifest records both (``stages``), and the subtasks' state handles are filed under
-the uid. A restore takes a checkpoint only if
+names its kind, type and stored form (state/state_types.py; a function that packs its own bytes
+names the layout in ``StateSpec.encoding``). Each manifest records both (``stages``), and the
+subtasks' state handles are filed under the uid. A restore takes a checkpoint only if
 
-- every uid the checkpoint holds state for is a stage of the job: a stage that was removed (or
-  whose uid changed) is refused, unless the user passes ``--allow-non-restored-state`` (its state
-  is then dropped, as in Flink);
+- every uid the checkpoint holds state for is a stage of the job, and every state it holds for
+  a stage is one the stage still declares: a removed stage (or a changed uid) and a removed (or
+  renamed) state are refused, naming them, unless the user passes
+  ``--allow-non-restored-state`` (that state is then dropped, as in Flink);
 - every state both sides know has the same fingerprint: a changed type is refused, naming the
   stage and the state.
 
-A stage the checkpoint does not know starts empty; a state the job no longer declares is dropped.
-Renaming a stage and keeping its uid restores its state.
+A stage or a state the checkpoint does not know starts empty. Renaming a stage and keeping its
+uid restores its state. Nothing a checkpoint holds is ever dropped without the flag: a restore
+never silently starts a state over.
 """
 
 from __future__ import annotations
 
 from spark_jobs.errors import IncompatibleStateError
-from spark_jobs.job import JobDefinition
+from spark_jobs.job import KEY_FINGERPRINT, JobDefinition
 from state.manifest import CheckpointManifest
 
 
@@ -45,22 +47,38 @@ def check_restorable(
             )
         log(f"{what}, which the job has no stage for: dropped (--allow-non-restored-state)")
     for stage in job.stages:
-        _check_states(stage, manifest, log)
+        _check_states(stage, manifest, allow_non_restored, log)
 
 
-def _check_states(stage, manifest: CheckpointManifest, log) -> None:
+def _check_states(stage, manifest: CheckpointManifest, allow_non_restored: bool, log) -> None:
     """Every state of ``stage`` that the checkpoint also knows is stored the same way."""
     before = manifest.stages.get(stage.uid)
     if before is None:
         return  # a new stage, or a checkpoint from before fingerprints were recorded
     now = stage.state_schema()
     for name in sorted(before.keys() & now.keys()):
+        if before[name] != now[name] and name == KEY_FINGERPRINT:
+            raise IncompatibleStateError(
+                f"stage {stage.name!r} (uid {stage.uid!r}) was keyed by {before[name]} in "
+                f"checkpoint {manifest.checkpoint_id} but is keyed by {now[name]}: its state "
+                "cannot be restored under other keys (give the stage a new uid, and pass "
+                "--allow-non-restored-state to drop the old one)"
+            )
         if before[name] != now[name]:
             raise IncompatibleStateError(
                 f"stage {stage.name!r} (uid {stage.uid!r}): state {name!r} was stored as "
                 f"{before[name]} in checkpoint {manifest.checkpoint_id} but is declared as "
                 f"{now[name]}: a changed state type cannot be restored (give the state a new "
-                "name to start it empty)"
+                "name, and pass --allow-non-restored-state to drop the old one)"
             )
     for name in sorted(before.keys() - now.keys()):
-        log(f"stage {stage.name!r}: state {name!r} is no longer declared: dropped")
+        what = (
+            f"stage {stage.name!r} (uid {stage.uid!r}): checkpoint {manifest.checkpoint_id} holds "
+            f"state {name!r} ({before[name]}), which the stage no longer declares"
+        )
+        if not allow_non_restored:
+            raise IncompatibleStateError(
+                f"{what} (it declares {sorted(now)}): declare it again to restore it, or pass "
+                "--allow-non-restored-state to drop it"
+            )
+        log(f"{what}: dropped (--allow-non-restored-state)")

@@ -29,6 +29,10 @@ BAD_RECORD_POLICIES = ("fail", "dead_letter")
 DEAD_LETTER_SINK = "dead_letters"
 
 
+KEY_FINGERPRINT = "__key__"  # a stage's key types, beside its states' fingerprints (no state
+# name starts with "_")
+
+
 class JobDefinitionError(ValueError):
     """A job definition is invalid; the message names the field."""
 
@@ -202,7 +206,10 @@ class KeyedProcess:
         return next(iter(self.inputs.values()))
 
     def state_schema(self) -> dict[str, str]:
-        return {s.name: s.fingerprint() for s in self.function.states}
+        """Each state's fingerprint, and (under ``KEY_FINGERPRINT``) the key's types: what a
+        checkpoint records and a restore checks (spark_jobs/evolution.py)."""
+        key = f"key<{','.join(key_types_of(self.key_type))}>"
+        return {KEY_FINGERPRINT: key, **{s.name: s.fingerprint() for s in self.function.states}}
 
     def watermark_lag_ms(self) -> int | None:
         """How far the stage's watermark trails its largest event time; None: it has none."""
@@ -282,8 +289,8 @@ class JobDefinition:
         return self.sink if isinstance(self.sink, tuple) else (self.sink,)
 
     @property
-    def source_inputs(self) -> dict[str, str]:
-        """Each source the job reads -> the first stage's key column for it."""
+    def source_inputs(self) -> dict[str, Key]:
+        """Each source the job reads -> the first stage's key for it (a column, or several)."""
         return self.stages[0].inputs
 
     def source(self, name: str) -> Source:
@@ -320,7 +327,7 @@ def _check_chain(stages: tuple[Operator, ...], sources: list[str]) -> None:
         if list(stage.inputs) != [before.name]:
             raise JobDefinitionError(
                 f"stage {stage.name!r} must read the output of the stage before it, "
-                f"{before.name!r}, keyed by one column (inputs={{{before.name!r}: <key>}}); "
+                f"{before.name!r}, keyed by its own key (inputs={{{before.name!r}: <key>}}); "
                 f"got inputs {sorted(stage.inputs)}"
             )
 

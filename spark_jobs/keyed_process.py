@@ -130,11 +130,13 @@ class KeyedContext:
         figure is summed into each checkpoint's counters."""
         self.late_records += int(count)
 
-    def key_of(self, table: pa.Table) -> pa.Array:
-        """The stage's key of every row of ``table`` (records, timers, or a group-by of them):
-        its key column, or for a composite key the struct array of its key columns, which is
-        what the state views and the timer calls take."""
+    def key_of(self, table: pa.Table | pd.DataFrame) -> pa.Array:
+        """The stage's key of every row of ``table`` (records, timers, or a group-by of them; an
+        Arrow table or a pandas frame): its key column, or for a composite key the struct array
+        of its key columns, which is what the state views and the timer calls take."""
         columns = key_columns(self.key_column)
+        if isinstance(table, pd.DataFrame):
+            table = pa.Table.from_pandas(table[list(columns)], preserve_index=False)
         if isinstance(self.key_column, str):
             return table.column(self.key_column).combine_chunks()
         arrays = [table.column(c).combine_chunks() for c in columns]

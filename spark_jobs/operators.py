@@ -9,6 +9,8 @@ on packed aggregates, and writes into the micro-batch's one write batch.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,6 +20,7 @@ from spark_jobs.keyed_process import SOURCE_COLUMN, KeyedContext, KeyedProcessFu
 from state.state_types import MapStateSpec, ValueStateSpec
 
 AGGREGATES = ("count", "sum", "min", "max", "last")
+_OUTPUT = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")
 _SEP = "\x1f"  # joins the table fields of EnrichWithLatest into one stored value
 _NULL_LEN = 0xFFFF_FFFF  # the stored length of a null ``last`` value
 
@@ -33,6 +36,11 @@ def _check_aggregates(
     if not aggregates:
         raise JobDefinitionError(f"{where}: aggregates must name at least one aggregate")
     for out, (fn, col) in aggregates.items():
+        if not isinstance(out, str) or not _OUTPUT.fullmatch(out):
+            raise JobDefinitionError(
+                f"{where}: aggregates output column {out!r} must start with a letter and hold "
+                "only letters, digits and '_' (columns starting with '_' are the runtime's)"
+            )
         if fn not in AGGREGATES:
             raise JobDefinitionError(
                 f"{where}: aggregates[{out!r}] function must be one of {AGGREGATES}, got {fn!r}"

@@ -69,7 +69,7 @@ class StateSpec:
     name: str
     type: pa.DataType
     ttl: Ttl | None = None
-    encoding: str = ""
+    encoding: str = field(default="", kw_only=True)
     kind = "value"
 
     def __post_init__(self) -> None:

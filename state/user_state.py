@@ -139,13 +139,13 @@ class ListState(_StateView):
             return
         raw = encode_values(values, self.spec.type, f"state {self.spec.name!r}")
         framed = pa.array([encode_list([v]) for v in raw], pa.binary())
-        grouped = (
-            pa.table({"k": keys, "v": framed})
+        all_groups, all_kb = self.keys.encode(keys)
+        grouped = (  # by the stored key bytes: any key, composite ones too
+            pa.table({"k": pa.array(all_kb, pa.binary()), "g": all_groups, "v": framed})
             .group_by("k", use_threads=False)  # keeps arrival order within a key
-            .aggregate([("v", "list")])
+            .aggregate([("g", "min"), ("v", "list")])
         )
-        unique = grouped.column("k")
-        groups, kb = self.keys.encode(unique)
+        groups, kb = grouped.column("g_min").to_numpy(), grouped.column("k").to_pylist()
         old = self._read(groups, kb)
         appended = [b"".join(vs) for vs in grouped.column("v_list").to_pylist()]
         merged = [(o or b"") + a for o, a in zip(old, appended, strict=True)]

@@ -52,6 +52,9 @@ def test_bad_operator_and_source_fields():
         KeyedAggregate("a", "s", "k", "float", {"n": ("count", None)})
     with pytest.raises(JobDefinitionError, match=r"stage 'a': aggregates\['n'\] function"):
         KeyedAggregate("a", "s", "k", "string", {"n": ("median", "v")})
+    for bad in ("Bad Name", "_hidden", "_last_at"):
+        with pytest.raises(JobDefinitionError, match=f"output column '{bad}' must start"):
+            KeyedAggregate("a", "s", "k", "string", {bad: ("count", None)})
     with pytest.raises(JobDefinitionError, match="needs an input column"):
         KeyedAggregate("a", "s", "k", "string", {"n": ("sum", None)})
     with pytest.raises(JobDefinitionError, match="'last' is supported by KeyedAggregate with"):

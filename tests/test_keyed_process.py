@@ -162,6 +162,7 @@ def test_output_that_does_not_match_the_declared_schema_is_an_error(tmp_path):
 def test_sessionize_declares_its_states_with_fingerprints():
     schema = sessions().operator.state_schema()
     assert schema == {
+        "__key__": "key<string>",
         "times": "list<int64>/no-ttl/v1",
         "pages": "list<string>/no-ttl/v1",
         "totals": "map<string,int64>/ttl/v1",

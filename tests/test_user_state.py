@@ -242,3 +242,34 @@ def test_composite_keys_encode_unambiguously_and_decode_back():
         codec.encode(with_null)
     with pytest.raises(StateAccessError, match="struct array"):
         codec.encode(pa.array(["a"]))
+
+
+def test_every_state_takes_composite_keys(tmp_path):
+    """Value, list and map state keyed by (user, page): appends to one key arrive in order, a
+    TTL cleanup finds composite keys again, and a reopened store reads them back."""
+    codec = KeyCodec(("string", "bigint"), 128, ("user", "page"))
+
+    def keys(users, pages):
+        return pa.StructArray.from_arrays(
+            [pa.array(users), pa.array(pages, pa.int64())], ["user", "page"]
+        )
+
+    with RocksDBStore(tmp_path / "db", ALL) as store:
+        txn = BufferedTransaction(store)
+        clock = {"processing": 0}
+        k = keys(["a", "a", "b", "a"], [1, 2, 1, 1])
+        open_view(SPECS["v"], txn, codec, clock).update(k, pa.array([1, 2, 3, 4]))
+        open_view(SPECS["l"], txn, codec, clock).add(k, pa.array([0.5, 1.5, 2.5, 3.5]))
+        open_view(SPECS["m"], txn, codec, clock).put(k, pa.array(["x"] * 4), pa.array([7] * 4))
+        txn.commit()
+        txn = BufferedTransaction(store)
+        unique = keys(["a", "a", "b", "c"], [1, 2, 1, 1])
+        assert open_view(SPECS["v"], txn, codec, clock).get(unique).to_pylist() == [4, 2, 3, None]
+        lists = open_view(SPECS["l"], txn, codec, clock).get(unique).to_pylist()
+        assert lists == [[0.5, 3.5], [1.5], [2.5], []]
+        items = open_view(SPECS["m"], txn, codec, clock).items(unique)
+        assert items.column("index").to_pylist() == [0, 1, 2]
+        assert expire(SPECS, txn, codec, {"processing": TTL_MS + 1}) == 3  # the map entries
+        txn.commit()
+        txn = BufferedTransaction(store)
+        assert open_view(SPECS["m"], txn, codec, clock).items(unique).num_rows == 0

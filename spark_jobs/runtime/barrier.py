@@ -5,8 +5,8 @@ A micro-batch that carried barrier *n* records its :class:`Cut` (where the sourc
 watermarks and counters stood at the barrier); each subtask's :class:`~state.acks.Ack` arrives in
 this attempt's inbox in durable storage once its upload is done. The :class:`AckPoller` thread
 hands both to the coordinator, which completes the checkpoint when it has all of them (writing
-the manifest, then committing the catalog row: state/coordinator.py) and notifies the run
-(spark_jobs/runtime/run.py ``on_complete``). Completion commits Delta transactions, so it runs
+the manifest, then committing the catalog row: state/coordinator.py) and notifies its listener
+(spark_jobs/runtime/completion.py). Completion commits Delta transactions, so it runs
 here, never on Spark's stream thread, which a stopping query interrupts.
 
 :class:`CompactionRequests` serves a compaction request

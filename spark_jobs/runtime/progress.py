@@ -32,8 +32,9 @@ class RunSummary:
 
 @dataclass
 class Progress:
-    """Where the attempt's micro-batches stand. Written by the micro-batch loop only (Spark's
-    stream thread, or the restore's replay before it); cuts carry copies."""
+    """Where the attempt's micro-batches stand. Written by the micro-batches alone: the restore's
+    replay (before the query's first micro-batch may run), then Spark's stream thread; cuts
+    carry copies."""
 
     job: JobDefinition
     epoch: int = 0
@@ -68,9 +69,10 @@ class Progress:
                 self.watermarks[stage.uid] = max(
                     self.watermarks.get(stage.uid, candidate), candidate
                 )
-        bad = sum(r["bad_records"] for r in stats)
-        if bad:
-            self.counters["bad_records"] = self.counters.get("bad_records", 0) + bad
+        for counter in ("bad_records", "late_records"):
+            n = sum(r[counter] for r in stats)
+            if n:
+                self.counters[counter] = self.counters.get(counter, 0) + n
 
     def position_copy(self) -> Positions:
         return {k: dict(v) for k, v in self.positions.items()}

@@ -1,9 +1,9 @@
-"""What runs inside Spark tasks: routing a micro-batch to subtasks, and one subtask of the keyed
-operator for one micro-batch.
+"""One subtask of one stage for one micro-batch, inside a Spark task (spark_jobs/runtime/
+dataflow.py routes the records to it), and the setup of a subtask's working state for a new
+attempt.
 
-The map side (:func:`split_by_subtask`, in ``mapInArrow``) cuts each source partition's Arrow
-batches into one Arrow IPC chunk per subtask. After the shuffle (placement.py), partition *i* is
-exactly subtask *i* and runs on the host that holds its working state. The task opens the
+Partition *i* of a stage's shuffle is exactly subtask *i* and runs on the host that holds its
+working state (placement.py). The task opens the
 subtask's working RocksDB on the executor's local disk (one per attempt: a zombie attempt never
 touches it), checks that it holds the state the driver expects (right attempt, previous
 micro-batch applied), applies the batch and records its progress, stages the sink output (under

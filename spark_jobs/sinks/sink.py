@@ -19,6 +19,7 @@ from state.manifest import Positions
 
 class Sink(Protocol):
     sink: str  # the sink's name in the job
+    table_path: str  # where its output is (for messages)
     staging_root: Path  # where subtasks stage epochs for it
 
     def fence(self) -> None:

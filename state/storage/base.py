@@ -126,7 +126,7 @@ class DurableStorage(ABC):
             )
 
 
-TMP_PREFIX = ".tmp-"  # temp files of atomic writes: never listed, never restored
+TMP_PREFIX = ".tmp-"  # the temp files of atomic writes (listed like any file; GC removes them)
 
 
 def tmp_name() -> str:
