@@ -33,15 +33,15 @@ KILLS = int(os.environ.get("CUTLINE_TEST_KILLS", "10"))
 RUN = ["--idle-timeout", "3", "--interval-ms", "1000", "--max-records-per-partition", "4000"]
 # per job: (kind, records per partition at first, records per partition appended per attempt)
 INPUTS = {
-    "clicks_per_user": [("clicks", 24_000, 6_000)],
-    "windowed_revenue": [("orders", 24_000, 6_000)],
-    "enriched_orders": [("orders", 16_000, 4_000), ("profiles", 4_000, 1_000)],
+    "clicks_per_user": [("clicks", 16_000, 4_000)],
+    "windowed_revenue": [("orders", 16_000, 4_000)],
+    "enriched_orders": [("orders", 12_000, 3_000), ("profiles", 3_000, 1_000)],
     # a user's job from its own package (examples/sessions), run as module:attr
-    "cutline_sessions.jobs:sessions": [("clicks", 24_000, 6_000)],
+    "cutline_sessions.jobs:sessions": [("clicks", 16_000, 4_000)],
     # a transform and two keyed stages, the second re-keying the first's output; two sinks
-    "cutline_sessions.pipelines:country_clicks": [("clicks", 24_000, 6_000)],
+    "cutline_sessions.pipelines:country_clicks": [("clicks", 16_000, 4_000)],
     # two stages keyed by composite keys, the second re-partitioning by (url, bucket)
-    "cutline_sessions.pipelines:page_visits": [("clicks", 24_000, 6_000)],
+    "cutline_sessions.pipelines:page_visits": [("clicks", 16_000, 4_000)],
 }
 IN_TASKS = {"subtask-restored", "batch-applied", "snapshot-taken"}  # counted per Python worker
 ONCE = {"restore-started", "sink-recovered"}  # reached once per attempt
