@@ -26,6 +26,16 @@ from spark_jobs.api import (
 )
 
 CLICKS_SCHEMA = "user string, url string, ts long"
+# a checkpoint every 3 s, incremental, with local recovery; two retained, so that a corrupt latest
+# checkpoint can fall back to the previous one
+CHECKPOINTS = CheckpointConfig(
+    interval_ms=3_000,
+    num_retained=2,
+    max_concurrent=2,
+    tolerable_failed_checkpoints=3,
+    incremental=True,
+    local_recovery=True,
+)
 OUTPUT = pa.schema(
     [
         ("user", pa.string()),
@@ -148,13 +158,6 @@ def sessions(
             out_of_orderness_ms=out_of_orderness_ms,
         ),
         sink=DeltaSink("sessions_out", "sessions"),
-        checkpoint=CheckpointConfig(
-            interval_ms=3_000,
-            num_retained=2,
-            max_concurrent=2,
-            tolerable_failed_checkpoints=3,
-            incremental=True,
-            local_recovery=True,
-        ),
+        checkpoint=CHECKPOINTS,
         parallelism=2,
     )

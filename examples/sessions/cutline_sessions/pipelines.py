@@ -13,8 +13,8 @@ import dataclasses
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cutline_sessions.jobs import CHECKPOINTS, CLICKS_SCHEMA
 from spark_jobs.api import (
-    CheckpointConfig,
     DeltaSink,
     JobDefinition,
     KeyedAggregate,
@@ -27,7 +27,6 @@ from spark_jobs.api import (
     ValueStateSpec,
 )
 
-CLICKS_SCHEMA = "user string, url string, ts long"
 DROPPED_PAGE_MULTIPLE = 5
 
 
@@ -108,14 +107,7 @@ def country_clicks() -> JobDefinition:
             DeltaSink("user_clicks_out", "user_clicks", stage="clicks_by_user"),
             DeltaSink("country_clicks_out", "country_clicks"),
         ),
-        checkpoint=CheckpointConfig(
-            interval_ms=3_000,
-            num_retained=2,
-            max_concurrent=2,
-            tolerable_failed_checkpoints=3,
-            incremental=True,
-            local_recovery=True,
-        ),
+        checkpoint=CHECKPOINTS,
         parallelism=2,
     )
 
