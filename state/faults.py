@@ -6,7 +6,9 @@ protocol order, are :data:`KILL_POINTS`; some are reached in Spark's Python work
 runs in process groups of their own: :func:`arm`, called by the driver before it starts Spark,
 puts its own process group into the environment they inherit, so a kill anywhere takes the whole
 driver down, as a crash of its host would. Before dying the process writes one line,
-``CUTLINE_FAULT killed at <point>``, to stderr, so a test can say where each kill landed.
+``CUTLINE_FAULT killed at <point>``, to stderr and, when ``CUTLINE_FAULT_RECORD`` names a file,
+appends it there: a Python worker's stderr reaches the log through its JVM, which the kill can
+take down before it copies the line, so a test tells where each kill landed from the file.
 
 Without the variable :func:`kill_point` is a dictionary lookup: it costs nothing in production.
 """
@@ -21,6 +23,7 @@ from collections import Counter
 
 ENV = "CUTLINE_FAULT_KILL"
 GROUP_ENV = "CUTLINE_FAULT_KILL_GROUP"  # the driver's process group, set by arm()
+RECORD_ENV = "CUTLINE_FAULT_RECORD"  # a file each kill appends its line to before dying
 
 KILL_POINTS = (
     "restore-started",  # the start is planned; no subtask restored yet
@@ -58,8 +61,16 @@ def kill_point(point: str) -> None:
         hit = _hits[point]
     if hit != int(nth or 1):
         return
-    sys.stderr.write(f"CUTLINE_FAULT killed at {point}\n")
+    line = f"CUTLINE_FAULT killed at {point}\n"
+    sys.stderr.write(line)
     sys.stderr.flush()
+    record = os.environ.get(RECORD_ENV)
+    if record:  # one append(2), done before the kill: the line is in the file when we die
+        fd = os.open(record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
     group = int(os.environ.get(GROUP_ENV) or os.getpgid(0))
     if group != os.getpgid(0):
         os.killpg(group, signal.SIGKILL)

@@ -22,7 +22,7 @@ import pytest
 
 from spark_jobs.sources.generate import generate
 from state.faults import ENV as KILL_ENV
-from state.faults import KILL_POINTS
+from state.faults import KILL_POINTS, RECORD_ENV
 from tests.e2e_util import cutline, finish, kill_driver, report, run_to_end
 from tests.reference import CHECKS, check_clicks, output, read_log
 
@@ -58,15 +58,16 @@ def one_attempt(home: Path, job: str, rng: random.Random) -> str | None:
     mode = rng.choice(MODES)
     if mode in KILL_POINTS:
         nth = 1 if mode in ONCE else rng.randint(1, 2 if mode in IN_TASKS else 3)
-        log = home / "driver.log"
-        start = log.stat().st_size if log.exists() else 0
-        proc = cutline(home, "run", job, *RUN, env={KILL_ENV: f"{mode}@{nth}"})
-        rc = finish(proc, timeout=300)
-        said = log.read_bytes()[start:].decode(errors="replace")
+        record = home / "faults.log"  # where the kill point says it fired (state/faults.py)
+        record.unlink(missing_ok=True)
+        env = {KILL_ENV: f"{mode}@{nth}", RECORD_ENV: str(record)}
+        rc = finish(cutline(home, "run", job, *RUN, env=env), timeout=300)
         # killed at the point: SIGKILL of the driver's process group, which can reach the driver
         # a moment after its JVM died under it and a native thread crashed (SIGSEGV)
-        killed = rc < 0 and f"CUTLINE_FAULT killed at {mode}" in said
-        assert rc == 0 or killed, f"attempt exited {rc}: {said[-4000:]}"
+        killed = rc < 0 and record.exists() and f"killed at {mode}\n" in record.read_text()
+        assert rc == 0 or killed, (
+            f"attempt exited {rc}: {(home / 'driver.log').read_text(errors='replace')[-4000:]}"
+        )
         return f"{mode}@{nth}" if killed else None
     env = {"CUTLINE_FAULT_UPLOAD_DELAY_S": "3"} if mode == "uploads in flight" else {}
     delay = rng.uniform(4.0, 25.0)

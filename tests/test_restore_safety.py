@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
 from spark_jobs.sources.generate import generate
 from state.manifest import CheckpointManifest
@@ -39,9 +40,9 @@ def retained(home: Path) -> list[dict]:
     return sorted(rows, key=lambda r: r["checkpoint_id"])
 
 
-def damage_newest(home: Path, *, same_size: bool) -> int:
-    """Damage one shared file that the newest retained checkpoint alone references; returns the
-    checkpoint's id."""
+def damage_newest(home: Path, *, same_size: bool) -> tuple[CheckpointManifest, ...]:
+    """Damage one shared file that the newest retained checkpoint alone references; returns
+    that checkpoint and the one the restore must fall back to."""
     rows = retained(home)
     manifests = [
         CheckpointManifest.from_json((home / "checkpoints" / r["metadata_path"]).read_bytes())
@@ -55,7 +56,13 @@ def damage_newest(home: Path, *, same_size: bool) -> int:
         path.write_bytes(data[:64] + bytes(b ^ 0xFF for b in data[64:80]) + data[80:])
     else:
         path.write_bytes(data[: len(data) // 2])
-    return newest.checkpoint_id
+    return newest, manifests[-2]
+
+
+def committed_epoch(home: Path) -> int:
+    """The last epoch the job's sink committed (its Delta transaction version)."""
+    table = DeltaTable(home / "warehouse" / "tables" / JOB)
+    return table.transaction_version(f"cutline-sink-{JOB}-clicks_out")
 
 
 def status(home: Path, checkpoint_id: int) -> str:
@@ -68,19 +75,29 @@ def test_falling_back_past_damaged_checkpoints_never_re_emits_committed_output(t
     more_input(home, 24_000)
     run_to_end(home, "run", JOB, *RUN)
     for same_size in (False, True):
-        damaged = damage_newest(home, same_size=same_size)
+        committed = committed_epoch(home)
+        damaged, fallback = damage_newest(home, same_size=same_size)
         if same_size:  # the primary copy is the only one left
             shutil.rmtree(home / "local-state")
         more_input(home)
         run_to_end(home, "run", JOB, *RUN)
         log = (home / "driver.log").read_text()
-        assert status(home, damaged) == "CORRUPT"
-        assert f"checkpoint {damaged} is not restorable, marking it CORRUPT" in log
+        cid = damaged.checkpoint_id
+        assert status(home, cid) == "CORRUPT"
+        assert f"checkpoint {cid} is not restorable, marking it CORRUPT" in log
         evidence = "does not match its checksum" if same_size else "size"
-        assert evidence in log.split(f"checkpoint {damaged} is not restorable")[-1].splitlines()[0]
-        replayed = [line for line in log.splitlines() if line.startswith("replayed epochs")]
-        report(f"checkpoint {damaged} damaged ({'same size' if same_size else 'truncated'}): "
-              f"{replayed[-1]}")  # fmt: skip
+        assert evidence in log.split(f"checkpoint {cid} is not restorable")[-1].splitlines()[0]
+        assert f"restored checkpoint {fallback.checkpoint_id} (batch" in log
+        # the epochs the sinks committed after the fallback's cut (as of the restore's sink
+        # redo) run again without output; a fallback that cut at the sinks' last committed
+        # epoch has nothing to replay
+        replayed = [line for line in log.split(f"checkpoint {cid} is not restorable")[-1]
+                    .splitlines() if line.startswith("replayed epochs")]  # fmt: skip
+        assert all(r.startswith(f"replayed epochs {fallback.batch_id + 1}..") for r in replayed)
+        assert replayed or fallback.batch_id >= committed
+        how = "same size" if same_size else "truncated"
+        replay = replayed[0] if replayed else "nothing to replay: it cut at the last epoch"
+        report(f"checkpoint {cid} damaged ({how}), {fallback.checkpoint_id} restored: {replay}")
         report(check_clicks(home))
 
 
