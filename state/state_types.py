@@ -7,11 +7,11 @@ bytes. Keys are stored as bytes (UTF-8 strings, big-endian integers) beside thei
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from state.keygroups import KeyType, key_groups
 
@@ -24,7 +24,6 @@ _FIXED = {
     pa.float64(): "<f8",
 }
 _VARIABLE = (pa.string(), pa.binary())
-_U32 = struct.Struct(">I")
 STATE_TYPES = (*_FIXED, *_VARIABLE)
 
 
@@ -197,30 +196,51 @@ class KeyCodec:
         nulls = sum(c.null_count for c in columns) + keys.null_count
         if nulls:
             raise StateAccessError(f"{nulls} null key columns")
-        parts = [key_bytes(c, t) for c, t in zip(columns, types, strict=True)]
-        joined = [b"".join(_U32.pack(len(p)) + p for p in row) for row in zip(*parts, strict=True)]
+        parts = []
+        for column, t in zip(columns, types, strict=True):
+            data = _key_binary(column, t)
+            lengths = pc.binary_length(data).to_numpy(zero_copy_only=False).astype(">u4")
+            parts += [_fixed_binary(lengths.tobytes(), 4, len(data)).cast(pa.binary()), data]
+        joined = pc.binary_join_element_wise(*parts, b"").to_pylist()  # in Arrow, not per row
         return key_groups(keys, types, self.max_parallelism), joined
 
     def decode(self, raw: list[bytes]) -> pa.Array:
         if not self.composite:
-            return _decode_column(raw, self.key_type)
-        columns: list[list[bytes]] = [[] for _ in self.key_type]
-        for key in raw:
-            at = 0
-            for column in columns:
-                (n,) = _U32.unpack_from(key, at)
-                column.append(key[at + 4 : at + 4 + n])
-                at += 4 + n
-        arrays = [_decode_column(c, t) for c, t in zip(columns, self.key_type, strict=True)]
+            return _decode_column(pa.array(raw, pa.binary()), self.key_type)
+        arrays = [
+            _decode_column(c, t)
+            for c, t in zip(_split_prefixed(raw, len(self.key_type)), self.key_type, strict=True)
+        ]
         return pa.StructArray.from_arrays(arrays, list(self.names))
 
 
-def _decode_column(raw: list[bytes], key_type: str) -> pa.Array:
+def _split_prefixed(raw: list[bytes], columns: int) -> list[pa.Array]:
+    """Composite keys back to one binary array per column: each key is its columns' bytes,
+    each after its 4-byte big-endian length. Gathered with numpy, not parsed per key."""
+    buf = np.frombuffer(b"".join(raw), np.uint8)
+    sizes = np.fromiter(map(len, raw), np.int64, len(raw))
+    at = np.concatenate([[0], np.cumsum(sizes)])[:-1].astype(np.int64)
+    out = []
+    for _ in range(columns):
+        head = buf[at[:, None] + np.arange(4)].astype(np.int64)
+        n = (head[:, 0] << 24) | (head[:, 1] << 16) | (head[:, 2] << 8) | head[:, 3]
+        start = at + 4
+        offsets = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+        gather = np.repeat(start - offsets[:-1], n) + np.arange(offsets[-1])
+        buffers = [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(buf[gather].tobytes())]
+        out.append(pa.BinaryArray.from_buffers(pa.binary(), len(raw), buffers))
+        at = start + n
+    return out
+
+
+def _decode_column(raw: pa.Array, key_type: str) -> pa.Array:
+    """One key column from its stored bytes (a binary array)."""
     if key_type in ("string", "binary"):
-        arr = pa.array(raw, pa.binary())
-        return arr.cast(pa.string()) if key_type == "string" else arr
+        return raw.cast(pa.string()) if key_type == "string" else raw
     width = 4 if key_type == "int" else 8
-    data = np.frombuffer(b"".join(raw), f">i{width}").astype(f"<i{width}")
+    offsets = np.frombuffer(raw.buffers()[1], np.int32)[raw.offset : raw.offset + len(raw) + 1]
+    values = np.frombuffer(raw.buffers()[2] or b"", np.uint8)[offsets[0] : offsets[-1]]
+    data = values.view(f">i{width}").astype(f"<i{width}")
     return pa.array(data, pa.int32() if width == 4 else pa.int64())
 
 
@@ -231,3 +251,17 @@ def key_bytes(column: pa.Array, key_type: str) -> list[bytes]:
     width = 4 if key_type == "int" else 8
     raw = column.to_numpy(zero_copy_only=False).astype(f">i{width}").tobytes()
     return [raw[i : i + width] for i in range(0, len(raw), width)]
+
+
+def _key_binary(column: pa.Array, key_type: str) -> pa.Array:
+    """:func:`key_bytes` as an Arrow binary array."""
+    if key_type in ("string", "binary"):
+        return column.cast(pa.binary())
+    width = 4 if key_type == "int" else 8
+    raw = column.to_numpy(zero_copy_only=False).astype(f">i{width}").tobytes()
+    return _fixed_binary(raw, width, len(column)).cast(pa.binary())
+
+
+def _fixed_binary(raw: bytes, width: int, n: int) -> pa.Array:
+    """``n`` values of ``width`` bytes each, laid end to end in ``raw``."""
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, pa.py_buffer(raw)])

@@ -232,7 +232,10 @@ def test_composite_keys_encode_unambiguously_and_decode_back():
     )
     groups, raw = codec.encode(keys)
     assert len(set(raw)) == 4
+    # the stored layout: checkpoints written before any change must still decode
+    assert raw[0] == b"\0\0\0\x02ab" + b"\0\0\0\x08" + (1).to_bytes(8, "big") + b"\0\0\0\x01c"
     assert codec.decode(raw).equals(keys)
+    assert len(codec.decode([])) == 0
     assert groups.tolist() == key_groups(keys, codec.key_type, 128).tolist()
     with_null = pa.StructArray.from_arrays(
         [pa.array(["a", None]), pa.array([1, 2], pa.int64()), pa.array([b"", b""])],
