@@ -10,10 +10,7 @@ import sys
 from pathlib import Path
 
 from spark_jobs.errors import ConfigurationError
-from state.manifest import ManifestError
-from state.paths import JobLayout
-from state.restore import read_manifest, validate_checkpoint
-from state.storage import StorageError, open_storage
+from state.storage import StorageError
 
 
 def _settings(args: argparse.Namespace):
@@ -32,60 +29,15 @@ def _core_demo(args: argparse.Namespace) -> int:
 
 
 def _checkpoints(args: argparse.Namespace) -> int:
-    """A job's checkpoints from the catalog (read with delta-rs; no Spark)."""
-    from spark_jobs.catalog.tables import CatalogReader
+    from spark_jobs.checkpoint_listing import list_checkpoints
 
-    JobLayout(args.job)  # validates the name
-    rows = CatalogReader(_paths(args).warehouse).checkpoints(args.job)
-    if args.json:
-        print(json.dumps([r.to_dict() for r in rows], indent=1))
-        return 0
-    if not rows:
-        print(f"no checkpoints of job {args.job!r} in the catalog under {_paths(args).warehouse}")
-        return 1
-    print(
-        f"{'id':>5} {'attempt':>7} {'batch':>6} {'status':9} {'full B':>13} {'uploaded B':>13} "
-        f"{'files':>5} {'sync ms':>8} {'async ms':>9}"
-    )
-    for r in rows:
-        print(
-            f"{r.checkpoint_id:>5} {r.attempt:>7} {r.batch_id:>6} {r.status.value:9} "
-            f"{r.full_size:>13,} {r.incremental_size:>13,} {r.file_count:>5} "
-            f"{r.sync_ms:>8.1f} {r.async_ms:>9.1f}"
-        )
-    return 0
+    return list_checkpoints(args.job, _paths(args).warehouse, as_json=args.json)
 
 
 def _verify(args: argparse.Namespace) -> int:
-    """Check manifests and every file they name (presence, size, checksum)."""
-    storage = open_storage(_paths(args).checkpoint_root)
-    layout = JobLayout(args.job)
-    if args.checkpoint_id is not None:
-        ids = [args.checkpoint_id]
-    else:
-        ids = sorted(
-            {
-                cid
-                for info in storage.list(args.job)
-                if info.path.endswith("/" + JobLayout.METADATA)
-                and (cid := JobLayout.checkpoint_id_of(info.path.split("/", 1)[1])) is not None
-            }
-        )
-    if not ids:
-        print(f"no checkpoints of job {args.job!r} under {storage.url}")
-        return 1
-    bad = 0
-    for cid in ids:
-        path = layout.job_path(layout.metadata(cid))
-        try:
-            m = read_manifest(storage, path)
-            problems = validate_checkpoint(m, storage, checksums=True)
-        except (ManifestError, StorageError) as e:
-            problems = [str(e)]
-        bad += bool(problems)
-        verdict = "ok" if not problems else f"{len(problems)} problem(s): {problems[0]}"
-        print(f"chk-{cid}: {verdict}")
-    return 1 if bad else 0
+    from spark_jobs.checkpoint_listing import verify_checkpoints
+
+    return verify_checkpoints(args.job, _paths(args).checkpoint_root, args.checkpoint_id)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -19,18 +19,17 @@ Lifecycle of checkpoint n:
 4. Consecutive failures beyond ``tolerable_failed_checkpoints`` fail the job.
 
 When a checkpoint may start and when failures fail the job are policy objects
-(state/checkpoint_policies.py).
+(state/checkpoint_policies.py); what a checkpoint holds while it waits for its acks, the answers
+to an ack and the listener's events are in state/pending_checkpoint.py.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from state.acks import Ack
 from state.catalog import CheckpointCatalog, CheckpointStatus, CompletedCheckpoint, FencedError
@@ -40,68 +39,16 @@ from state.faults import kill_point
 from state.handles import SubtaskStateHandle
 from state.manifest import CheckpointManifest
 from state.paths import JobLayout
+from state.pending_checkpoint import (
+    AckResult,
+    CheckpointListener,
+    PendingCheckpoint,
+    TaskId,
+)
 from state.registry import select_subsumed
 from state.storage import AlreadyExistsError, DurableStorage, StorageError
 
 log = logging.getLogger(__name__)
-
-TaskId = tuple[str, int]
-
-
-class AckResult(enum.Enum):
-    ACCEPTED = "accepted"  # recorded; the checkpoint may still wait for others
-    COMPLETED = "completed"  # this ack completed the checkpoint
-    DUPLICATE = "duplicate"  # this task already acked this checkpoint
-    LATE = "late"  # the checkpoint was already completed or aborted
-    UNKNOWN = "unknown"  # no such checkpoint, or not a task of this job
-
-
-class CheckpointListener(Protocol):
-    def on_checkpoint_complete(
-        self, checkpoint: CompletedCheckpoint, manifest: CheckpointManifest
-    ) -> None: ...
-
-    def on_checkpoint_aborted(self, checkpoint_id: int, reason: str) -> None: ...
-
-    def on_job_failed(self, error: BaseException) -> None: ...
-
-
-@dataclass
-class PendingCheckpoint:
-    checkpoint_id: int
-    batch_id: int
-    trigger_time_ms: int
-    source_positions: dict[str, dict[str, int]]
-    sink_epochs: dict[str, int]
-    waiting: set[TaskId]
-    watermarks: dict[str, int] = field(default_factory=dict)
-    acks: dict[TaskId, SubtaskStateHandle | None] = field(default_factory=dict)
-    savepoint: bool = False
-    cut_recorded: bool = True
-    epoch_ends: dict[int, dict[str, dict[str, int]]] = field(default_factory=dict)
-    counters: dict[str, int] = field(default_factory=dict)
-
-    def to_manifest(
-        self, job_id: str, attempt: int, stages: dict[str, dict[str, str]]
-    ) -> CheckpointManifest:
-        """The self-contained manifest of this checkpoint, every ack and its cut being in."""
-        return CheckpointManifest(
-            job_id=job_id,
-            checkpoint_id=self.checkpoint_id,
-            batch_id=self.batch_id,
-            attempt=attempt,
-            trigger_time_ms=self.trigger_time_ms,
-            source_positions=self.source_positions,
-            sink_epochs=self.sink_epochs,
-            watermarks=self.watermarks,
-            subtasks=tuple(
-                sorted((h for h in self.acks.values() if h is not None), key=lambda h: h.task)
-            ),
-            savepoint=self.savepoint,
-            epoch_ends=self.epoch_ends,
-            counters=self.counters,
-            stages=stages,
-        )
 
 
 class CheckpointCoordinator:

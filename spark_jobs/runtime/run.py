@@ -21,8 +21,8 @@ commit anything anyway.
 
 Threads: Spark's stream thread runs the micro-batches, the restore thread runs before the first
 (which waits for it), the ack poller completes checkpoints, the heartbeat watches liveness; the
-main thread watches the query and stops the run. They share the failure (set once) and the stop
-event; the progress is written by the micro-batches alone.
+main thread watches the query and stops the run (runtime/watch.py). They share the failure (set
+once) and the stop event; the progress is written by the micro-batches alone.
 """
 
 from __future__ import annotations
@@ -45,12 +45,12 @@ from spark_jobs.runtime.completion import Completion
 from spark_jobs.runtime.epoch_ends import EpochEnds, starting_point
 from spark_jobs.runtime.liveness import heartbeat
 from spark_jobs.runtime.micro_batches import MicroBatches
-from spark_jobs.runtime.placement import executor_hosts, lost_subtasks
 from spark_jobs.runtime.progress import Progress, RunSummary
 from spark_jobs.runtime.restore import AttemptRestore
 from spark_jobs.runtime.start import StartPlan, plan_start, sink_writers
-from spark_jobs.runtime.startup import StartupTimeline
-from spark_jobs.runtime.subtask import RunContext, warm_up_worker
+from spark_jobs.runtime.startup import StartupTimeline, warm_up_workers
+from spark_jobs.runtime.subtask import RunContext
+from spark_jobs.runtime.watch import QueryWatch
 from spark_jobs.settings import RuntimePaths
 from spark_jobs.sources.frames import stream_frame, tag_and_union
 from state.catalog import FencedError
@@ -62,7 +62,6 @@ from state.storage import open_storage
 
 HEARTBEAT_S = 10.0
 EXECUTOR_WAIT_S = 60.0  # how long a restore waits for executors on the hinted hosts
-HOST_CHECK_S = 2.0  # how often a run on a cluster checks that its subtasks' hosts have executors
 
 
 class StreamingRun:
@@ -116,11 +115,7 @@ class StreamingRun:
         self._restored = threading.Event()  # the working state is restored: micro-batches may run
         self._shutdown = threading.Event()  # stop the heartbeat (after the final checkpoint)
         self._batch_lock = threading.Lock()
-        self._last_progress = time.monotonic()
-        self._query_has_run = False
-        self._in_batch = False
-        # on a cluster, a host that loses its executors takes its subtasks' working state along
-        self._watch_hosts = not spark.sparkContext.master.startswith("local")
+        self.watch = QueryWatch(spark.sparkContext, idle_timeout_s, self._stop, self.fail, self.log)
         self.ends = EpochEnds()
         self.progress = Progress(job)
         self.allocation: dict[str, str] = {}
@@ -226,7 +221,12 @@ class StreamingRun:
                     self.timeline,
                 )
                 restoring = pool.submit(restore, manifest, plan.fallbacks)
-                threading.Thread(target=self._warm_up, name="cutline-warm-up", daemon=True).start()
+                threading.Thread(
+                    target=warm_up_workers,
+                    args=(self.spark, job.parallelism, self.timeline, self.log),
+                    name="cutline-warm-up",
+                    daemon=True,
+                ).start()
                 try:
                     query = self._start_query(spark_checkpoint)
                     self.timeline.mark("query started")
@@ -246,8 +246,8 @@ class StreamingRun:
                     "restore_reports": self.summary.restore_reports,
                 },
             )
-            self._last_progress = time.monotonic()
-            self._watch(query)
+            self.watch.restart_idle_clock()
+            self.watch(query, self.allocation, lambda: self.summary.batches)
             with self._batch_lock:  # let a running micro-batch finish; later ones are skipped
                 pass
             query.stop()
@@ -338,35 +338,6 @@ class StreamingRun:
         except Exception as e:  # the run's own error matters more; the sensor sees the rest
             self.log(f"could not record the attempt's end: {type(e).__name__}: {e}")
 
-    def _watch(self, query) -> None:
-        """Until the run stops: the query's health, lost hosts, and the idle timeout."""
-        hosts_checked, suspect = time.monotonic(), None
-        while not self._stop.wait(0.2):
-            if self._watch_hosts and time.monotonic() - hosts_checked > HOST_CHECK_S:
-                hosts_checked = time.monotonic()
-                lost = lost_subtasks(self.allocation, executor_hosts(self.spark.sparkContext))
-                if lost and lost == suspect:  # two checks in a row: not a registration race
-                    self.fail(
-                        f"executors lost on {sorted(lost)}, which held the working state of "
-                        f"subtasks {sorted(s for v in lost.values() for s in v)}: "
-                        "restore from the latest checkpoint"
-                    )
-                    # a micro-batch waiting for those subtasks' tasks would wait forever
-                    self.spark.sparkContext.cancelAllJobs()
-                suspect = lost or None
-            if query.exception() is not None:
-                self.fail(f"micro-batch failed: {query.exception()}")
-            elif not query.isActive:
-                self.fail("the streaming query stopped")
-            elif self.idle_timeout_s is not None and not self._idle(query):
-                self._last_progress = time.monotonic()  # idle time counts from here
-            elif (
-                self.idle_timeout_s is not None
-                and time.monotonic() - self._last_progress > self.idle_timeout_s
-            ):
-                self.log(f"no new input for {self.idle_timeout_s} s: stopping")
-                self._stop.set()
-
     # -- start -----------------------------------------------------------------------------
 
     def _start_query(self, spark_checkpoint: str):
@@ -385,46 +356,15 @@ class StreamingRun:
             .start()
         )
 
-    def _warm_up(self) -> None:
-        """Start the Python workers of Spark's SQL side (they are not the restore's) and load
-        what they run, with a tiny job of the first micro-batch's shape, beside the restore: a
-        cold start of them made the first micro-batch take about twice as long as the next
-        ones. Best effort: a failure only costs the first micro-batch that time."""
-        started = time.perf_counter()
-        p = self.job.parallelism
-        try:
-            (
-                self.spark.range(p, numPartitions=p)
-                .mapInArrow(warm_up_worker, "id long")
-                .mapInArrow(warm_up_worker, "id long")
-                .collect()
-            )
-        except Exception as e:
-            self.log(f"warming up Python workers failed (the first micro-batch does it): {e}")
-            return
-        self.timeline.note_overlapped("Python workers warmed", time.perf_counter() - started)
-
     # -- micro-batches -----------------------------------------------------------------------
-
-    def _idle(self, query) -> bool:
-        """The query has run a trigger (on a loaded machine the first can take longer than the
-        idle timeout) and no micro-batch is running: a micro-batch longer than the idle timeout
-        is not idle time."""
-        if not self._query_has_run:
-            self._query_has_run = self.summary.batches > 0 or query.lastProgress is not None
-        return self._query_has_run and not self._in_batch
 
     def _process_batch(self, df, spark_batch_id: int) -> None:
         """``foreachBatch``: one micro-batch, unless the run is stopping."""
         self._restored.wait()  # the query starts while the state restores
         with self._batch_lock:  # a graceful stop waits for a running micro-batch
             if not self._stop.is_set():
-                self._in_batch = True
-                try:
+                with self.watch.batch():
                     self._run_batch(df)
-                finally:
-                    self._in_batch = False
-                    self._last_progress = time.monotonic()
 
     def _run_batch(self, df) -> None:
         first = not self.summary.batch_ms

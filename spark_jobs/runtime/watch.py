@@ -1,0 +1,86 @@
+"""What stops a running attempt besides a failed micro-batch: its streaming query dying, the
+loss of the executors that hold subtasks' working state (on a cluster: those subtasks must
+restore from the latest checkpoint), and the idle timeout (no new input)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from spark_jobs.runtime.placement import executor_hosts, lost_subtasks
+
+HOST_CHECK_S = 2.0  # how often a run on a cluster checks that its subtasks' hosts have executors
+
+
+class QueryWatch:
+    """Watches one attempt's query from the main thread; the micro-batches report through
+    :meth:`batch` (a micro-batch longer than the idle timeout is not idle time)."""
+
+    def __init__(
+        self,
+        spark_context,
+        idle_timeout_s: float | None,
+        stop: threading.Event,
+        fail: Callable[[str], None],
+        log: Callable[[str], None],
+    ) -> None:
+        self.sc = spark_context
+        self.idle_timeout_s = idle_timeout_s
+        self.stop, self.fail, self.log = stop, fail, log
+        # on a cluster, a host that loses its executors takes its subtasks' working state along
+        self.watch_hosts = not spark_context.master.startswith("local")
+        self.last_progress = time.monotonic()
+        self.has_run = False
+        self.in_batch = False
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Around one micro-batch."""
+        self.in_batch = True
+        try:
+            yield
+        finally:
+            self.in_batch = False
+            self.last_progress = time.monotonic()
+
+    def restart_idle_clock(self) -> None:
+        self.last_progress = time.monotonic()
+
+    def __call__(self, query, allocation: dict[str, str], batches: Callable[[], int]) -> None:
+        """Until the run stops: the query's health, lost hosts (``allocation``: subtask ->
+        host), and the idle timeout (``batches``: how many micro-batches ran)."""
+        hosts_checked, suspect = time.monotonic(), None
+        while not self.stop.wait(0.2):
+            if self.watch_hosts and time.monotonic() - hosts_checked > HOST_CHECK_S:
+                hosts_checked = time.monotonic()
+                lost = lost_subtasks(allocation, executor_hosts(self.sc))
+                if lost and lost == suspect:  # two checks in a row: not a registration race
+                    self.fail(
+                        f"executors lost on {sorted(lost)}, which held the working state of "
+                        f"subtasks {sorted(s for v in lost.values() for s in v)}: "
+                        "restore from the latest checkpoint"
+                    )
+                    # a micro-batch waiting for those subtasks' tasks would wait forever
+                    self.sc.cancelAllJobs()
+                suspect = lost or None
+            if query.exception() is not None:
+                self.fail(f"micro-batch failed: {query.exception()}")
+            elif not query.isActive:
+                self.fail("the streaming query stopped")
+            elif self.idle_timeout_s is not None and not self._idle(query, batches):
+                self.last_progress = time.monotonic()  # idle time counts from here
+            elif (
+                self.idle_timeout_s is not None
+                and time.monotonic() - self.last_progress > self.idle_timeout_s
+            ):
+                self.log(f"no new input for {self.idle_timeout_s} s: stopping")
+                self.stop.set()
+
+    def _idle(self, query, batches: Callable[[], int]) -> bool:
+        """The query has run a trigger (on a loaded machine the first can take longer than the
+        idle timeout) and no micro-batch is running."""
+        if not self.has_run:
+            self.has_run = batches() > 0 or query.lastProgress is not None
+        return self.has_run and not self.in_batch
