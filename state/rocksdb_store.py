@@ -4,7 +4,11 @@ Key layout (big-endian, so RocksDB's byte order groups everything by key group f
 
     value / list state   kg:u16 | len(name):u8 | name | key
     map state            kg:u16 | len(name):u8 | name | len(key):u32 | key | map_key
-    timers               kg:u16 | len("__timers__"):u8 | "__timers__" | (ts + 2**63):u64 | key
+    timer set ``name``   kg:u16 | len(name):u8 | name | (ts + 2**63):u64 | key
+
+so timers scan in timestamp order within a key group. A list is one value, its items each after
+their length (:func:`encode_list`). The stage-facing views over these (state/user_state.py) and
+the write buffer that reads its own writes (state/write_buffer.py) build on this store.
 
 Reads are multi-gets and writes are write batches, one call per micro-batch, never one per record.
 The write-ahead log is off (as in Flink): durability comes from checkpoints, and the working
@@ -33,7 +37,6 @@ from state.backend import (
 )
 from state.keygroups import KeyGroupRange
 
-TIMERS = "__timers__"
 _TS_OFFSET = 1 << 63
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -185,10 +188,6 @@ class RocksDBStore(KeyedStateBackend):
             out[i] = value
         return out
 
-    def get_lists(self, name: str, key_groups: KeyGroups, keys: Keys) -> list[list[bytes]]:
-        """List state: the items of every key's list (empty where absent)."""
-        return [decode_list(v) for v in self.get_many(name, key_groups, keys)]
-
     def map_get_many(
         self, name: str, key_groups: KeyGroups, keys: Keys, map_keys: Keys
     ) -> list[bytes | None]:
@@ -217,22 +216,6 @@ class RocksDBStore(KeyedStateBackend):
                 break
             yield key, it.value()
             it.next()
-
-    # -- timers ------------------------------------------------------------------------------
-
-    def due_timers(self, watermark: int) -> list[tuple[int, int, bytes]]:
-        """Timers with timestamp <= ``watermark`` as (timestamp, key group, key), by time."""
-        due: list[tuple[int, int, bytes]] = []
-        limit = _U64.pack(watermark + _TS_OFFSET)
-        for kg in self.key_group_range:
-            prefix = self._prefix_table(TIMERS)[kg]
-            for k, _ in self._scan(prefix):
-                ts_bytes = k[len(prefix) : len(prefix) + 8]
-                if ts_bytes > limit:
-                    break
-                due.append((_U64.unpack(ts_bytes)[0] - _TS_OFFSET, kg, k[len(prefix) + 8 :]))
-        due.sort()
-        return due
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -290,17 +273,6 @@ class RocksDBTransaction(Transaction):
         for k in self._store._keys(name, key_groups, keys):
             batch.delete(k)
 
-    def append_lists(
-        self, name: str, key_groups: KeyGroups, keys: Keys, items: Sequence[Sequence[bytes]]
-    ) -> None:
-        """List state: append ``items[i]`` to key i's list (one multi-get, one batch write).
-
-        Keys must be distinct within one call (group items per key first).
-        """
-        current = self._store.get_many(name, key_groups, keys)
-        merged = [(old or b"") + encode_list(new) for old, new in zip(current, items, strict=True)]
-        self.put(name, key_groups, keys, merged)
-
     def map_put(
         self,
         name: str,
@@ -318,18 +290,6 @@ class RocksDBTransaction(Transaction):
         batch = self._check_open()
         for k in self._store._map_keys(name, key_groups, keys, map_keys):
             batch.delete(k)
-
-    def register_timers(self, key_groups: KeyGroups, keys: Keys, timestamps: Sequence[int]) -> None:
-        ts_keys = [
-            _U64.pack(int(t) + _TS_OFFSET) + k for t, k in zip(timestamps, keys, strict=True)
-        ]
-        self.put(TIMERS, key_groups, ts_keys, [b""] * len(ts_keys))
-
-    def delete_timers(self, key_groups: KeyGroups, keys: Keys, timestamps: Sequence[int]) -> None:
-        ts_keys = [
-            _U64.pack(int(t) + _TS_OFFSET) + k for t, k in zip(timestamps, keys, strict=True)
-        ]
-        self.delete(TIMERS, key_groups, ts_keys)
 
     def commit(self) -> None:
         self._store.commit_batch(self, self._check_open())
