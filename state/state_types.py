@@ -200,7 +200,7 @@ class KeyCodec:
         for column, t in zip(columns, types, strict=True):
             data = _key_binary(column, t)
             lengths = pc.binary_length(data).to_numpy(zero_copy_only=False).astype(">u4")
-            parts += [_fixed_binary(lengths.tobytes(), 4, len(data)).cast(pa.binary()), data]
+            parts += [_fixed_binary(lengths.tobytes(), 4, len(data)), data]
         joined = pc.binary_join_element_wise(*parts, b"").to_pylist()  # in Arrow, not per row
         return key_groups(keys, types, self.max_parallelism), joined
 
@@ -248,20 +248,25 @@ def key_bytes(column: pa.Array, key_type: str) -> list[bytes]:
     """Keys as the bytes stored in RocksDB: UTF-8 for strings, big-endian for integers."""
     if key_type in ("string", "binary"):
         return column.cast(pa.binary()).to_pylist()
-    width = 4 if key_type == "int" else 8
-    raw = column.to_numpy(zero_copy_only=False).astype(f">i{width}").tobytes()
-    return [raw[i : i + width] for i in range(0, len(raw), width)]
+    raw, width = _big_endian(column, key_type)
+    return [raw[i : i + width] for i in range(0, len(raw), width)]  # 4x Arrow's to_pylist
 
 
 def _key_binary(column: pa.Array, key_type: str) -> pa.Array:
     """:func:`key_bytes` as an Arrow binary array."""
     if key_type in ("string", "binary"):
         return column.cast(pa.binary())
+    raw, width = _big_endian(column, key_type)
+    return _fixed_binary(raw, width, len(column))
+
+
+def _big_endian(column: pa.Array, key_type: str) -> tuple[bytes, int]:
+    """An integer key column's values, big-endian, end to end; and their width."""
     width = 4 if key_type == "int" else 8
-    raw = column.to_numpy(zero_copy_only=False).astype(f">i{width}").tobytes()
-    return _fixed_binary(raw, width, len(column)).cast(pa.binary())
+    return column.to_numpy(zero_copy_only=False).astype(f">i{width}").tobytes(), width
 
 
 def _fixed_binary(raw: bytes, width: int, n: int) -> pa.Array:
-    """``n`` values of ``width`` bytes each, laid end to end in ``raw``."""
-    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, pa.py_buffer(raw)])
+    """A binary array of ``n`` values of ``width`` bytes each, laid end to end in ``raw``."""
+    fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, pa.py_buffer(raw)])
+    return fixed.cast(pa.binary())

@@ -17,8 +17,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from deltalake import DeltaTable
 
+from spark_jobs.job_loader import get_job
+from spark_jobs.runtime.start import sink_writers
 from spark_jobs.sources.generate import generate
 from state.manifest import CheckpointManifest
 from tests.e2e_util import completed_checkpoints, cutline, finish, last_line, report, run_to_end
@@ -60,9 +61,8 @@ def damage_newest(home: Path, *, same_size: bool) -> tuple[CheckpointManifest, .
 
 
 def committed_epoch(home: Path) -> int:
-    """The last epoch the job's sink committed (its Delta transaction version)."""
-    table = DeltaTable(home / "warehouse" / "tables" / JOB)
-    return table.transaction_version(f"cutline-sink-{JOB}-clicks_out")
+    """The last epoch the job's output sink committed, as the sink itself reads it."""
+    return sink_writers(get_job(JOB), str(home / "warehouse"), attempt=0)[0].committed_epoch()
 
 
 def status(home: Path, checkpoint_id: int) -> str:
@@ -85,14 +85,13 @@ def test_falling_back_past_damaged_checkpoints_never_re_emits_committed_output(t
         cid = damaged.checkpoint_id
         assert status(home, cid) == "CORRUPT"
         assert f"checkpoint {cid} is not restorable, marking it CORRUPT" in log
-        evidence = "does not match its checksum" if same_size else "size"
-        assert evidence in log.split(f"checkpoint {cid} is not restorable")[-1].splitlines()[0]
+        after = log.split(f"checkpoint {cid} is not restorable")[-1].splitlines()
+        assert ("does not match its checksum" if same_size else "size") in after[0]
         assert f"restored checkpoint {fallback.checkpoint_id} (batch" in log
         # the epochs the sinks committed after the fallback's cut (as of the restore's sink
         # redo) run again without output; a fallback that cut at the sinks' last committed
         # epoch has nothing to replay
-        replayed = [line for line in log.split(f"checkpoint {cid} is not restorable")[-1]
-                    .splitlines() if line.startswith("replayed epochs")]  # fmt: skip
+        replayed = [line for line in after if line.startswith("replayed epochs")]
         assert all(r.startswith(f"replayed epochs {fallback.batch_id + 1}..") for r in replayed)
         assert replayed or fallback.batch_id >= committed
         how = "same size" if same_size else "truncated"
