@@ -23,6 +23,7 @@ AGGREGATES = ("count", "sum", "min", "max", "last")
 _OUTPUT = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")
 _SEP = "\x1f"  # joins the table fields of EnrichWithLatest into one stored value
 _NULL_LEN = 0xFFFF_FFFF  # the stored length of a null ``last`` value
+_NO_TIME = -(2**63)  # a table record without an event time: older than any with one
 
 
 def _split(raw: bytes, size: int) -> list[bytes]:
@@ -267,8 +268,9 @@ class TumblingWindows(KeyedProcessFunction):
 
 class LatestOf(KeyedProcessFunction):
     """Two inputs: every ``stream`` record with ``fields`` of the latest ``table`` record of its
-    key (by ``table_time``, ties in arrival order). Within a micro-batch the table side is
-    applied first."""
+    key by event time ``table_time`` (ties: the later micro-batch, then the later log position;
+    a record without an event time never replaces one with). Within a micro-batch the table side
+    is applied first. The stored value is the event time it is as of, then the fields."""
 
     def __init__(
         self,
@@ -280,7 +282,7 @@ class LatestOf(KeyedProcessFunction):
     ) -> None:
         self.stream, self.table, self.key = stream, table, key
         self.fields, self.table_time = fields, table_time
-        encoding = f"latest<{','.join(fields)}>/v1"
+        encoding = f"latest<{table_time};{','.join(fields)}>/v2"
         self.states = (ValueStateSpec("latest", pa.string(), encoding=encoding),)
 
     def process_batch(self, records: pa.Table, ctx: KeyedContext) -> pa.Table:
@@ -289,29 +291,39 @@ class LatestOf(KeyedProcessFunction):
         stream = records.filter(pc.equal(source, self.stream)).drop_columns([SOURCE_COLUMN])
         latest = ctx.state("latest")
         if updates.num_rows:
-            # the latest record per key: by event time, ties by arrival (a stable sort)
-            columns = _columns(self.key)
-            order = [(c, "ascending") for c in (*columns, self.table_time)]
-            updates = updates.sort_by(order)
-            rows = pa.array(np.arange(updates.num_rows))
-            last = (
-                updates.append_column("_row", rows)
-                .group_by(columns, use_threads=False)
-                .aggregate([("_row", "max")])
-            )
-            chosen = updates.take(last.column("_row_max"))
-            fields = [pc.fill_null(pc.cast(chosen.column(f), pa.string()), "") for f in self.fields]
-            latest.update(ctx.key_of(chosen), pc.binary_join_element_wise(*fields, _SEP))
+            self._update(updates, ctx)
         if stream.num_rows == 0:
             return stream
         parts = pc.split_pattern(latest.get(ctx.key_of(stream)), _SEP)
         # the union of both inputs carries the table's columns (null on stream records)
         types = {f: stream.schema.field(f).type for f in self.fields if f in stream.column_names}
         out = stream.drop_columns(list(types))
-        for i, name in enumerate(self.fields):
+        for i, name in enumerate(self.fields, start=1):
             value = pc.list_element(parts, i)
             out = out.append_column(name, value.cast(types[name]) if name in types else value)
         return out
+
+    def _update(self, updates: pa.Table, ctx: KeyedContext) -> None:
+        """Store, per key, the batch's latest record unless the stored one is later."""
+        at = pc.fill_null(pc.cast(updates.column(self.table_time), pa.int64()), _NO_TIME)
+        order = pc.sort_indices(at)  # stable: equal event times keep their arrival order
+        ranked = updates.take(order)
+        columns = _columns(self.key)
+        last = (
+            ranked.select(columns)
+            .append_column("_pos", pa.array(np.arange(ranked.num_rows)))
+            .group_by(columns, use_threads=False)
+            .aggregate([("_pos", "max")])
+            .column("_pos_max")
+        )
+        picked, at = ranked.take(last), at.take(order).take(last)
+        keys, latest = ctx.key_of(picked), ctx.state("latest")
+        held = pc.list_element(pc.split_pattern(latest.get(keys), _SEP, max_splits=1), 0)
+        newer = pc.fill_null(pc.greater_equal(at, pc.cast(held, pa.int64())), True)
+        values = [pc.cast(at, pa.string())]
+        values += [pc.fill_null(pc.cast(picked.column(f), pa.string()), "") for f in self.fields]
+        joined = pc.binary_join_element_wise(*values, _SEP)
+        latest.update(keys.filter(newer), joined.filter(newer))
 
 
 def KeyedAggregate(
@@ -375,8 +387,9 @@ def EnrichWithLatest(
     uid: str = "",
 ) -> KeyedProcess:
     """Two inputs cut at the same barrier: every record of ``stream`` is emitted with
-    ``fields`` of the latest record of ``table`` for the same key (by event time ``table_time``).
-    Within a micro-batch, the table side is applied before the stream side."""
+    ``fields`` of the latest record of ``table`` for the same key by event time ``table_time``
+    (ties: the later micro-batch, then the later log position), whatever order the table's
+    records arrive in. Within a micro-batch, the table side is applied before the stream side."""
     if stream == table:
         raise JobDefinitionError(f"stage {name!r}: stream and table must differ")
     if not fields:

@@ -1,33 +1,46 @@
-"""What the example jobs must output, computed from their input logs with pandas alone.
+"""What the example jobs must output, epoch by epoch, computed from their input logs with pandas
+alone.
 
-Independent of Cutline's code paths (no operators, no Arrow group-bys, no Spark): the exactly-once
-tests compare Cutline's Delta output with these answers, never with another Cutline run.
+Independent of Cutline's code paths (no operators, no Arrow group-bys, no Spark): the tests
+compare Cutline's Delta output with these answers, never with another Cutline run. The one thing
+taken from the run is where each committed epoch ended in the input, as the sinks' commits
+record it (tests/epoch_cuts.py): every input record belongs to one committed epoch, and each
+job's expected rows follow from the records of the epochs up to theirs:
 
-An output table is an update stream, so what "exactly once" means is checked per job:
+- ``clicks_per_user``: in each epoch, one row per user with clicks in it: the user's click
+  count and latest event time through that epoch;
+- ``country_clicks`` (examples/sessions, two stages, two sinks): after the job's filter, per user
+  and epoch the running count (and the user's country), per country and epoch the running count
+  and the number of distinct users;
+- ``page_visits`` (examples/sessions, composite keys): per (user, url) and per (url, bucket) and
+  epoch, the running count;
+- ``windowed_revenue``: each window once, in the epoch whose watermark (the largest event time of
+  the epochs before it, less the allowed lateness) first reaches its end, with the count and sum
+  of its orders that were on time when they arrived;
+- ``sessions`` (examples/sessions): each session once, in the epoch whose watermark first passes
+  its end by the gap, numbered per user;
+- ``enriched_orders``: each order once, in its own epoch, with the fields of its user's latest
+  profile by event time (ties: the later epoch, then the later log position) among the profiles of
+  the epochs up to the order's.
 
-- ``clicks_per_user``: per user, the emitted click counts rise strictly from epoch to epoch (a
-  record processed twice, or an update emitted twice, breaks that), and the last one is the
-  user's number of clicks in the input, with the latest event time;
-- ``windowed_revenue``: every window the final watermark closes is emitted once, with the count
-  and sum of its orders in the input;
-- ``enriched_orders``: every order is emitted once, with a profile of its user (or none);
-- ``sessions`` (examples/sessions): every session the final watermark closes is emitted once,
-  numbered per user, with its clicks and distinct pages;
-- ``country_clicks`` (examples/sessions, two stages): per user and per country, the emitted
-  counts rise strictly and the last ones are the input's, after the job's filter;
-- ``page_visits`` (examples/sessions, two stages keyed by composite keys): per (user, url) and
-  per (url, bucket), the emitted counts rise strictly and end at the input's.
+Output is compared row by row, (key, epoch) by (key, epoch) (tests/row_check.py), so an epoch
+lost, emitted twice, recomputed or reordered fails the check, naming key and epoch.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from spark_jobs.catalog.tables import read_delta
+from tests.epoch_cuts import EPOCH, EpochCuts, committed_cuts, first_epoch_at_least, watermarks
+from tests.epoch_cuts import output as read_table
+from tests.row_check import compare_rows
 
 # what makes a record valid, per topic: its key, and its fields of a numeric type
 VALID = {
@@ -57,74 +70,111 @@ def read_log(home: Path, topic: str, *, bad: bool = False) -> pd.DataFrame:
                 rows.append({**record, **where})
             else:
                 rejects.append(where)
-    return pd.DataFrame(rejects if bad else rows)
+    found = rejects if bad else rows
+    return pd.DataFrame(found) if found else pd.DataFrame(columns=["partition", "offset", "raw"])
 
 
 def output(home: Path, table: str) -> pd.DataFrame:
-    return read_delta(home / "warehouse" / "tables" / table).to_pandas()
+    return read_table(home / "warehouse" / "tables" / table)
 
 
-def check_clicks(home: Path) -> str:
-    """Fails unless ``clicks_per_user``'s output is exactly once; returns a summary."""
-    clicks = read_log(home, "clicks")
-    expected = clicks.groupby("user").agg(clicks=("ts", "size"), last_ts=("ts", "max"))
-    got = output(home, "clicks_per_user").sort_values(["user", "_epoch"])
-    duplicated = got[got.duplicated(["user", "clicks"], keep=False)]
-    assert duplicated.empty, f"updates emitted twice:\n{duplicated.head(10)}"
-    falling = got.groupby("user")["clicks"].diff() <= 0
-    assert not falling.any(), f"counts going backwards:\n{got[falling].head(10)}"
-    final = got.groupby("user").last()[["clicks", "last_ts"]]
-    final["last_ts"] = final["last_ts"].astype("int64")
-    pd.testing.assert_frame_equal(final.sort_index(), expected.sort_index(), check_dtype=False)
-    return f"{len(clicks):,} clicks, {len(expected):,} users, {len(got):,} output rows compared"
+@dataclass(frozen=True)
+class Expected:
+    """One sink table's expected rows (with ``_epoch``), its key and its value columns."""
+
+    rows: pd.DataFrame
+    keys: list[str]
+    values: list[str]
+    approx: tuple[str, ...] = ()  # sums of floats: their order may differ
 
 
-def windowed_expected(home: Path, window_ms: int = 10_000, lateness_ms: int = 2_000):
-    orders = read_log(home, "orders")
-    watermark = orders["ts"].max() - lateness_ms
+def _running(rows: pd.DataFrame, keys: list[str], sums: list[str], maxes: list[str] = ()):
+    """Per key, the running sums and maxima of per-epoch figures, in epoch order."""
+    rows = rows.sort_values([*keys, EPOCH]).reset_index(drop=True)
+    grouped = rows.groupby(keys, sort=False)
+    for c in sums:
+        rows[c] = grouped[c].cumsum()
+    for c in maxes:
+        rows[c] = grouped[c].cummax()
+    return rows
+
+
+def expect_clicks_per_user(inputs: dict[str, pd.DataFrame], epochs: list[int]) -> dict:
+    clicks = inputs["clicks"]
+    per = clicks.groupby(["user", EPOCH]).agg(clicks=("ts", "size"), last_ts=("ts", "max"))
+    rows = _running(per.reset_index(), ["user"], ["clicks"], ["last_ts"])
+    return {"clicks_per_user": Expected(rows, ["user"], ["clicks", "last_ts"])}
+
+
+def kept_clicks(clicks: pd.DataFrame) -> pd.DataFrame:
+    """examples/sessions' ``parse`` transform: clicks on every fifth page dropped; the country
+    is the first hex digit of the MD5 of the user name."""
+    page = clicks["url"].str.extract(r"^/p/(\d+)$", expand=False).astype("int64")
+    kept = clicks[page % 5 != 0].copy()
+    kept["country"] = [hashlib.md5(u.encode()).hexdigest()[0] for u in kept["user"]]
+    return kept
+
+
+def expect_country_clicks(inputs: dict[str, pd.DataFrame], epochs: list[int]) -> dict:
+    kept = kept_clicks(inputs["clicks"])
+    users = kept.groupby(["user", EPOCH]).agg(clicks=("ts", "size"), country=("country", "last"))
+    users = _running(users.reset_index(), ["user"], ["clicks"])
+    countries = kept.groupby(["country", EPOCH]).agg(clicks=("ts", "size")).reset_index()
+    joined = kept.groupby(["country", "user"])[EPOCH].min().reset_index()
+    new = joined.groupby(["country", EPOCH]).size().rename("users").reset_index()
+    countries = countries.merge(new, on=["country", EPOCH], how="left").fillna({"users": 0})
+    countries = _running(countries, ["country"], ["clicks", "users"])
+    return {
+        "user_clicks": Expected(users, ["user"], ["clicks", "country"]),
+        "country_clicks": Expected(countries, ["country"], ["clicks", "users"]),
+    }
+
+
+def expect_page_visits(inputs: dict[str, pd.DataFrame], epochs: list[int]) -> dict:
+    clicks = inputs["clicks"].assign(bucket=lambda c: c["user"].str[-1])
+    visits = clicks.groupby(["user", "url", EPOCH]).agg(
+        visits=("ts", "size"), bucket=("bucket", "last")
+    )
+    visits = _running(visits.reset_index(), ["user", "url"], ["visits"])
+    totals = clicks.groupby(["url", "bucket", EPOCH]).agg(visits=("ts", "size")).reset_index()
+    totals = _running(totals, ["url", "bucket"], ["visits"])
+    return {
+        "page_visits": Expected(visits, ["user", "url"], ["visits", "bucket"]),
+        "page_bucket_visits": Expected(totals, ["url", "bucket"], ["visits"]),
+    }
+
+
+def expect_windowed_revenue(
+    inputs: dict[str, pd.DataFrame],
+    epochs: list[int],
+    window_ms: int = 10_000,
+    lateness_ms: int = 2_000,
+) -> dict:
+    orders = inputs["orders"].copy()
+    marks = watermarks(orders, epochs, lateness_ms)
     orders["window_start"] = orders["ts"] - orders["ts"] % window_ms
-    closed = orders[orders["window_start"] + window_ms - 1 <= watermark]
-    expected = closed.groupby(["user", "window_start"]).agg(
-        orders=("ts", "size"), revenue=("amount", "sum")
+    mark_then = orders[EPOCH].map(marks)
+    on_time = mark_then.isna() | (orders["window_start"] + window_ms - 1 > mark_then)
+    windows = (
+        orders[on_time]
+        .groupby(["user", "window_start"])
+        .agg(orders=("ts", "size"), revenue=("amount", "sum"))
+        .reset_index()
     )
-    return orders, expected
+    windows["window_end"] = windows["window_start"] + window_ms
+    windows[EPOCH] = first_epoch_at_least(marks, windows["window_end"] - 1)
+    windows = windows[windows[EPOCH] >= 0]
+    return {
+        "windowed_revenue": Expected(
+            windows, ["user", "window_start"], ["window_end", "orders", "revenue"], ("revenue",)
+        )
+    }
 
 
-def check_windows(home: Path) -> str:
-    orders, expected = windowed_expected(home)
-    got = output(home, "windowed_revenue")
-    duplicated = got[got.duplicated(["user", "window_start"], keep=False)]
-    assert duplicated.empty, f"windows emitted twice:\n{duplicated.head(10)}"
-    got = got.set_index(["user", "window_start"])[["orders", "revenue"]].sort_index()
-    assert len(got) == len(expected), f"{len(got)} windows emitted, {len(expected)} expected"
-    pd.testing.assert_frame_equal(
-        got, expected.sort_index(), check_dtype=False, check_exact=False, rtol=1e-9
-    )
-    return f"{len(orders):,} orders, {len(expected):,} windows compared"
-
-
-def check_enriched(home: Path) -> str:
-    orders, profiles = read_log(home, "orders"), read_log(home, "profiles")
-    got = output(home, "enriched_orders")
-    twice = got[got.duplicated("order_id", keep=False)]
-    assert twice.empty, f"orders emitted twice:\n{twice.head(10)}"
-    assert set(got["order_id"]) == set(orders["order_id"]), "orders lost"
-    merged = got.merge(orders, on="order_id", suffixes=("", "_in"))
-    assert (merged["user"] == merged["user_in"]).all() and (merged["ts"] == merged["ts_in"]).all()
-    known = set(zip(profiles["user"], profiles["country"], profiles["tier"], strict=True))
-    enriched = merged.dropna(subset=["country"])
-    pairs = zip(enriched["user"], enriched["country"], enriched["tier"].astype(int), strict=True)
-    strange = [p for p in pairs if p not in known]
-    assert not strange, f"enriched with profiles their user never had: {strange[:5]}"
-    return f"{len(orders):,} orders ({len(enriched):,} enriched) compared"
-
-
-def sessions_expected(clicks: pd.DataFrame, gap_ms: int, lateness_ms: int) -> pd.DataFrame:
-    """Per user, runs of clicks less than ``gap_ms`` apart in event time, which the final
-    watermark (the largest event time less ``lateness_ms``) has passed by ``gap_ms``."""
-    watermark = clicks["ts"].max() - lateness_ms
+def sessions_of(clicks: pd.DataFrame, gap_ms: int) -> pd.DataFrame:
+    """Per user, runs of clicks less than ``gap_ms`` apart in event time, numbered per user."""
     rows = []
-    for user, ts_pages in clicks.sort_values("ts").groupby("user"):
+    for user, ts_pages in clicks.sort_values("ts", kind="stable").groupby("user"):
         number, start, last, pages, count = 0, None, None, set(), 0
         for ts, page in zip(ts_pages["ts"], ts_pages["url"], strict=True):
             if last is not None and ts - last >= gap_ms:
@@ -137,87 +187,118 @@ def sessions_expected(clicks: pd.DataFrame, gap_ms: int, lateness_ms: int) -> pd
             pages.add(page)
         number += 1
         rows.append((user, start, last, len(pages), number, count))
-    sessions = pd.DataFrame(
+    return pd.DataFrame(
         rows, columns=["user", "session_start", "session_end", "pages", "session_no", "clicks"]
     )
-    return sessions[sessions["session_end"] + gap_ms <= watermark]
 
 
-def check_sessions(home: Path, gap_ms: int = 10_000, lateness_ms: int = 2_000) -> str:
-    clicks = read_log(home, "clicks")
-    expected = sessions_expected(clicks, gap_ms, lateness_ms)
-    got = output(home, "sessions")
-    twice = got[got.duplicated(["user", "session_start"], keep=False)]
-    assert twice.empty, f"sessions emitted twice:\n{twice.head(10)}"
-    columns = ["user", "session_start", "session_end", "clicks", "pages", "session_no"]
-    got = got[columns].sort_values(columns[:2]).reset_index(drop=True)
-    expected = expected[columns].sort_values(columns[:2]).reset_index(drop=True)
-    assert len(got) == len(expected), f"{len(got)} sessions emitted, {len(expected)} expected"
-    pd.testing.assert_frame_equal(got, expected, check_dtype=False)
-    return f"{len(clicks):,} clicks, {len(expected):,} sessions compared"
+def expect_sessions(
+    inputs: dict[str, pd.DataFrame],
+    epochs: list[int],
+    gap_ms: int = 10_000,
+    lateness_ms: int = 2_000,
+) -> dict:
+    """Sessions close when the watermark passes their last click by the gap. The reference
+    models no late click (one behind the watermark when it arrives, which could not join the
+    session it belongs to): it refuses input that has one."""
+    clicks = inputs["clicks"]
+    marks = watermarks(clicks, epochs, lateness_ms)
+    late = clicks[clicks["ts"] < clicks[EPOCH].map(marks)]
+    if not late.empty:
+        raise AssertionError(f"the input has {len(late):,} late clicks; the reference has none")
+    sessions = sessions_of(clicks, gap_ms)
+    sessions[EPOCH] = first_epoch_at_least(marks, sessions["session_end"] + gap_ms)
+    sessions = sessions[sessions[EPOCH] >= 0]
+    values = ["session_end", "clicks", "pages", "session_no"]
+    return {"sessions": Expected(sessions, ["user", "session_start"], values)}
 
 
-def _rising_to(got: pd.DataFrame, key: str | list[str], value: str, expected: pd.Series) -> None:
-    """Per ``key`` (a column, or several), the emitted ``value`` rises strictly from epoch to
-    epoch (a record counted twice, or an update emitted twice, breaks that) and ends at
-    ``expected``."""
-    keys = [key] if isinstance(key, str) else key
-    got = got.sort_values([*keys, "_epoch"])
-    twice = got[got.duplicated([*keys, value], keep=False)]
-    assert twice.empty, f"updates emitted twice:\n{twice.head(10)}"
-    falling = got.groupby(key)[value].diff() <= 0
-    assert not falling.any(), f"{value} going backwards:\n{got[falling].head(10)}"
-    final = got.groupby(key)[value].last()
-    pd.testing.assert_series_equal(
-        final.sort_index(), expected.sort_index(), check_dtype=False, check_names=False
-    )
+def expect_enriched_orders(inputs: dict[str, pd.DataFrame], epochs: list[int]) -> dict:
+    orders, profiles = inputs["orders"], inputs["profiles"]
+    # the order in which a profile supersedes another: event time, then arrival
+    ranked = profiles.sort_values(["ts", EPOCH, "partition", "offset"]).reset_index(drop=True)
+    ranked["rank"] = np.arange(len(ranked), dtype=np.float64)
+    best = ranked.groupby(["user", EPOCH])["rank"].max().reset_index().sort_values(EPOCH)
+    best["rank"] = best.groupby("user")["rank"].cummax()
+    rows = pd.merge_asof(orders.sort_values(EPOCH), best, on=EPOCH, by="user", direction="backward")
+    chosen = ranked.reindex(rows["rank"].fillna(-1).astype(int))
+    rows["country"] = chosen["country"].to_numpy()
+    rows["tier"] = pd.array(chosen["tier"].to_numpy(), dtype="Int64")
+    values = ["user", "amount", "ts", "country", "tier"]
+    return {"enriched_orders": Expected(rows, ["order_id"], values)}
 
 
-def check_country_clicks(home: Path) -> str:
-    """The two-stage pipeline examples/sessions/cutline_sessions/pipelines.py: clicks on pages
-    whose number is a multiple of 5 dropped, counted per user, then summed per country (the
-    first hex digit of the MD5 of the user name)."""
-    clicks = read_log(home, "clicks")
-    page = clicks["url"].str.extract(r"^/p/(\d+)$", expand=False).astype("int64")
-    kept = clicks[page % 5 != 0].copy()
-    kept["country"] = [hashlib.md5(u.encode()).hexdigest()[0] for u in kept["user"]]
-    per_user = kept.groupby("user").size()
-    users = output(home, "user_clicks")
-    _rising_to(users, "user", "clicks", per_user)
-    country_of = kept.groupby("user")["country"].first()
-    assert (users.groupby("user")["country"].last().sort_index() == country_of.sort_index()).all()
-    countries = output(home, "country_clicks")
-    _rising_to(countries, "country", "clicks", kept.groupby("country").size())
-    final_users = countries.sort_values("_epoch").groupby("country")["users"].last()
-    expected_users = kept.groupby("country")["user"].nunique()
-    assert final_users.sort_index().tolist() == expected_users.sort_index().tolist()
-    return (
-        f"{len(clicks):,} clicks, {len(kept):,} kept, {len(per_user):,} users, "
-        f"{len(expected_users)} countries, {len(users) + len(countries):,} output rows compared"
-    )
+@dataclass(frozen=True)
+class JobReference:
+    """A job's input topics (its sources' names), its sink tables, and their expected rows."""
+
+    topics: tuple[str, ...]
+    tables: tuple[str, ...]
+    expect: Callable[[dict[str, pd.DataFrame], list[int]], dict[str, Expected]]
 
 
-def check_page_visits(home: Path) -> str:
-    """The composite-key pipeline of examples/sessions/cutline_sessions/pipelines.py: visits per
-    (user, url), then per (url, bucket) the sum of the users' latest counts, where the bucket is
-    the user name's last character."""
-    clicks = read_log(home, "clicks")
-    clicks["bucket"] = clicks["user"].str[-1]
-    visits = output(home, "page_visits")
-    _rising_to(visits, ["user", "url"], "visits", clicks.groupby(["user", "url"]).size())
-    totals = output(home, "page_bucket_visits")
-    _rising_to(totals, ["url", "bucket"], "visits", clicks.groupby(["url", "bucket"]).size())
-    return (
-        f"{len(clicks):,} clicks, {clicks.groupby(['user', 'url']).ngroups:,} (user, url) and "
-        f"{clicks.groupby(['url', 'bucket']).ngroups} (url, bucket) keys compared"
-    )
-
-
-CHECKS = {
-    "clicks_per_user": check_clicks,
-    "windowed_revenue": check_windows,
-    "enriched_orders": check_enriched,
-    "sessions": check_sessions,
-    "country_clicks": check_country_clicks,
-    "page_visits": check_page_visits,
+REFERENCES = {
+    "clicks_per_user": JobReference(("clicks",), ("clicks_per_user",), expect_clicks_per_user),
+    "windowed_revenue": JobReference(("orders",), ("windowed_revenue",), expect_windowed_revenue),
+    "enriched_orders": JobReference(
+        ("orders", "profiles"), ("enriched_orders",), expect_enriched_orders
+    ),
+    "sessions": JobReference(("clicks",), ("sessions",), expect_sessions),
+    "country_clicks": JobReference(
+        ("clicks",), ("user_clicks", "country_clicks"), expect_country_clicks
+    ),
+    "page_visits": JobReference(
+        ("clicks",), ("page_visits", "page_bucket_visits"), expect_page_visits
+    ),
 }
+
+
+def compare_outputs(
+    job: str, inputs: dict[str, pd.DataFrame], epochs: list[int], outputs: dict[str, pd.DataFrame]
+) -> str:
+    """Fail unless every sink table of ``job`` holds exactly the expected rows, epoch by epoch;
+    ``inputs`` carry each record's committed epoch. Returns a summary."""
+    expected = REFERENCES[job].expect(inputs, epochs)
+    lines = [
+        compare_rows(outputs[table], e.rows, e.keys, e.values, table, approx=e.approx)
+        for table, e in expected.items()
+    ]
+    records = ", ".join(f"{len(frame):,} {topic}" for topic, frame in inputs.items())
+    return f"{records} in {len(epochs)} epochs; " + "; ".join(lines)
+
+
+def job_cuts(home: Path, tables: list[str]) -> EpochCuts:
+    """The committed epochs of a job with these sink tables (each table records the epochs its
+    commits covered; they must agree)."""
+    ends: dict[int, dict] = {}
+    for table in tables:
+        for epoch, where in committed_cuts(home / "warehouse" / "tables" / table).ends.items():
+            if ends.setdefault(epoch, where) != where:
+                raise AssertionError(f"{table}: epoch {epoch} ended at {where}, not {ends[epoch]}")
+    cuts = EpochCuts(ends)
+    epochs = cuts.epochs
+    if not epochs or epochs != list(range(epochs[0], epochs[-1] + 1)):
+        raise AssertionError(f"{tables}: the committed epochs are not contiguous: {epochs}")
+    return cuts
+
+
+def check(job: str, home: Path) -> str:
+    """Fail unless ``job``'s output in ``home`` is exactly the reference's (see the module
+    docstring); returns a summary."""
+    reference = REFERENCES[job]
+    tables = list(reference.tables)
+    cuts = job_cuts(home, tables)
+    inputs = {t: cuts.assign(read_log(home, t), t) for t in reference.topics}
+    outputs = {table: output(home, table) for table in tables}
+    return compare_outputs(job, inputs, cuts.epochs, outputs)
+
+
+def check_clicks(home: Path) -> str:
+    return check("clicks_per_user", home)
+
+
+def check_sessions(home: Path) -> str:
+    return check("sessions", home)
+
+
+CHECKS = {job: (lambda home, job=job: check(job, home)) for job in REFERENCES}

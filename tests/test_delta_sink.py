@@ -64,3 +64,18 @@ def test_a_restore_redoes_the_commit_of_the_attempt_that_staged_it(tmp_path):
     assert rows(restorer) == [("a", 0), ("b", 1)]
     assert restorer.has_output() and restorer.staged_epochs(1) == []
     assert restorer.reset() == 2 and not restorer.has_output()
+
+
+def test_epochs_without_output_are_committed_and_recorded(tmp_path):
+    """A checkpoint whose epochs had no output still commits them (no rows): the history says
+    where every committed epoch ended, which a replay after a fallback needs."""
+    sink = DeltaSinkWriter("job", "out", "out", tmp_path, attempt=1)
+    sink.fence()
+    assert sink.commit_through(1, ENDS) == 0  # epochs 0 and 1: nothing staged
+    assert sink.committed_epoch() == 1 and not sink.has_output()
+    stage(sink, 3, ["a"])
+    assert sink.commit_through(3, ENDS) == 1
+    assert sink.commit_through(4, ENDS) == 0
+    assert sink.committed_epoch() == 4
+    assert sink.committed_ends(-1) == {e: ENDS[e] for e in range(5)}
+    assert rows(sink) == [("a", 3)]

@@ -206,6 +206,30 @@ def test_enrich_applies_the_table_side_first_and_keeps_types(store):
     assert out.schema.field("tier").type == pa.int32()
 
 
+def test_enrich_keeps_the_latest_profile_by_event_time_not_the_last_arrived(store):
+    """A profile at ts 100 ("DE"), then in a later micro-batch one at ts 50 ("FR"): the order
+    after them is enriched with "DE". Equal event times: the later arrival wins, in a batch and
+    across batches."""
+    spec = EnrichWithLatest("join", "orders", "profiles", "user", "string", ("country",), "ts")
+    op = Stage(spec)
+
+    def profiles(users, ts, countries):
+        return batch(users, ts=ts, source="profiles", country=countries)
+
+    def enrich(users):
+        orders = batch(users, ts=[200] * len(users), source="orders")
+        orders = orders.append_column("country", pa.nulls(len(users), pa.string()))
+        out = op.apply(store, orders, None).output
+        return {r["user"]: r["country"] for r in out.to_pylist()}
+
+    op.apply(store, profiles(["a", "b", "c"], [100, 7, 7], ["DE", "US", "JP"]), None)
+    op.apply(store, profiles(["a", "b", "c", "c"], [50, 7, 7, 6], ["FR", "BR", "DE", "FR"]), None)
+    assert enrich(["a", "b", "c"]) == {"a": "DE", "b": "BR", "c": "DE"}
+    # one batch: the latest event time wins whatever the arrival order; ties: the later row
+    op.apply(store, profiles(["d", "d", "d", "e", "e"], [9, 3, 9, 1, 0], list("XYZUV")), None)
+    assert enrich(["d", "e"]) == {"d": "Z", "e": "U"}
+
+
 def test_composite_keys_aggregate_and_window_per_column_combination(store):
     """A key of two columns: each (user, page) pair has its own running count, and its own
     windows fired by timers whose keys come back as both columns."""

@@ -4,8 +4,9 @@ Pre-commit: each subtask stages its micro-batch output (epoch *e*) as Parquet un
 ``<warehouse>/staging/<job>/<sink>/a<attempt>/epoch=<e>/``: every attempt stages apart, so an
 older attempt that still runs can never add files to what a newer one commits.
 
-Commit (when checkpoint *n* completes): the staged epochs up to *n*'s epoch are appended in one
-conditional delta-rs commit (planned on one table version, never retried blindly) that records
+Commit (when checkpoint *n* completes): the staged epochs up to *n*'s epoch are appended (no rows
+if they had no output) in one conditional delta-rs commit (planned on one table version, never
+retried blindly) that records
 two Delta app transactions, ``cutline-sink-<job>-<sink>`` = the last committed epoch and
 ``cutline-fence-<job>-<sink>`` = the committing attempt. A commit is planned only if no newer
 attempt has fenced the table (:class:`FencedError`) and only for epochs above the committed one,
@@ -13,9 +14,9 @@ so a commit redone after a crash commits nothing twice. Every attempt fences the
 starts (:meth:`DeltaSinkWriter.fence`, creating the table if it does not exist yet).
 
 Each commit also records, in its commit info (``cutline``), the source positions at the end of
-every epoch it commits. A restore from a checkpoint older than the committed epoch (a fallback
-past damaged checkpoints) replays those epochs exactly, producing no output for them
-(spark_jobs/runtime/recovery.py).
+every epoch it commits, so the history says where each committed epoch ended. A restore from a
+checkpoint older than the committed epoch (a fallback past damaged checkpoints) replays those
+epochs exactly, producing no output for them (spark_jobs/runtime/recovery.py).
 
 At-least-once: every micro-batch's output is appended right away (fenced the same way), so a
 replay after a restore appends it again: duplicates, never losses.
@@ -172,21 +173,23 @@ class DeltaSinkWriter:
     ) -> int:
         """Commit every epoch up to ``epoch`` that attempt ``staged_by`` (default: this one)
         staged and the table lacks, with the end positions of the epochs it covers (``ends``);
-        returns the rows committed. Repeating it commits nothing twice."""
+        returns the rows committed. Epochs without output are committed too (a commit of no
+        rows), so the table's history says where every committed epoch ended. Repeating it
+        commits nothing twice."""
         attempt = self.attempt if staged_by is None else staged_by
         staged = [e for e in self.staged_epochs(attempt) if e <= epoch]
         everything = self._staged(attempt, staged)  # read once; each try takes what is new
 
         def plan(committed):
-            todo = [e for e in staged if e > committed]
-            if not todo or everything is None:
+            if epoch <= committed:
                 return None, None, 0
-            data = everything.filter(pc.greater(everything[EPOCH_COLUMN], committed))
-            if data.num_rows == 0:
-                return None, None, 0
+            data = None
+            if everything is not None:
+                data = everything.filter(pc.greater(everything[EPOCH_COLUMN], committed))
+            rows = data.num_rows if data is not None else 0
             covered = {str(e): ends[e] for e in sorted(ends) if committed < e <= epoch}
-            info = {"attempt": self.attempt, "epochs": covered, "rows": data.num_rows}
-            return data, (max(todo), info), data.num_rows
+            info = {"attempt": self.attempt, "epochs": covered, "rows": rows}
+            return (data if rows else None), (epoch, info), rows
 
         with self._lock:
             rows = self._conditional_commit(plan)
@@ -245,7 +248,7 @@ class DeltaSinkWriter:
             recorded = dt.transaction_version(self.epoch_app)
             committed = -1 if recorded is None else int(recorded)
             data, commit, result = plan(committed)
-            if data is None and fence == self.attempt:
+            if data is None and commit is None and fence == self.attempt:
                 return result
             transactions = [Transaction(self.fence_app, self.attempt)]
             metadata = None

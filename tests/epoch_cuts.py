@@ -1,0 +1,121 @@
+"""Where each committed epoch ended in the sources, and which epoch every input record fell in.
+
+Every exactly-once sink commit records, in its Delta commit info (``cutline``), the source
+positions at the end of each epoch it commits (spark_jobs/sinks/delta_sink.py). Read back from
+the table's own history, those cuts are the only thing the reference takes from a run: every
+record of the input belongs to the committed epoch whose cut first passes its position, and the
+reference computes from the input alone what each epoch must have emitted (tests/reference.py).
+
+A start-over's sink reset (a Delta DELETE) discards the epochs recorded before it: the new run
+reads its input from the beginning again.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from spark_jobs.catalog.tables import read_delta
+
+EPOCH = "_epoch"  # the sink's epoch column, and the epoch the reference assigns each record
+
+Positions = dict[str, dict[str, int]]  # source -> partition -> position after the last record
+
+
+@dataclass(frozen=True)
+class EpochCuts:
+    """The committed epochs, contiguous and ascending, and where each ended per source and
+    partition."""
+
+    ends: dict[int, Positions]
+
+    @property
+    def epochs(self) -> list[int]:
+        return sorted(self.ends)
+
+    def assign(self, records: pd.DataFrame, source: str) -> pd.DataFrame:
+        """``records`` (with ``partition`` and ``offset``, the record's own position) with
+        the committed epoch each fell in as ``_epoch``. Fails, naming partition and offset, for
+        records that no committed epoch covers: after a run to the end of its input, such a
+        record is lost."""
+        epochs = np.array(self.epochs, dtype=np.int64)
+        out = records.copy()
+        out[EPOCH] = -1
+        for partition, rows in records.groupby("partition"):
+            ends = np.array(
+                [self.ends[e].get(source, {}).get(str(partition), -1) for e in self.epochs],
+                dtype=np.int64,
+            )
+            if (np.diff(ends) < 0).any():
+                back = int(np.argmax(np.diff(ends) < 0))
+                raise AssertionError(
+                    f"{source} partition {partition}: epoch {epochs[back + 1]} ends at "
+                    f"{ends[back + 1]}, before epoch {epochs[back]}'s end {ends[back]}"
+                )
+            index = np.searchsorted(ends, rows["offset"].to_numpy(), side="right")
+            out.loc[rows.index, EPOCH] = np.where(
+                index < len(epochs), epochs[np.minimum(index, len(epochs) - 1)], -1
+            )
+        lost = out[out[EPOCH] < 0]
+        if not lost.empty:
+            first = lost.sort_values(["partition", "offset"]).iloc[0]
+            last = self.epochs[-1] if self.ends else None
+            raise AssertionError(
+                f"{len(lost):,} records of {source} are in no committed epoch, the first at "
+                f"partition {first['partition']} offset {first['offset']} (last committed epoch: "
+                f"{last}, ending at {self.ends.get(last, {}).get(source)})"
+            )
+        return out
+
+
+def committed_cuts(table: Path) -> EpochCuts:
+    """The epoch cuts an exactly-once sink table's commits recorded (since its last reset).
+    Fails if an epoch is recorded twice with different ends, or if the committed epochs have a
+    gap (output of the missing epochs could never be checked)."""
+    from deltalake import DeltaTable
+
+    ends: dict[int, Positions] = {}
+    for entry in sorted(DeltaTable(str(table)).history(), key=lambda h: h["version"]):
+        if entry.get("operation") == "DELETE":  # a start-over's reset: the input is read again
+            ends = {}
+        info = entry.get("cutline")
+        for epoch, where in (json.loads(info).get("epochs", {}) if info else {}).items():
+            if int(epoch) in ends and ends[int(epoch)] != where:
+                raise AssertionError(
+                    f"{table}: epoch {epoch} committed twice, ending at {ends[int(epoch)]} and at "
+                    f"{where} (version {entry['version']})"
+                )
+            ends[int(epoch)] = where
+    epochs = sorted(ends)
+    gaps = sorted(set(range(epochs[0], epochs[-1] + 1)) - set(epochs)) if epochs else []
+    if gaps:
+        raise AssertionError(f"{table}: no commit records where epochs {gaps} ended")
+    return EpochCuts(ends)
+
+
+def output(table: Path) -> pd.DataFrame:
+    """A sink table's rows, strictly: a table that cannot be read fails the check."""
+    return read_delta(table).to_pandas()
+
+
+def watermarks(records: pd.DataFrame, epochs: list[int], lag_ms: int) -> pd.Series:
+    """The watermark each epoch's micro-batch runs with: the largest event time ``ts`` of the
+    records of the epochs before it, less ``lag_ms`` (NaN before the first record)."""
+    highest = records.groupby(EPOCH)["ts"].max().reindex(epochs)
+    return (highest.cummax().ffill().shift(1) - lag_ms).rename("watermark")
+
+
+def first_epoch_at_least(marks: pd.Series, times: pd.Series) -> pd.Series:
+    """For each of ``times``, the first epoch whose watermark (``marks``, indexed by epoch) is
+    at least it: when an event-time timer at that time fires. ``-1``: none yet."""
+    epochs = marks.index.to_numpy()
+    levels = marks.fillna(-np.inf).cummax().to_numpy()
+    index = np.searchsorted(levels, times.to_numpy(), side="left")
+    return pd.Series(
+        np.where(index < len(epochs), epochs[np.minimum(index, len(epochs) - 1)], -1),
+        index=times.index,
+    )

@@ -1,0 +1,190 @@
+"""The checkers themselves (tests/reference.py, tests/epoch_cuts.py, tests/row_check.py): fed the
+right output they pass; fed output with one epoch lost, one duplicated, two swapped, one value
+off by one, or one enrichment missing or stale, each fails, naming the key, the epoch, what was
+expected and what came. No Spark: the input is a generated log cut into epochs here, and the
+right output is the reference's own rows (what real runs emit is compared by the end-to-end
+tests)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from deltalake import CommitProperties, write_deltalake
+
+from spark_jobs.sources.generate import generate
+from tests.epoch_cuts import EPOCH, EpochCuts, committed_cuts, first_epoch_at_least, watermarks
+from tests.reference import REFERENCES, compare_outputs, read_log
+
+EPOCHS = 9  # cut into this many epochs with records, then one empty (a final checkpoint's)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("reference")
+    for kind, count in (("clicks", 5_000), ("orders", 5_000), ("profiles", 2_000)):
+        generate(home / "log", kind, kind, count=count, seed=3, users=1_500)
+    return home
+
+
+def cut(home, topics: tuple[str, ...]) -> EpochCuts:
+    """Each partition of each topic cut into ``EPOCHS`` runs of records, then an empty epoch."""
+    ends: dict[int, dict] = {e: {} for e in range(EPOCHS + 1)}
+    for topic in topics:
+        records = read_log(home, topic)
+        for partition, rows in records.groupby("partition"):
+            after = (rows["offset"] + rows["raw"].str.len() + 1).to_numpy()
+            bounds = np.linspace(0, len(after), EPOCHS + 1).astype(int)[1:]
+            for e in range(EPOCHS + 1):
+                end = int(after[bounds[min(e, EPOCHS - 1)] - 1])
+                ends[e].setdefault(topic, {})[str(partition)] = end
+    return EpochCuts(ends)
+
+
+def job_case(home, job: str):
+    reference = REFERENCES[job]
+    cuts = cut(home, reference.topics)
+    inputs = {t: cuts.assign(read_log(home, t), t) for t in reference.topics}
+    expected = reference.expect(inputs, cuts.epochs)
+    right = {t: e.rows.sample(frac=1.0, random_state=1) for t, e in expected.items()}
+    return inputs, cuts.epochs, expected, right
+
+
+def fails(job, inputs, epochs, outputs) -> str:
+    with pytest.raises(AssertionError) as failure:
+        compare_outputs(job, inputs, epochs, outputs)
+    return str(failure.value)
+
+
+def names(message: str, key, epoch: int, *fragments: str) -> None:
+    """The failure names the key and the epoch on one line, with what it says of them."""
+    key_text = repr(key) if not isinstance(key, tuple) else None
+    lines = [line for line in re.split(r"; |\n", message) if f"epoch {epoch}:" in line]
+    hit = [
+        line
+        for line in lines
+        if (key_text in line if key_text else all(repr(k) in line for k in key))
+        and all(f in line for f in fragments)
+    ]
+    assert hit, f"no line names key {key} epoch {epoch} with {fragments}:\n{message}"
+
+
+def key_of(row: pd.Series, keys: list[str]):
+    values = tuple(v.item() if hasattr(v, "item") else v for v in row[keys])
+    return values[0] if len(keys) == 1 else values
+
+
+@pytest.mark.parametrize("job", list(REFERENCES))
+def test_each_fault_in_each_table_fails_naming_key_and_epoch(home, job):
+    inputs, epochs, expected, right = job_case(home, job)
+    assert compare_outputs(job, inputs, epochs, right)
+    for table, e in expected.items():
+        rows = right[table]
+        assert len(rows) > 50 and rows[EPOCH].nunique() >= 3, (table, len(rows))
+        busy = rows[EPOCH].value_counts().sort_index()
+        middle = int(busy.index[len(busy) // 2])
+        victim = rows[rows[EPOCH] == middle].sort_values(e.keys).iloc[0]
+        key = key_of(victim, e.keys)
+
+        lost = {**right, table: rows[rows[EPOCH] != middle]}
+        names(fails(job, inputs, epochs, lost), key, middle, "expected {", "got none")
+
+        twice = {**right, table: pd.concat([rows, rows[rows[EPOCH] == middle]])}
+        names(fails(job, inputs, epochs, twice), key, middle, "emitted 2 times")
+
+        after = int(busy.index[len(busy) // 2 + 1])
+        swap = {middle: after, after: middle}
+        swapped = rows.assign(**{EPOCH: rows[EPOCH].replace(swap)})
+        names(fails(job, inputs, epochs, {**right, table: swapped}), key, middle, "expected {")
+
+        number = next(c for c in e.values if pd.api.types.is_numeric_dtype(rows[c]))
+        off = rows.copy()
+        at = off.index[(off[EPOCH] == middle) & (off[e.keys] == victim[e.keys]).all(axis=1)]
+        off.loc[at, number] += 1
+        was, now = victim[number].item(), victim[number].item() + 1
+        message = fails(job, inputs, epochs, {**right, table: off})
+        names(message, key, middle, "expected {", f"{number}={was!r}", "got {", f"{number}={now!r}")
+
+
+def test_an_enrichment_missing_or_stale_fails_naming_the_order(home):
+    inputs, epochs, _, right = job_case(home, "enriched_orders")
+    rows = right["enriched_orders"]
+    profiles = inputs["profiles"]
+    enriched = rows[rows["country"].notna()]
+    assert 0.3 < len(enriched) / len(rows) < 1.0, "orders with and without a profile"
+
+    order = enriched.iloc[len(enriched) // 2]
+    missing = rows.copy()
+    missing.loc[missing["order_id"] == order["order_id"], ["country", "tier"]] = None
+    message = fails("enriched_orders", inputs, epochs, {"enriched_orders": missing})
+    names(message, order["order_id"], order[EPOCH], f"country={order['country']!r}", "got {")
+
+    # stale: an order enriched with an older profile of its user than the latest by event time
+    seen = profiles.merge(rows[["order_id", "user", EPOCH]], on="user", suffixes=("", "_order"))
+    seen = seen[seen[EPOCH] <= seen[f"{EPOCH}_order"]].merge(
+        rows[["order_id", "country", "tier"]], on="order_id", suffixes=("", "_chosen")
+    )
+    older = seen[
+        (seen["country"] != seen["country_chosen"]) | (seen["tier"] != seen["tier_chosen"])
+    ].iloc[0]
+    stale = rows.copy()
+    at = stale["order_id"] == older["order_id"]
+    stale.loc[at, ["country", "tier"]] = [older["country"], older["tier"]]
+    epoch = int(rows.loc[at, EPOCH].iloc[0])
+    message = fails("enriched_orders", inputs, epochs, {"enriched_orders": stale})
+    names(message, older["order_id"], epoch, "got {user=")
+
+
+def test_records_no_committed_epoch_covers_are_reported_lost(home):
+    clicks = read_log(home, "clicks")
+    cuts = cut(home, ("clicks",))
+    short = EpochCuts({e: w for e, w in cuts.ends.items() if e < EPOCHS - 2})
+    with pytest.raises(
+        AssertionError,
+        match=r"records of clicks are in no committed epoch, the "
+        r"first at partition 0 offset \d+ \(last committed epoch: 6",
+    ):
+        short.assign(clicks, "clicks")
+    backwards = {**cuts.ends, 4: {"clicks": {"0": 10, "1": 10}}}
+    with pytest.raises(AssertionError, match="clicks partition 0: epoch 4 ends at 10, before"):
+        EpochCuts(backwards).assign(clicks, "clicks")
+
+
+def commit(path, rows: int, epochs: dict[int, dict]) -> None:
+    info = {"cutline": json.dumps({"attempt": 1, "epochs": {str(e): w for e, w in epochs.items()}})}
+    data = pa.table({"user": ["u"] * rows, EPOCH: pa.array([max(epochs)] * rows, pa.int64())})
+    write_deltalake(
+        path, data, mode="append", commit_properties=CommitProperties(custom_metadata=info)
+    )
+
+
+def test_cuts_come_from_the_sink_commits_since_its_last_reset(tmp_path):
+    from deltalake import DeltaTable
+
+    path = str(tmp_path / "sink")
+    at = lambda n: {"clicks": {"0": n, "1": n}}  # noqa: E731
+    commit(path, 2, {0: at(10), 1: at(20)})
+    commit(path, 1, {2: at(30)})
+    assert committed_cuts(path).ends == {0: at(10), 1: at(20), 2: at(30)}
+    DeltaTable(path).delete()  # a start-over's --reset-sink: the input is read again
+    commit(path, 1, {3: at(15)})
+    assert committed_cuts(path).ends == {3: at(15)}
+    commit(path, 1, {5: at(40)})
+    with pytest.raises(AssertionError, match=r"no commit records where epochs \[4\] ended"):
+        committed_cuts(path)
+    commit(path, 1, {3: at(16), 4: at(20)})
+    with pytest.raises(AssertionError, match="epoch 3 committed twice, ending at"):
+        committed_cuts(path)
+
+
+def test_watermarks_and_when_timers_fire():
+    records = pd.DataFrame({"ts": [100, 250, 180, 400], EPOCH: [0, 1, 1, 3]})
+    marks = watermarks(records, [0, 1, 2, 3, 4], lag_ms=50)
+    assert marks.isna().tolist() == [True, False, False, False, False]
+    assert marks.tolist()[1:] == [50, 200, 200, 350]
+    fire = first_epoch_at_least(marks, pd.Series([10, 50, 51, 200, 350, 351]))
+    assert fire.tolist() == [1, 1, 2, 2, 4, -1]
