@@ -145,6 +145,28 @@ class KafkaBroker:
             timeout=300,
         )  # fmt: skip
 
+    def records(self, topic: str) -> list[tuple[int, int, bytes]]:
+        """Every record of ``topic`` as the broker stored it: ``(partition, offset, value)``,
+        read from its log segments with Kafka's own ``DumpLogSegments``."""
+        out = []
+        for directory in sorted((self.workdir / "data").glob(f"{topic}-*")):
+            partition = int(directory.name.rsplit("-", 1)[1])
+            segments = ",".join(str(p) for p in sorted(directory.glob("*.log")))
+            dump = subprocess.run(
+                self._java(
+                    "kafka.tools.DumpLogSegments", "--files", segments,
+                    "--print-data-log", "--deep-iteration",
+                ),
+                check=True,
+                capture_output=True,
+                timeout=300,
+            ).stdout  # fmt: skip
+            for line in dump.splitlines():
+                if line.startswith(b"| offset: "):
+                    offset = int(line.split(b" ", 3)[2])
+                    out.append((partition, offset, line.split(b" payload: ", 1)[1]))
+        return out
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
