@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from spark_jobs.catalog.tables import read_delta
@@ -69,23 +71,62 @@ def run_to_end(home: Path, *args: str, timeout: float = 600, env=None, rc: int =
     assert got == rc, f"cutline {' '.join(args)} exited {got}, not {rc}:\n{log[-6000:]}"
 
 
-def table_rows(path: Path, columns: list[str] | None = None) -> list[tuple]:
-    try:
-        data = read_delta(path, columns=columns)
-    except TableNotFoundError:  # not created yet
-        return []
-    return sorted(zip(*(data.column(c).to_pylist() for c in data.column_names), strict=True))
+def catalog_table(home: Path, table: str) -> Path:
+    return home / "warehouse" / "catalog" / table
 
 
 def completed_checkpoints(home: Path, job: str) -> list[dict]:
-    path = home / "warehouse" / "catalog" / "completed_checkpoints"
-    if not (path / "_delta_log").is_dir():
-        return []
+    """The job's rows of ``completed_checkpoints``, strictly: a catalog that cannot be read
+    fails the test (an assertion over no rows would hold vacuously)."""
+    return read_delta(catalog_table(home, "completed_checkpoints"), job).to_pylist()
+
+
+def checkpoints_so_far(home: Path, job: str) -> list[dict]:
+    """For waiting on a starting run: no rows while the table has no commit yet; any other
+    failure to read it fails the test."""
     try:
-        rows = read_delta(path, job).to_pylist()
-    except Exception:  # the table is being created
+        return completed_checkpoints(home, job)
+    except TableNotFoundError:
         return []
-    return [r for r in rows if r["job_id"] == job]
+
+
+def first_version(table: Path, app: str, at_least: int) -> int:
+    """The first version of a Delta table whose app transaction ``app`` is at least
+    ``at_least``: the commit in which a fence went up."""
+    latest = DeltaTable(str(table)).version()
+    low, high = 0, latest + 1
+    while low < high:  # transaction versions only grow with the table's versions
+        middle = (low + high) // 2
+        recorded = DeltaTable(str(table), version=middle).transaction_version(app)
+        if recorded is not None and recorded >= at_least:
+            high = middle
+        else:
+            low = middle + 1
+    assert low <= latest, f"{table}: {app} never reached {at_least}"
+    return low
+
+
+def committed_after_fence(home: Path, job: str, sinks: dict[str, str], old: int, new: int) -> list:
+    """What attempt ``old`` committed after attempt ``new`` fenced it, in Delta commit order:
+    checkpoint rows added to ``completed_checkpoints`` after the version holding ``new``'s fence,
+    and commits to each sink's table (``sinks``: sink name -> table) after the version holding
+    ``new``'s fence of that sink."""
+    path = catalog_table(home, "completed_checkpoints")
+    fenced = first_version(path, f"cutline-{job}", new << 32)
+
+    def old_ids(table) -> set[int]:
+        rows = read_delta(table, job, ["attempt", "checkpoint_id"]).to_pylist()
+        return {r["checkpoint_id"] for r in rows if r["attempt"] == old}
+
+    late: list = sorted(old_ids(path) - old_ids(DeltaTable(str(path), version=fenced - 1)))
+    for sink, name in sinks.items():
+        table = home / "warehouse" / "tables" / name
+        since = first_version(table, f"cutline-fence-{job}-{sink}", new)
+        for entry in DeltaTable(str(table)).history():
+            info = json.loads(entry.get("cutline") or "{}")
+            if entry["version"] > since and info.get("attempt") == old:
+                late.append(f"{sink} version {entry['version']}: epochs {sorted(info['epochs'])}")
+    return late
 
 
 def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:

@@ -20,7 +20,7 @@ from spark_jobs.catalog.tables import read_delta
 from spark_jobs.sources.generate import generate
 from spark_jobs.standalone import StandaloneCluster
 from tests.e2e_util import (
-    completed_checkpoints,
+    checkpoints_so_far,
     cutline,
     kill_driver,
     report,
@@ -66,7 +66,7 @@ def start_and_wait_for_checkpoints(cluster, home: Path, n: int) -> subprocess.Po
     home.mkdir(parents=True)
     generate(home / "log", "clicks", "clicks", count=150_000, seed=7, users=20_000)
     driver = cutline(home, *job_args(cluster, home, SPREAD, "--idle-timeout", "30"))
-    wait_for(lambda: len(completed_checkpoints(home, JOB)) >= n, 400, "checkpoints", driver)
+    wait_for(lambda: len(checkpoints_so_far(home, JOB)) >= n, 400, "checkpoints", driver)
     first = latest_allocation(home)
     assert first == SPREAD, "the first run placed its subtasks as hinted"
     return driver

@@ -31,7 +31,7 @@ from state.registry import StoredFile
 from state.restore import restore_subtask
 from tests.e2e_util import (
     ROOT,
-    completed_checkpoints,
+    checkpoints_so_far,
     cutline,
     kill_driver,
     report,
@@ -136,7 +136,7 @@ def test_a_running_job_compacts_when_asked_and_then_restores_from_fewer_files(tm
     proc = cutline(home, "run", job, "--idle-timeout", "10")
     try:
         # attempt 1 builds a chain of incremental checkpoints and is killed
-        wait_for(lambda: len(completed_checkpoints(home, job)) >= 4, 300, "4 checkpoints", proc)
+        wait_for(lambda: len(checkpoints_so_far(home, job)) >= 4, 300, "4 checkpoints", proc)
         kill_driver(proc)
         # attempt 2 restores that chain, is asked to compact while it runs, and is killed
         proc = cutline(home, "run", job, "--idle-timeout", "10")

@@ -32,7 +32,7 @@ from orchestration.demo import DagsterProcesses, instance, launch_streaming_run,
 from orchestration.partitions import DRIVER_PID_TAG, RESTORE_OF_TAG, WORKER_PID_TAG
 from spark_jobs.catalog.tables import read_delta
 from state.storage import open_storage
-from tests.e2e_util import ROOT, completed_checkpoints, report, wait_for
+from tests.e2e_util import ROOT, checkpoints_so_far, completed_checkpoints, report, wait_for
 from tests.reference import check_sessions
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -141,7 +141,7 @@ def test_dagster_restores_a_users_job_after_driver_kills_and_a_lost_run_process(
 
         # 1. kill -9 the Spark driver while a checkpoint's uploads are in flight, once two
         # checkpoints completed
-        wait_for(lambda: len(completed_checkpoints(home, JOB)) >= 2, 300, "2 checkpoints")
+        wait_for(lambda: len(checkpoints_so_far(home, JOB)) >= 2, 300, "2 checkpoints")
         assert run_where(home, **{"cutline/job": JOB}).run_id == first
         driver = driver_of(home, **{"cutline/job": JOB})
         wait_for(lambda: pending_checkpoints(home, root, s3_server), 60, "a pending checkpoint")

@@ -19,6 +19,8 @@ from spark_jobs.sources.generate import generate
 from state.faults import ENV as KILL_ENV
 from tests.e2e_util import (
     ROOT,
+    checkpoints_so_far,
+    committed_after_fence,
     completed_checkpoints,
     cutline,
     finish,
@@ -35,6 +37,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.spark]
 JOB = "clicks_per_user"
 RUN = ["--idle-timeout", "4", "--interval-ms", "1000", "--max-records-per-partition", "4000"]
 SUPERSEDED = 3  # cutline's exit code for an attempt a newer one replaced
+SINKS = {"clicks_out": "clicks_per_user"}
 
 
 def attempts(home) -> list[dict]:
@@ -51,14 +54,9 @@ def feed(home, count: int, rate: float) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def commits_after(home, attempt: int, since_ms: int) -> list[int]:
-    """Checkpoints of ``attempt`` completed after ``since_ms`` (with 2 s of slack for the
-    newer attempt's own start, which fences only once its first commit lands)."""
-    return [
-        r["checkpoint_id"]
-        for r in completed_checkpoints(home, JOB)
-        if r["attempt"] == attempt and r["complete_time_ms"] > since_ms + 2000
-    ]
+def late_commits(home, old: int, new: int) -> list:
+    """What attempt ``old`` committed after attempt ``new`` fenced it (Delta commit order)."""
+    return committed_after_fence(home, JOB, SINKS, old, new)
 
 
 @pytest.mark.parametrize("earlier", [False, True], ids=["fresh home", "after earlier attempts"])
@@ -91,7 +89,7 @@ def test_a_zombie_attempt_commits_nothing_once_a_newer_one_started(tmp_path):
         home, "run", JOB, *RUN, env={"CUTLINE_FAULT_UPLOAD_DELAY_S": "4"}, log=home / "zombie.log"
     )
     try:
-        wait_for(lambda: len(completed_checkpoints(home, JOB)) >= 1, 300, "a checkpoint", zombie)
+        wait_for(lambda: checkpoints_so_far(home, JOB), 300, "a checkpoint", zombie)
         time.sleep(3)  # more micro-batches staged, checkpoints pending
         successor = cutline(home, "run", JOB, *RUN, log=home / "successor.log")
         assert finish(zombie) == SUPERSEDED, last_line(home, "zombie.log")
@@ -102,7 +100,9 @@ def test_a_zombie_attempt_commits_nothing_once_a_newer_one_started(tmp_path):
             if proc.poll() is None:
                 kill_driver(proc) if proc is zombie else proc.kill()
     old, new = attempts(home)[:2]
-    assert commits_after(home, old["attempt"], new["started_ms"]) == []
+    before = [r for r in completed_checkpoints(home, JOB) if r["attempt"] == old["attempt"]]
+    assert before, "the zombie completed checkpoints before it was fenced"
+    assert late_commits(home, old["attempt"], new["attempt"]) == []
     report(f"zombie: {last_line(home, 'zombie.log')}")
     run_to_end(home, "run", JOB, *RUN)
     report(check_clicks(home))
@@ -113,7 +113,7 @@ def test_a_paused_driver_resumed_after_a_new_attempt_committed_commits_nothing(t
     generate(home / "log", "clicks", "clicks", count=12_000, seed=7, users=3_000)
     paused = cutline(home, "run", JOB, *RUN, log=home / "paused.log")
     try:
-        wait_for(lambda: len(completed_checkpoints(home, JOB)) >= 1, 300, "a checkpoint", paused)
+        wait_for(lambda: checkpoints_so_far(home, JOB), 300, "a checkpoint", paused)
         os.killpg(paused.pid, signal.SIGSTOP)  # the driver, its JVM and its workers
         generate(home / "log", "clicks", "clicks", count=12_000, seed=7, users=3_000)
         successor = cutline(home, "run", JOB, *RUN, log=home / "successor.log")
@@ -123,7 +123,6 @@ def test_a_paused_driver_resumed_after_a_new_attempt_committed_commits_nothing(t
             "a checkpoint of the new attempt",
             successor,
         )
-        resumed_ms = int(time.time() * 1000)
         os.killpg(paused.pid, signal.SIGCONT)
         assert finish(paused) == SUPERSEDED, last_line(home, "paused.log")
         assert finish(successor) == 0, last_line(home, "successor.log")
@@ -131,7 +130,7 @@ def test_a_paused_driver_resumed_after_a_new_attempt_committed_commits_nothing(t
         if paused.poll() is None:
             os.killpg(paused.pid, signal.SIGCONT)
             kill_driver(paused)
-    assert commits_after(home, 1, resumed_ms - 2000) == []
+    assert late_commits(home, 1, 2) == []
     report(f"resumed driver: {last_line(home, 'paused.log')}")
     run_to_end(home, "run", JOB, *RUN)
     report(check_clicks(home))

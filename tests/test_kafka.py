@@ -10,7 +10,15 @@ import pandas as pd
 import pytest
 
 from spark_jobs.sources.generate import _records
-from tests.e2e_util import completed_checkpoints, cutline, kill_driver, report, run_to_end, wait_for
+from tests.e2e_util import (
+    checkpoints_so_far,
+    completed_checkpoints,
+    cutline,
+    kill_driver,
+    report,
+    run_to_end,
+    wait_for,
+)
 from tests.kafka_broker import KafkaBroker
 from tests.reference import compare_outputs, job_cuts, output
 
@@ -47,7 +55,7 @@ def test_kafka_source_restarts_from_checkpoint_offsets(broker, tmp_path):
 
     home = tmp_path / "killed"
     proc = cutline(home, "run", JOB, "--idle-timeout", "5", env=env)
-    wait_for(lambda: len(completed_checkpoints(home, JOB)) >= 2, 300, "2 checkpoints", proc)
+    wait_for(lambda: len(checkpoints_so_far(home, JOB)) >= 2, 300, "2 checkpoints", proc)
     kill_driver(proc)
     run_to_end(home, "run", JOB, "--idle-timeout", "5", env=env)
     restored = [r for r in completed_checkpoints(home, JOB) if r["attempt"] == 2]
