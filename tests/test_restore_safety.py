@@ -70,34 +70,69 @@ def status(home: Path, checkpoint_id: int) -> str:
     return next(r["status"] for r in rows if r["checkpoint_id"] == checkpoint_id)
 
 
+def replayed(log: str, restored: CheckpointManifest, committed: int) -> str:
+    """The restore's replay line, which must cover exactly the epochs after the restored
+    checkpoint's cut through the sinks' committed epoch."""
+    lines = [line for line in log.splitlines() if line.startswith("replayed epochs")]
+    assert lines, f"no replay after restoring checkpoint {restored.checkpoint_id}"
+    assert lines[-1].startswith(f"replayed epochs {restored.batch_id + 1}..{committed} ("), (
+        lines[-1],
+        restored.batch_id,
+        committed,
+    )
+    return lines[-1]
+
+
 def test_falling_back_past_damaged_checkpoints_never_re_emits_committed_output(tmp_path):
+    """A checkpoint at the first micro-batch, then none until the final one (a 60 s interval):
+    the fallback past the damaged final checkpoint replays every epoch between them."""
     home = tmp_path / "home"
     more_input(home, 24_000)
-    run_to_end(home, "run", JOB, *RUN)
+    run = [*RUN, "--interval-ms", "60000"]
+    run_to_end(home, "run", JOB, *run)
     for same_size in (False, True):
         committed = committed_epoch(home)
         damaged, fallback = damage_newest(home, same_size=same_size)
+        assert committed - fallback.batch_id >= 3, "a fallback several epochs deep"
         if same_size:  # the primary copy is the only one left
             shutil.rmtree(home / "local-state")
-        more_input(home)
-        run_to_end(home, "run", JOB, *RUN)
-        log = (home / "driver.log").read_text()
+        more_input(home, 16_000)  # the next round's fallback is as deep
+        log_start = (home / "driver.log").stat().st_size
+        run_to_end(home, "run", JOB, *run)
+        log = (home / "driver.log").read_text()[log_start:]
         cid = damaged.checkpoint_id
         assert status(home, cid) == "CORRUPT"
         assert f"checkpoint {cid} is not restorable, marking it CORRUPT" in log
         after = log.split(f"checkpoint {cid} is not restorable")[-1].splitlines()
         assert ("does not match its checksum" if same_size else "size") in after[0]
         assert f"restored checkpoint {fallback.checkpoint_id} (batch" in log
-        # the epochs the sinks committed after the fallback's cut (as of the restore's sink
-        # redo) run again without output; a fallback that cut at the sinks' last committed
-        # epoch has nothing to replay
-        replayed = [line for line in after if line.startswith("replayed epochs")]
-        assert all(r.startswith(f"replayed epochs {fallback.batch_id + 1}..") for r in replayed)
-        assert replayed or fallback.batch_id >= committed
+        replay = replayed(log, fallback, committed)
         how = "same size" if same_size else "truncated"
-        replay = replayed[0] if replayed else "nothing to replay: it cut at the last epoch"
         report(f"checkpoint {cid} damaged ({how}), {fallback.checkpoint_id} restored: {replay}")
         report(check_clicks(home))
+
+
+def test_a_restore_of_an_older_checkpoint_by_id_replays_the_committed_epochs(tmp_path):
+    """``--restore ID`` of a checkpoint several epochs behind the sink's committed epoch (kept,
+    subsumed, since no GC ran): the committed epochs run again without output, then new input."""
+    home = tmp_path / "home"
+    more_input(home, 24_000)
+    run_to_end(home, "run", JOB, *RUN)
+    committed = committed_epoch(home)
+    rows = sorted(completed_checkpoints(home, JOB), key=lambda r: r["checkpoint_id"])
+    old = next(r for r in reversed(rows) if r["batch_id"] <= committed - 3)
+    manifest = CheckpointManifest.from_json(
+        (home / "checkpoints" / old["metadata_path"]).read_bytes()
+    )
+    more_input(home)
+    log_start = (home / "driver.log").stat().st_size
+    run_to_end(home, "run", JOB, *RUN, "--restore", str(old["checkpoint_id"]))
+    log = (home / "driver.log").read_text()[log_start:]
+    assert f"restored checkpoint {old['checkpoint_id']} (batch" in log
+    report(
+        f"--restore {old['checkpoint_id']} ({old['status']}): {replayed(log, manifest, committed)}"
+    )
+    report(check_clicks(home))
 
 
 def test_a_restore_never_silently_starts_over(tmp_path):
