@@ -10,7 +10,9 @@ subtasks' state handles are filed under the uid. A restore takes a checkpoint on
   renamed) state are refused, naming them, unless the user passes
   ``--allow-non-restored-state`` (that state is then dropped, as in Flink);
 - every state both sides know has the same fingerprint: a changed type is refused, naming the
-  stage and the state.
+  stage and the state;
+- every subtask's key-group range is the one the job assigns it: a checkpoint taken at another
+  parallelism (or max parallelism) is refused, naming both, before anything runs.
 
 A stage or a state the checkpoint does not know starts empty. Renaming a stage and keeping its
 uid restores its state. Nothing a checkpoint holds is ever dropped without the flag: a restore
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from spark_jobs.errors import IncompatibleStateError
 from spark_jobs.job import KEY_FINGERPRINT, JobDefinition
+from state.keygroups import key_group_range
 from state.manifest import CheckpointManifest
 
 
@@ -46,8 +49,36 @@ def check_restorable(
                 "restore it, or pass --allow-non-restored-state to drop that state"
             )
         log(f"{what}, which the job has no stage for: dropped (--allow-non-restored-state)")
+    _check_layout(job, manifest)
     for stage in job.stages:
         _check_states(stage, manifest, allow_non_restored, log)
+
+
+def _check_layout(job: JobDefinition, manifest: CheckpointManifest) -> None:
+    """Every subtask's key-group range in the checkpoint is the one the job assigns it: the
+    same parallelism and max parallelism (state cannot be redistributed on restore yet)."""
+    stages = {s.uid for s in job.stages}
+    held = [h for h in manifest.subtasks if h.operator in stages]
+    if not held:
+        return
+    parallelism = max(h.subtask for h in held) + 1
+    max_parallelism = max(h.key_group_range.end for h in held) + 1
+    for h in held:
+        if h.subtask >= job.parallelism or h.key_group_range != key_group_range(
+            h.subtask, job.parallelism, job.max_parallelism
+        ):
+            raise IncompatibleStateError(
+                f"checkpoint {manifest.checkpoint_id} of {job.name} was taken at parallelism "
+                f"{parallelism} (max parallelism {max_parallelism}), but the job now runs at "
+                f"parallelism {job.parallelism} (max parallelism {job.max_parallelism}): "
+                "changing parallelism on restore is not supported yet; run it with "
+                f"--parallelism {parallelism}"
+                + (
+                    f" and max_parallelism={max_parallelism} in the job definition"
+                    if max_parallelism != job.max_parallelism
+                    else ""
+                )
+            )
 
 
 def _check_states(stage, manifest: CheckpointManifest, allow_non_restored: bool, log) -> None:

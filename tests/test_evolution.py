@@ -9,9 +9,11 @@ import pytest
 from cutline_examples.jobs import clicks_per_user
 from cutline_sessions.jobs import sessions
 
-from spark_jobs.errors import IncompatibleStateError
+from spark_jobs.errors import IncompatibleStateError, exit_code
 from spark_jobs.evolution import check_restorable
 from spark_jobs.operators import KeyedAggregate
+from state.handles import SubtaskStateHandle
+from state.keygroups import key_group_range
 from state.manifest import CheckpointManifest
 
 
@@ -74,3 +76,29 @@ def test_a_stage_keyed_differently_is_refused():
     )
     changed = dataclasses.replace(job, operator=by_pair)
     refused(changed, checkpoint_of(job), r"keyed by key<string> .* is keyed by key<string,string>")
+
+
+def test_a_checkpoint_at_another_parallelism_is_refused_naming_both():
+    """Until rescaling exists: refused before anything runs (exit 2), not retried."""
+    job = clicks_per_user()  # parallelism 2
+    uid = job.stages[0].uid
+
+    def at(parallelism: int, max_parallelism: int = job.max_parallelism) -> CheckpointManifest:
+        handles = tuple(
+            SubtaskStateHandle(uid, i, key_group_range(i, parallelism, max_parallelism), 4, ())
+            for i in range(parallelism)
+        )
+        return dataclasses.replace(checkpoint_of(job), subtasks=handles)
+
+    check_restorable(job, at(2))
+    for parallelism, max_parallelism in ((3, job.max_parallelism), (1, job.max_parallelism)):
+        refused(
+            job,
+            at(parallelism, max_parallelism),
+            f"taken at parallelism {parallelism} .*now runs at parallelism 2 .*"
+            f"--parallelism {parallelism}",
+        )
+    refused(
+        job, at(2, 64), rf"\(max parallelism 64\), but .*\(max parallelism {job.max_parallelism}\)"
+    )
+    assert exit_code(IncompatibleStateError("x")) == 2
