@@ -119,7 +119,7 @@ def restore(spark, paths: RuntimePaths, hints: dict[str, str], local: bool) -> d
     assert all(p["host"] == hints[str(p["subtask"])] for p in placement), placement
     expected = "local" if local else "remote"
     assert all(p["source"] == expected for p in placement), placement
-    slowest = max(r.get("duration_ms", 0.0) for r in summary.restore_reports)
+    slowest = max(r.duration_ms for r in summary.restore_reports)
     return {
         "restore_s": round(row["duration_ms"] / 1000, 2),
         "slowest_subtask_s": round(slowest / 1000, 2),

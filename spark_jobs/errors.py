@@ -5,9 +5,20 @@ latest checkpoint may fix it; ``2`` the input or the configuration is wrong and 
 fail the same way (bad record, wrong root, nothing restorable, a user function that raises,
 a checkpoint whose state the job cannot take); ``3`` a newer attempt of the job
 has started, so this one must not be replaced by yet another.
+
+A :class:`NonRetryableError` raised inside a Spark task (a user function that raises, a
+checkpoint whose key groups do not match the job's parallelism) reaches the driver only as text
+in Spark's report of the failed task. The task's body runs in :func:`carry_to_driver`, which
+raises a :class:`TaskError` whose text holds the error's class and message between markers; the
+driver finds them in the failure's text (:func:`task_error`) and raises the typed error with the
+clean message, so it exits 2 like the same error raised on the driver.
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from state.catalog import FencedError
 
@@ -55,3 +66,55 @@ def exit_code(error: BaseException) -> int:
     if isinstance(error, NonRetryableError | ValueError):
         return EXIT_BAD_INPUT
     return EXIT_FAILED
+
+
+TASK_ERROR_MARKER = "cutline-non-retryable"
+_MARKED = re.compile(
+    rf"\[\[{TASK_ERROR_MARKER} (\w+)\]\](.*?)\[\[/{TASK_ERROR_MARKER}\]\]", re.DOTALL
+)
+MAX_MESSAGE = 8000  # a user's traceback can be long; the log keeps all of it
+
+
+class TaskError(RuntimeError):
+    """What a Spark task raises for a :class:`NonRetryableError`: its text is
+    :func:`mark_task_error`'s, which survives Spark's wrapping of the task's failure."""
+
+
+def mark_task_error(error: NonRetryableError) -> str:
+    """``error``'s class name and message between markers, for :func:`task_error` to find."""
+    return f"[[{TASK_ERROR_MARKER} {type(error).__name__}]]{error}[[/{TASK_ERROR_MARKER}]]"
+
+
+def _non_retryable_classes() -> dict[str, type[NonRetryableError]]:
+    found, todo = {}, [NonRetryableError]
+    while todo:
+        cls = todo.pop()
+        found.setdefault(cls.__name__, cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def task_error(failure: str) -> NonRetryableError | None:
+    """The first error :func:`mark_task_error` marked in ``failure`` (a failed Spark job's text,
+    however Spark wrapped it), as its own class with its clean message; a class this process
+    does not know comes back as :class:`NonRetryableError`. ``None`` when nothing is marked."""
+    match = _MARKED.search(failure)
+    if match is None:
+        return None
+    name, message = match.group(1), match.group(2).strip()[:MAX_MESSAGE]
+    cls = _non_retryable_classes().get(name, NonRetryableError)
+    try:
+        return cls(message)
+    except TypeError:  # a subclass that takes other arguments
+        return NonRetryableError(message)
+
+
+@contextmanager
+def carry_to_driver() -> Iterator[None]:
+    """Around the body of a Spark task: a :class:`NonRetryableError` leaves it as a
+    :class:`TaskError` that the driver turns back into the typed error (:func:`task_error`).
+    Other errors pass unchanged: the driver treats them as retryable."""
+    try:
+        yield
+    except NonRetryableError as e:
+        raise TaskError(mark_task_error(e)) from e

@@ -16,7 +16,8 @@ and reads the watermark. Per micro-batch, in this order:
 
 Every write of the three steps, and the subtask's progress marker, commit in one RocksDB write
 batch. A function that raises fails the attempt with its traceback and the stage named
-(:class:`UserFunctionError`, exit 2: a restore would fail the same way until the code is fixed).
+(:class:`UserFunctionError`, exit 2 through spark_jobs/errors.py's marker: a restore would fail
+the same way until the code is fixed).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_jobs.errors import UserCodeError
 from state.state_types import KeyCodec, StateAccessError, StateSpec
 from state.user_state import ListState, MapState, ValueState, expire, open_view
 from state.write_buffer import BufferedTransaction
@@ -48,21 +50,11 @@ def key_columns(key: Key) -> tuple[str, ...]:
 SOURCE_COLUMN = "_source"  # in a two-input stage's records: the input each record came from
 EVENT_TIMERS = "__event_timers__"
 PROCESSING_TIMERS = "__processing_timers__"
-USER_ERROR_MARKER = "CutlineUserFunctionError"
 
 
-class UserFunctionError(RuntimeError):
-    """A user function raised; the message names the stage and carries the traceback."""
-
-
-def user_error_text(failure: str) -> str:
-    """The user's part of a failed micro-batch's message (Spark wraps it in its own report):
-    from the stage named to the end of the Python traceback."""
-    text = failure[failure.index(USER_ERROR_MARKER) + len(USER_ERROR_MARKER) + 2 :]
-    for jvm in ("\n\tat ", "\nJVM stacktrace", "\n\n"):
-        if jvm in text:
-            text = text[: text.index(jvm)]
-    return text.strip()[:8000]
+class UserFunctionError(UserCodeError):
+    """A user function raised; the message names the stage and carries the traceback. Raised in
+    a Spark task, it reaches the driver as itself (spark_jobs/errors.py ``carry_to_driver``)."""
 
 
 @dataclass
@@ -266,7 +258,7 @@ class ProcessOperator:
             out = getattr(fn, method)(arg, ctx)
         except Exception as e:
             raise UserFunctionError(
-                f"{USER_ERROR_MARKER}: stage {self.spec.name!r} (uid {self.spec.uid!r}, "
+                f"stage {self.spec.name!r} (uid {self.spec.uid!r}, "
                 f"{type(fn).__qualname__}.{method}) raised {type(e).__name__}: {e}\n"
                 + "".join(traceback.format_exception(e))
             ) from e
@@ -279,7 +271,7 @@ class ProcessOperator:
             out = pa.Table.from_pandas(out, preserve_index=False)
         if not isinstance(out, pa.Table):
             raise UserFunctionError(
-                f"{USER_ERROR_MARKER}: stage {self.spec.name!r}: {method} returned "
+                f"stage {self.spec.name!r}: {method} returned "
                 f"{type(out).__name__}; return a pyarrow Table, a pandas DataFrame or None"
             )
         schema = self.function.output_schema
@@ -288,7 +280,6 @@ class ProcessOperator:
                 out = out.select(schema.names).cast(schema)
             except (KeyError, pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
                 raise UserFunctionError(
-                    f"{USER_ERROR_MARKER}: stage {self.spec.name!r}: {method}'s output does not "
-                    f"match output_schema: {e}"
+                    f"stage {self.spec.name!r}: {method}'s output does not match output_schema: {e}"
                 ) from e
         return out

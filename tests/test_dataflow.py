@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 from cutline_examples.jobs import clicks_per_user
 
+from spark_jobs.errors import ConfigurationError
 from spark_jobs.job import DeltaSink
 from spark_jobs.keyed_process import SOURCE_COLUMN
 from spark_jobs.operators import KeyedAggregate
@@ -108,7 +109,7 @@ def test_a_stage_output_goes_to_the_next_stage_subtask_that_owns_its_key():
 
 def test_a_next_stage_key_the_output_lacks_is_a_clear_error():
     job = _two_stages()
-    with pytest.raises(ValueError, match=r"keyed by 'country'.*'per_user'"):
+    with pytest.raises(ConfigurationError, match=r"keyed by 'country'.*'per_user'"):
         rekey(pa.table({"user": ["a"], "clicks": [1]}), job, 1, upstream=0)
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from spark_jobs.sources.generate import generate
 from tests.e2e_util import completed_checkpoints, cutline, finish, last_line, report, run_to_end
-from tests.reference import check_country_clicks, check_sessions, output, read_log
+from tests.reference import check, check_sessions, output, read_log
 from tests.test_bad_records import BAD_LINES, log_with_bad_records
 from tests.user_jobs import FAIL_AFTER
 
@@ -92,7 +92,7 @@ def test_a_pipeline_transform_sees_good_records_and_must_keep_the_runtime_column
     assert "transform 'parse' of source 'clicks' raised KeyError" in line
     # the bad records pass around the transform to the dead-letter table, once each
     run_to_end(home, "run", PIPELINE, *RUN, "--bad-records", "dead_letter")
-    report(f"two stages, two sinks: {check_country_clicks(home)}")
+    report(f"two stages, two sinks: {check('country_clicks', home)}")
     dead = output(home, "country_clicks_dead_letters").sort_values(["partition", "offset"])
     expected = read_log(home, "clicks", bad=True).sort_values(["partition", "offset"])
     assert dead[["partition", "offset", "raw"]].values.tolist() == (

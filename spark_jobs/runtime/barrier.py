@@ -20,14 +20,14 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spark_jobs.catalog.tables import now_ms
 from spark_jobs.events import EventChannel
+from spark_jobs.runtime.run_state import RunState, ServedCompaction
 from state.acks import Ack, ack_location, ack_path, inbox
 from state.compaction import (
     COMPACT_REQUEST,
-    CompactionRequest,
     CompactionRequestError,
     clear_request,
     read_request,
@@ -133,51 +133,53 @@ class AckPoller:
             self.storage.delete_many(paths)
 
 
-@dataclass
-class _Serving:
-    checkpoint_id: int  # the first checkpoint whose snapshot holds the compacted state
-    request: CompactionRequest
-    compact_ms: float = 0.0
-
-
 class CompactionRequests:
     """Serves the job's compaction request, one at a time: at the next barrier the named
     subtasks (all, if it names none) compact RocksDB before their snapshot; once a checkpoint
     with the compacted state completes, the request is cleared (after the log line and event,
     so whoever waits for it to go sees them). An aborted checkpoint leaves it to the next
-    barrier."""
+    barrier.
+
+    The request being served is the run state's (runtime/run_state.py): the stream thread
+    serves it (:meth:`subtasks_at`, :meth:`compacted`), the ack thread completes or releases it
+    (:meth:`on_complete`, :meth:`on_aborted`), each transition atomic, so a request is served by
+    exactly one completed checkpoint."""
 
     def __init__(
         self,
         storage: DurableStorage,
         layout: JobLayout,
         parallelism: int,
+        state: RunState,
         log: Callable[[str], None],
         events: EventChannel,
     ) -> None:
         self.storage, self.layout, self.parallelism = storage, layout, parallelism
-        self.log, self.events = log, events
-        self._serving: _Serving | None = None
+        self.state, self.log, self.events = state, log, events
 
     def subtasks_at(self, checkpoint_id: int | None) -> frozenset[int]:
         """The subtasks that compact before ``checkpoint_id``'s snapshot: those of a pending
         request, unless an earlier checkpoint is serving it already."""
-        if checkpoint_id is None or self._serving is not None:
+        if checkpoint_id is None:
             return frozenset()
-        try:
-            request = read_request(self.storage, self.layout)
-        except CompactionRequestError as e:
-            self.log(f"{e}: removed")
-            self.storage.delete(self.layout.job_path(COMPACT_REQUEST))
-            return frozenset()
-        except StorageError as e:  # tried again at the next barrier
-            self.log(f"compaction request unreadable: {e}")
-            return frozenset()
-        if request is None:
-            return frozenset()
-        everyone = range(self.parallelism)
-        subtasks = frozenset(s for s in request.subtasks if s in everyone) or frozenset(everyone)
-        self._serving = _Serving(checkpoint_id, request)
+        with self.state.compaction() as slot:
+            if slot.serving is not None:
+                return frozenset()
+            try:
+                request = read_request(self.storage, self.layout)
+            except CompactionRequestError as e:
+                self.log(f"{e}: removed")
+                self.storage.delete(self.layout.job_path(COMPACT_REQUEST))
+                return frozenset()
+            except StorageError as e:  # tried again at the next barrier
+                self.log(f"compaction request unreadable: {e}")
+                return frozenset()
+            if request is None:
+                return frozenset()
+            everyone = range(self.parallelism)
+            subtasks = frozenset(s for s in request.subtasks if s in everyone)
+            subtasks = subtasks or frozenset(everyone)
+            slot.serving = ServedCompaction(checkpoint_id, request)
         self.log(
             f"checkpoint {checkpoint_id}: subtasks {sorted(subtasks)} compact their state first"
             f" ({request.reason or 'requested'})"
@@ -186,32 +188,42 @@ class CompactionRequests:
 
     def compacted(self, checkpoint_id: int, compact_ms: float) -> None:
         """The micro-batch of ``checkpoint_id`` ran; its slowest compaction took ``compact_ms``."""
-        serving = self._serving
-        if serving is not None and serving.checkpoint_id == checkpoint_id:
-            serving.compact_ms = compact_ms
+        with self.state.compaction() as slot:
+            serving = slot.serving
+            if serving is not None and serving.checkpoint_id == checkpoint_id:
+                slot.serving = replace(serving, compact_ms=compact_ms)
 
     def on_complete(self, manifest: CheckpointManifest, files_before: int) -> None:
-        serving = self._serving
-        if serving is None or manifest.checkpoint_id < serving.checkpoint_id:
-            return
-        self._serving = None
-        self.log(
-            f"state compacted at checkpoint {serving.checkpoint_id} in {serving.compact_ms:.0f} "
-            f"ms: a restore now reads {manifest.file_count} files (before: {files_before})"
-        )
-        self.events.emit(
-            "compacted",
-            {
-                "checkpoint_id": manifest.checkpoint_id,
-                "subtasks": sorted(serving.request.subtasks),
-                "files_before": files_before,
-                "files_after": manifest.file_count,
-                "compact_ms": serving.compact_ms,
-            },
-        )
-        clear_request(self.storage, self.layout, serving.request)
+        """Checkpoint ``manifest`` completed: if it holds the compacted state, report the
+        compaction and clear the request (the slot stays taken until it is cleared)."""
+        with self.state.compaction() as slot:
+            serving = slot.serving
+            if serving is None or manifest.checkpoint_id < serving.checkpoint_id:
+                return
+            self.log(
+                f"state compacted at checkpoint {serving.checkpoint_id} in "
+                f"{serving.compact_ms:.0f} ms: a restore now reads {manifest.file_count} files "
+                f"(before: {files_before})"
+            )
+            self.events.emit(
+                "compacted",
+                {
+                    "checkpoint_id": manifest.checkpoint_id,
+                    "subtasks": sorted(serving.request.subtasks),
+                    "files_before": files_before,
+                    "files_after": manifest.file_count,
+                    "compact_ms": serving.compact_ms,
+                },
+            )
+            try:
+                clear_request(self.storage, self.layout, serving.request)
+            finally:
+                slot.serving = None
 
     def on_aborted(self, checkpoint_id: int) -> None:
-        serving = self._serving
-        if serving is not None and serving.checkpoint_id == checkpoint_id:
-            self._serving = None  # the next barrier serves the request
+        """Checkpoint ``checkpoint_id`` aborted: a request it served waits for the next
+        barrier."""
+        with self.state.compaction() as slot:
+            serving = slot.serving
+            if serving is not None and serving.checkpoint_id == checkpoint_id:
+                slot.serving = None

@@ -15,7 +15,7 @@ from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.events import EventChannel
 from spark_jobs.runtime.barrier import CompactionRequests
 from spark_jobs.runtime.epoch_ends import EpochEnds
-from spark_jobs.runtime.progress import RunSummary
+from spark_jobs.runtime.run_state import RunState
 from spark_jobs.sinks.sink import Sink
 from state.faults import kill_point
 from state.manifest import CheckpointManifest
@@ -31,17 +31,16 @@ class Completion:
         catalog: DeltaCatalog,
         ends: EpochEnds,
         compaction: CompactionRequests,
-        summary: RunSummary,
+        state: RunState,
         restored: CheckpointManifest | None,
         *,
         exactly_once: bool,
         log: Callable[[str], None],
         events: EventChannel,
-        fail: Callable[[str, BaseException | None], None],
     ) -> None:
         self.job_name, self.sinks, self.catalog = job_name, sinks, catalog
-        self.ends, self.compaction, self.summary = ends, compaction, summary
-        self.exactly_once, self.log, self.events, self.fail = exactly_once, log, events, fail
+        self.ends, self.compaction, self.state = ends, compaction, state
+        self.exactly_once, self.log, self.events = exactly_once, log, events
         self._latest = restored
         self._known_shared = {f.path for f in restored.files() if f.shared} if restored else set()
 
@@ -56,27 +55,27 @@ class Completion:
                         rows = sink.commit_through(epoch, manifest.epoch_ends)
                         committed += rows if sink is self.sinks[0] else 0
             except Exception as e:  # the restore redoes the commit; never go on without it
-                self.fail(f"sink commit of checkpoint {manifest.checkpoint_id}: {e}", e)
+                self.state.fail(f"sink commit of checkpoint {manifest.checkpoint_id}: {e}", e)
                 return
             self.ends.forget_through(manifest.batch_id)
         self._register_shared_files(manifest)
         self.compaction.on_complete(manifest, self._latest.file_count if self._latest else 0)
         self._latest = manifest
-        self.summary.checkpoints.append(manifest.checkpoint_id)
         self.log(
             f"checkpoint {manifest.checkpoint_id} complete: batch {manifest.batch_id}, "
             f"full {manifest.full_size:,} B, uploaded {manifest.uploaded_bytes:,} B, "
             f"sink rows committed {committed}"
         )
         self.events.emit("checkpoint", {**record.to_dict(), "counters": manifest.counters})
+        self.state.checkpoint_completed(manifest.checkpoint_id)  # after its line and event
 
     def on_checkpoint_aborted(self, checkpoint_id: int, reason: str) -> None:
-        self.summary.aborted.append(checkpoint_id)
+        self.state.checkpoint_aborted(checkpoint_id)
         self.compaction.on_aborted(checkpoint_id)
         self.log(f"checkpoint {checkpoint_id} aborted: {reason}")
 
     def on_job_failed(self, error: BaseException) -> None:
-        self.fail(f"checkpointing failed: {error}", error)
+        self.state.fail(f"checkpointing failed: {error}", error)
 
     def _register_shared_files(self, manifest: CheckpointManifest) -> None:
         """Rows in ``shared_state_files`` for the shared files this checkpoint uploaded (GC

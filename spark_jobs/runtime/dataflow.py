@@ -22,9 +22,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_jobs.errors import ConfigurationError, carry_to_driver
 from spark_jobs.job import JobDefinition, Operator
 from spark_jobs.keyed_process import SOURCE_COLUMN, Key, key_columns
 from spark_jobs.runtime.placement import pin_to_anchor, subtask_partition
+from spark_jobs.runtime.reports import SubtaskStats
 from spark_jobs.runtime.subtask import (
     KEY_COLUMN,
     KEY_GROUP_COLUMN,
@@ -45,7 +47,7 @@ _KEY_ARROW_TYPES = {
 }
 
 
-def execute(df, plan: BatchPlan, anchor) -> list[dict]:
+def execute(df, plan: BatchPlan, anchor) -> list[SubtaskStats]:
     """Run one micro-batch of ``df`` (the first stage's tagged input) through every stage;
     returns every subtask's statistics, all stages'."""
     from pyspark.sql import functions as F
@@ -69,29 +71,32 @@ def execute(df, plan: BatchPlan, anchor) -> list[dict]:
 
 def run_stage(plan: BatchPlan, stage: int, subtask: int, items: Iterable) -> Iterator:
     """The task of subtask ``subtask`` of stage ``stage``. ``items`` are ``(subtask, value)``
-    pairs: an Arrow IPC chunk of records, the statistics of an upstream subtask, or the anchor's
-    ``None``. Yields the statistics (the last stage) or ``(subtask, value)`` pairs for the next
-    stage: its record chunks, and the statistics so far."""
-    job = plan.ctx.job
-    chunks, passed = [], []
-    for _, value in items:
-        if isinstance(value, dict):
-            passed.append(value)
-        elif value is not None:
-            chunks.append(value)
-    schema = plan.schema if stage == 0 else empty_input(job.stages[stage]).schema
-    stats, output = run_subtask(plan, stage, subtask, read_chunks(chunks, schema))
-    passed.append(stats)
-    if stage == len(job.stages) - 1:
-        yield from passed
-        return
-    yield from ((subtask, s) for s in passed)
-    yield from rekey(output, job, stage + 1, subtask)
+    pairs: an Arrow IPC chunk of records, the :class:`SubtaskStats` of an upstream subtask, or
+    the anchor's ``None``. Yields the statistics (the last stage) or ``(subtask, value)`` pairs
+    for the next stage: its record chunks, and the statistics so far. A
+    :class:`~spark_jobs.errors.NonRetryableError` reaches the driver typed (``carry_to_driver``)."""
+    with carry_to_driver():
+        job = plan.ctx.job
+        chunks, passed = [], []
+        for _, value in items:
+            if isinstance(value, SubtaskStats):
+                passed.append(value)
+            elif value is not None:
+                chunks.append(value)
+        schema = plan.schema if stage == 0 else empty_input(job.stages[stage]).schema
+        stats, output = run_subtask(plan, stage, subtask, read_chunks(chunks, schema))
+        passed.append(stats)
+        if stage == len(job.stages) - 1:
+            yield from passed
+            return
+        yield from ((subtask, s) for s in passed)
+        yield from rekey(output, job, stage + 1, subtask)
 
 
 def rekey(output: pa.Table, job: JobDefinition, stage: int, upstream: int) -> list[tuple]:
     """Stage ``stage - 1``'s output rows of subtask ``upstream``, cut into one Arrow IPC chunk
-    per subtask of ``stage`` by that stage's key."""
+    per subtask of ``stage`` by that stage's key. Output without the key's columns is a
+    :class:`~spark_jobs.errors.ConfigurationError` (the job's stages do not fit together)."""
     output = output.select([c for c in output.column_names if not c.startswith("_")])
     if output.num_rows == 0:
         return []
@@ -99,7 +104,7 @@ def rekey(output: pa.Table, job: JobDefinition, stage: int, upstream: int) -> li
     key = spec.inputs[before]
     missing = [c for c in key_columns(key) if c not in output.column_names]
     if missing:
-        raise ValueError(
+        raise ConfigurationError(
             f"stage {spec.name!r} is keyed by {key!r}, but the output of stage {before!r} has "
             f"no {missing}: its columns are {output.column_names}"
         )

@@ -20,11 +20,15 @@ from state.manifest import CheckpointManifest, Positions
 
 
 class EpochEnds:
-    """The ends of the epochs the sinks have not committed (thread-safe: micro-batches record
-    them, checkpoint completion forgets them), and the committed ones read for a restore."""
+    """The ends of the epochs the sinks have not committed (micro-batches record them on the
+    stream thread, checkpoint completion forgets them on the ack thread), and the committed ones
+    read for a restore (the main thread, then the restore thread). Thread-safe: ``_lock`` guards
+    both maps; ``_reading`` makes a sink's history be read once per checkpoint without holding
+    ``_lock`` (and with it the micro-batches) across the read."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._reading = threading.Lock()  # taken before ``_lock``, never inside it
         self._uncommitted: dict[int, Positions] = {}
         self._history: dict[int, dict[int, Positions]] = {}  # sink history after an epoch
 
@@ -52,17 +56,20 @@ class EpochEnds:
         history of the sink that committed furthest, and the checkpoint's own record of its
         epochs the sinks had not committed. Raises :class:`NoRestorableCheckpointError` when an
         epoch's end is unknown: it could not be replayed exactly."""
-        ends = self._history.get(manifest.batch_id)
-        if ends is None:  # read once per checkpoint: the start and the restore both need it
-            sink = max(sinks, key=lambda s: s.committed_epoch())
-            try:
-                ends = sink.committed_ends(manifest.batch_id)
-            except LookupError as e:
-                raise NoRestorableCheckpointError(
-                    f"restoring checkpoint {manifest.checkpoint_id} would emit committed output "
-                    f"again: {e}"
-                ) from e
-            self._history[manifest.batch_id] = ends
+        with self._reading:  # read once per checkpoint: the start and the restore both need it
+            with self._lock:
+                ends = self._history.get(manifest.batch_id)
+            if ends is None:
+                sink = max(sinks, key=lambda s: s.committed_epoch())
+                try:
+                    ends = sink.committed_ends(manifest.batch_id)
+                except LookupError as e:
+                    raise NoRestorableCheckpointError(
+                        f"restoring checkpoint {manifest.checkpoint_id} would emit committed "
+                        f"output again: {e}"
+                    ) from e
+                with self._lock:
+                    self._history[manifest.batch_id] = ends
         with self._lock:
             known = {**self._uncommitted, **ends}
         missing = [e for e in range(manifest.batch_id + 1, through + 1) if e not in known]

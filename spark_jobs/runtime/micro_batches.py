@@ -19,8 +19,10 @@ from spark_jobs.catalog.tables import now_ms
 from spark_jobs.runtime.barrier import AckPoller, CompactionRequests, Cut
 from spark_jobs.runtime.dataflow import execute
 from spark_jobs.runtime.epoch_ends import EpochEnds
-from spark_jobs.runtime.progress import Progress, RunSummary
+from spark_jobs.runtime.progress import Progress
 from spark_jobs.runtime.recovery import ReplayEpoch
+from spark_jobs.runtime.reports import SubtaskStats
+from spark_jobs.runtime.run_state import RunState
 from spark_jobs.runtime.subtask import BatchPlan, RunContext
 from spark_jobs.sinks.sink import Sink
 from spark_jobs.sources.bad_records import bad_record_error
@@ -38,19 +40,18 @@ class MicroBatches:
         ctx: RunContext,
         log_root: str,
         progress: Progress,
-        summary: RunSummary,
+        state: RunState,
         sinks: Sequence[Sink],
         ends: EpochEnds,
         compaction: CompactionRequests,
         *,
         exactly_once: bool,
         log: Callable[[str], None],
-        fail: Callable[[str, BaseException | None], None],
     ) -> None:
         self.spark, self.ctx, self.job, self.log_root = spark, ctx, ctx.job, log_root
-        self.progress, self.summary, self.sinks = progress, summary, sinks
+        self.progress, self.state, self.sinks = progress, state, sinks
         self.ends, self.compaction, self.exactly_once = ends, compaction, exactly_once
-        self.log, self.fail = log, fail
+        self.log = log
         self.anchor = None
         self.coordinator: CheckpointCoordinator | None = None
         self.acks: AckPoller | None = None
@@ -70,30 +71,26 @@ class MicroBatches:
         records = self._after(epoch, cid, self._execute(df, self._plan(epoch, cid)))
         return epoch, cid, records, in_flight
 
-    def final_checkpoint(self, failed: Callable[[], bool], timeout_s: float = 120.0) -> None:
+    def final_checkpoint(self, timeout_s: float = 120.0) -> None:
         """A barrier with no records: commits all output. Fails the run unless the checkpoint
         completes within ``timeout_s``."""
         self.progress.epoch += 1
         deadline = time.monotonic() + timeout_s
         pending = None
-        while pending is None and time.monotonic() < deadline and not failed():
+        while pending is None and time.monotonic() < deadline and not self.state.failed:
             # max_concurrent may be reached: the pending ones finish first
             pending = self.coordinator.trigger(self.progress.epoch, None, now_ms(), force=True)
             if pending is None:
                 time.sleep(0.1)
         if pending is None:
-            self.fail("no final checkpoint could be triggered", None)
+            self.state.fail("no final checkpoint could be triggered")
             return
         cid = pending.checkpoint_id
         frames = {n: empty_frame(self.spark, self.job, n) for n in self.job.source_inputs}
         stats = self._execute(tag_and_union(self.job, frames), self._plan(self.progress.epoch, cid))
         self._after(self.progress.epoch, cid, stats)
-        while time.monotonic() < deadline and not failed():
-            if cid in self.summary.checkpoints or cid in self.summary.aborted:
-                break
-            time.sleep(0.1)
-        if cid not in self.summary.checkpoints:
-            self.fail(f"final checkpoint {cid} did not complete", None)
+        if not self.state.wait_for_checkpoint(cid, deadline - time.monotonic()):
+            self.state.fail(f"final checkpoint {cid} did not complete")
 
     def replay(self, epochs: list[ReplayEpoch]) -> None:
         """Run committed micro-batches again, exactly as they ran (the same source ranges), with
@@ -110,8 +107,8 @@ class MicroBatches:
                 tag_and_union(self.job, frames), self._plan(r.epoch, None, emit=False)
             )
             self.progress.fold(stats)
-            records += sum(s["records"] for s in stats)
-        self.summary.replayed_epochs = len(epochs)
+            records += sum(s.records for s in stats)
+        self.state.replayed(len(epochs))
         self.log(
             f"replayed epochs {epochs[0].epoch}..{epochs[-1].epoch} ({records:,} records) "
             "without output: the sinks had committed them"
@@ -136,29 +133,28 @@ class MicroBatches:
             processing_time=now_ms(),
         )
 
-    def _execute(self, df, plan: BatchPlan) -> list[dict]:
+    def _execute(self, df, plan: BatchPlan) -> list[SubtaskStats]:
         """One micro-batch through every stage, each subtask on its slot's host. Returns the
         subtasks' statistics."""
         return execute(df, plan, self.anchor)
 
-    def _after(self, epoch: int, checkpoint_id: int | None, stats: list[dict]) -> int:
+    def _after(self, epoch: int, checkpoint_id: int | None, stats: list[SubtaskStats]) -> int:
         """Fold the statistics into the progress, record the epoch's end and a barrier's cut,
         append at-least-once output; returns the records the first stage read."""
-        found = [r["first_bad"] for r in stats if r["first_bad"]]
+        found = [r.first_bad for r in stats if r.first_bad]
+        bad = sum(r.bad_records for r in stats)
         if found and self.job.bad_records == "fail":
-            error = bad_record_error(found, sum(r["bad_records"] for r in stats))
-            self.fail(str(error), error)
+            error = bad_record_error(found, bad)
+            self.state.fail(str(error), error)
             return 0
         first = self.job.stages[0].uid
-        records = sum(r["records"] for r in stats if r["stage"] == first)
+        records = sum(r.records for r in stats if r.stage == first)
         progress = self.progress
         progress.fold(stats)
-        self.summary.late_records += sum(r["late_records"] for r in stats)
-        self.summary.bad_records += sum(r["bad_records"] for r in stats)
         ends = progress.position_copy()
         uncommitted = self.ends.record(epoch, ends)
         if checkpoint_id is not None:
-            self.compaction.compacted(checkpoint_id, max(r["compact_ms"] for r in stats))
+            self.compaction.compacted(checkpoint_id, max(r.compact_ms for r in stats))
             sink_epochs = {s.sink: epoch for s in self.sinks}
             self.acks.record_cut(
                 Cut(
@@ -174,6 +170,5 @@ class MicroBatches:
             for sink in self.sinks:
                 sink.append_now(epoch, {epoch: ends})
             self.ends.forget_through(epoch)
-        self.summary.batches += 1
-        self.summary.records += records
+        self.state.count_batch(records, sum(r.late_records for r in stats), bad)
         return records

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spark_jobs.errors import NoRestorableCheckpointError
 from spark_jobs.runtime.placement import executor_hosts, placed_rdd, preferred_hosts, wait_for_hosts
+from spark_jobs.runtime.reports import SubtaskRestoreReport
 from spark_jobs.runtime.start import select_checkpoint
 from spark_jobs.runtime.subtask import RunContext, prepare_slot
 from state.manifest import CheckpointManifest, Positions
@@ -44,7 +45,7 @@ class Restored:
     subtasks' reports, and the fallbacks taken on the way."""
 
     manifest: CheckpointManifest | None
-    reports: list[dict[str, Any]]
+    reports: list[SubtaskRestoreReport]
     fallbacks: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -57,10 +58,13 @@ def restore_placed(
     hints: dict[str, str],
     executor_wait_s: float,
     log,
-) -> list[dict[str, Any]]:
+) -> list[SubtaskRestoreReport]:
     """Restore (or, without ``manifest``, empty) every stage's subtasks' working state as of
     ``epoch``; subtask *i* of every stage in one task (slot *i*), on the host its hint names when
-    an executor runs there. The subtasks' reports, by subtask, then stage."""
+    an executor runs there. The subtasks' reports, by subtask, then stage. A task's
+    :class:`~spark_jobs.errors.NonRetryableError` (a checkpoint whose key groups the job's
+    parallelism does not match) fails the Spark job with text the driver classifies
+    (spark_jobs/errors.py)."""
     job = ctx.job
     handles = {
         i: {s.uid: manifest.handle(s.uid, i) if manifest else None for s in job.stages}
@@ -75,18 +79,18 @@ def restore_placed(
                 " their subtasks restore wherever Spark has room"
             )
     prefs = preferred_hosts(hints, job.parallelism, executor_hosts(sc))
-    raw = (
+    reports = (
         placed_rdd(sc, prefs)
-        .mapPartitionsWithIndex(lambda i, _: [json.dumps(prepare_slot(ctx, i, handles[i], epoch))])
+        .mapPartitionsWithIndex(lambda i, _: prepare_slot(ctx, i, handles[i], epoch))
         .collect()
     )
-    reports = [r for slot in raw for r in json.loads(slot)]
     order = {s.uid: n for n, s in enumerate(job.stages)}
-    reports.sort(key=lambda r: (r["subtask"], order[r["stage"]]))
-    for report in reports:
-        report["hint"] = hints.get(str(report["subtask"]))
-        report["placed"] = bool(prefs[report["subtask"]])  # an executor ran on the hinted host
-    return reports
+    reports.sort(key=lambda r: (r.subtask, order[r.stage]))
+    return [
+        # placed: an executor ran on the hinted host
+        replace(r, hint=hints.get(str(r.subtask)), placed=bool(prefs[r.subtask]))
+        for r in reports
+    ]
 
 
 def replay_epochs(
@@ -111,25 +115,26 @@ def recovery_row(
 ) -> dict[str, Any]:
     """The ``recoveries`` catalog row of a restore."""
     reports = restored.reports
-    local = [r for r in reports if r["source"] == "local"]
+    local = [r for r in reports if r.source == "local"]
     return {
         "job_id": job_id,
         "attempt": attempt,
         "checkpoint_id": restored.manifest.checkpoint_id,
         "subtasks_local": len(local),
         "subtasks_remote": len(reports) - len(local),
-        "bytes_local": sum(r.get("bytes_local", 0) for r in reports),
-        "bytes_remote": sum(r.get("bytes_remote", 0) for r in reports),
+        "bytes_local": sum(r.bytes_local for r in reports),
+        "bytes_remote": sum(r.bytes_remote for r in reports),
         "duration_ms": duration_s * 1000,
-        "fallbacks": json.dumps(
-            restored.fallbacks + [f for r in reports for f in r.get("fallbacks", [])]
-        ),
+        "fallbacks": json.dumps(restored.fallbacks + [f for r in reports for f in r.fallbacks]),
         "hints": json.dumps(hints),
         "recovered_at_ms": int(time.time() * 1000),
-        "files_local": sum(r.get("files_local", 0) for r in reports),
-        "files_remote": sum(r.get("files_remote", 0) for r in reports),
+        "files_local": sum(r.files_local for r in reports),
+        "files_remote": sum(r.files_remote for r in reports),
         "placement": json.dumps(
-            [{k: r.get(k) for k in ("stage", "subtask", "host", "hint", "source")} for r in reports]
+            [
+                {k: getattr(r, k) for k in ("stage", "subtask", "host", "hint", "source")}
+                for r in reports
+            ]
         ),
     }
 
@@ -157,12 +162,10 @@ def restore_with_fallback(
         reports = restore_placed(
             spark, ctx, manifest, epoch_of(manifest), hints, executor_wait_s, log
         )
-        corrupt = [r for r in reports if "corrupt" in r]
+        corrupt = [r for r in reports if r.corrupt is not None]
         if not corrupt:
             return Restored(manifest, reports, fallbacks, time.perf_counter() - started)
-        reason = "; ".join(
-            f"stage {r['stage']} subtask {r['subtask']}: {r['corrupt']}" for r in corrupt[:3]
-        )
+        reason = "; ".join(f"stage {r.stage} subtask {r.subtask}: {r.corrupt}" for r in corrupt[:3])
         log(f"checkpoint {manifest.checkpoint_id} is not restorable, marking it CORRUPT: {reason}")
         catalog.mark_corrupt(job_id, manifest.checkpoint_id, reason)
         fallbacks.append(f"checkpoint {manifest.checkpoint_id}: {reason}")

@@ -15,13 +15,14 @@ from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.runtime.epoch_ends import EpochEnds
 from spark_jobs.runtime.micro_batches import MicroBatches
 from spark_jobs.runtime.placement import anchor_rdd, executor_hosts, preferred_hosts
-from spark_jobs.runtime.progress import Progress, RunSummary
+from spark_jobs.runtime.progress import Progress
 from spark_jobs.runtime.recovery import (
     Restored,
     recovery_row,
     replay_epochs,
     restore_with_fallback,
 )
+from spark_jobs.runtime.run_state import RunState
 from spark_jobs.runtime.startup import StartupTimeline
 from spark_jobs.sinks.sink import Sink
 from state.manifest import CheckpointManifest
@@ -40,7 +41,7 @@ class AttemptRestore:
     ends: EpochEnds
     batches: MicroBatches
     progress: Progress
-    summary: RunSummary
+    state: RunState
     wanted: str | int | None
     hints: dict[str, str]
     executor_wait_s: float
@@ -74,15 +75,14 @@ class AttemptRestore:
         restored.fallbacks[:0] = fallbacks
         if restored.manifest is not manifest:
             self.progress.adopt(restored.manifest)
-            self.summary.restored_from = restored.manifest.checkpoint_id
-        self.summary.restore_reports = restored.reports
-        allocation = {str(r["subtask"]): r["host"] for r in restored.reports}
+        m = restored.manifest
+        self.state.restored(m.checkpoint_id if m else None, restored.reports)
+        allocation = {str(r.subtask): r.host for r in restored.reports}
         sc = self.spark.sparkContext
         # every micro-batch task of subtask i runs where subtask i was restored (placement.py)
         self.batches.anchor = anchor_rdd(
             sc, preferred_hosts(allocation, job.parallelism, executor_hosts(sc))
         )
-        m = restored.manifest
         if m is not None and epoch_of(m) < target:
             ends = self.ends.committed_through(m, target, self.sinks)
             self.batches.replay(replay_epochs(m, target, ends))

@@ -21,8 +21,13 @@ commit anything anyway.
 
 Threads: Spark's stream thread runs the micro-batches, the restore thread runs before the first
 (which waits for it), the ack poller completes checkpoints, the heartbeat watches liveness; the
-main thread watches the query and stops the run (runtime/watch.py). They share the failure (set
-once) and the stop event; the progress is written by the micro-batches alone.
+main thread watches the query and stops the run (runtime/watch.py). What they share (the
+failure, the stop event, the run's report, the compaction request being served) is the
+:class:`~spark_jobs.runtime.run_state.RunState`, which says who does what; the progress is
+handed on, never shared.
+
+A failure a Spark task marked as not retryable (spark_jobs/errors.py) is raised as its typed
+error with its clean message, so the run exits 2.
 """
 
 from __future__ import annotations
@@ -36,17 +41,17 @@ from typing import Any
 
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.catalog.tables import now_ms
-from spark_jobs.errors import AttemptFailedError, NonRetryableError, UserCodeError
+from spark_jobs.errors import AttemptFailedError, NonRetryableError
 from spark_jobs.events import EventChannel
 from spark_jobs.job import JobDefinition
-from spark_jobs.keyed_process import USER_ERROR_MARKER, user_error_text
 from spark_jobs.runtime.barrier import AckPoller, CompactionRequests
 from spark_jobs.runtime.completion import Completion
 from spark_jobs.runtime.epoch_ends import EpochEnds, starting_point
 from spark_jobs.runtime.liveness import heartbeat
 from spark_jobs.runtime.micro_batches import MicroBatches
-from spark_jobs.runtime.progress import Progress, RunSummary
+from spark_jobs.runtime.progress import Progress
 from spark_jobs.runtime.restore import AttemptRestore
+from spark_jobs.runtime.run_state import RunState, RunSummary
 from spark_jobs.runtime.start import StartPlan, plan_start, sink_writers
 from spark_jobs.runtime.startup import StartupTimeline, warm_up_workers
 from spark_jobs.runtime.subtask import RunContext
@@ -56,7 +61,7 @@ from spark_jobs.sources.frames import stream_frame, tag_and_union
 from state.catalog import FencedError
 from state.config import EXACTLY_ONCE
 from state.coordinator import CheckpointCoordinator
-from state.manifest import CheckpointManifest
+from state.manifest import CheckpointManifest, Positions
 from state.paths import JobLayout
 from state.storage import open_storage
 
@@ -109,28 +114,20 @@ class StreamingRun:
         self.catalog = DeltaCatalog(spark, paths.warehouse)
         self.layout = JobLayout(job.name)
         self.exactly_once = job.checkpoint.mode == EXACTLY_ONCE
-        self._failure: str | None = None
-        self._error: BaseException | None = None  # the typed cause, when there is one
-        self._stop = threading.Event()  # stop taking micro-batches
+        self.state = RunState()  # what the threads share: the failure, the stop, the report
         self._restored = threading.Event()  # the working state is restored: micro-batches may run
         self._shutdown = threading.Event()  # stop the heartbeat (after the final checkpoint)
         self._batch_lock = threading.Lock()
-        self.watch = QueryWatch(spark.sparkContext, idle_timeout_s, self._stop, self.fail, self.log)
+        self.watch = QueryWatch(spark.sparkContext, idle_timeout_s, self.state, self.log)
         self.ends = EpochEnds()
         self.progress = Progress(job)
         self.allocation: dict[str, str] = {}
         self.compaction = CompactionRequests(
-            self.storage, self.layout, job.parallelism, self.log, self.events
+            self.storage, self.layout, job.parallelism, self.state, self.log, self.events
         )
         self.acks: AckPoller | None = None  # once the state is restored
 
     # -- lifecycle ---------------------------------------------------------------------------
-
-    def fail(self, reason: str, error: BaseException | None = None) -> None:
-        """The attempt fails (the first reason given stands) and stops taking micro-batches."""
-        if self._failure is None:
-            self._failure, self._error = reason, error
-        self._stop.set()
 
     def _plan_start(self) -> StartPlan:
         if self._early_plan is not None:
@@ -165,21 +162,18 @@ class StreamingRun:
             local_state_root=self.paths.local_state_root,
             staging_root=str(self.sinks[0].staging_root),
         )
-        self.summary = RunSummary(
-            job.name, self.attempt, manifest.checkpoint_id if manifest else None
-        )
+        self.state.restored(manifest.checkpoint_id if manifest else None, ())
         self.batches = MicroBatches(
             self.spark,
             self.ctx,
             self.paths.log_root,
             self.progress,
-            self.summary,
+            self.state,
             self.sinks,
             self.ends,
             self.compaction,
             exactly_once=self.exactly_once,
             log=self.log,
-            fail=self.fail,
         )
         self.progress.adopt(manifest)
         query = None
@@ -197,12 +191,14 @@ class StreamingRun:
             threading.Thread(
                 target=heartbeat,
                 args=(self.catalog, job.name, self.attempt, self.heartbeat_s, self._shutdown),
-                kwargs={"fail": self.fail, "log": self.log, "watch_pid": self.watch_pid},
+                kwargs={"fail": self.state.fail, "log": self.log, "watch_pid": self.watch_pid},
                 name="cutline-heartbeat",
                 daemon=True,
             ).start()
             # The state restores on a thread of its own while the query starts: Spark starts
             # its source and plans the first trigger meanwhile; the first micro-batch waits.
+            # The query starts from a copy of the positions: the restore's replay folds into them.
+            positions = self.progress.position_copy()
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cutline-restore") as pool:
                 restore = AttemptRestore(
                     self.spark,
@@ -212,7 +208,7 @@ class StreamingRun:
                     self.ends,
                     self.batches,
                     self.progress,
-                    self.summary,
+                    self.state,
                     self.restore,
                     self.hints,
                     self.executor_wait_s,
@@ -228,7 +224,7 @@ class StreamingRun:
                     daemon=True,
                 ).start()
                 try:
-                    query = self._start_query(spark_checkpoint)
+                    query = self._start_query(spark_checkpoint, positions)
                     self.timeline.mark("query started")
                 except BaseException:
                     restoring.exception()  # wait for it; the query's error is the run's
@@ -241,23 +237,23 @@ class StreamingRun:
                 "started",
                 {
                     "attempt": self.attempt,
-                    "restored_from": self.summary.restored_from,
+                    "restored_from": self.state.restored_from,
                     "allocation": self.allocation,
-                    "restore_reports": self.summary.restore_reports,
+                    "restore_reports": [r.to_dict() for r in self.state.restore_reports],
                 },
             )
             self.watch.restart_idle_clock()
-            self.watch(query, self.allocation, lambda: self.summary.batches)
+            self.watch(query, self.allocation)
             with self._batch_lock:  # let a running micro-batch finish; later ones are skipped
                 pass
             query.stop()
             query = None
-            if self._failure is None:
-                self.batches.final_checkpoint(lambda: self._failure is not None)
+            if not self.state.failed:
+                self.batches.final_checkpoint()
         except Exception as e:  # the attempt failed: classified and raised below
-            self.fail(f"{type(e).__name__}: {e}", e)
+            self.state.fail(f"{type(e).__name__}: {e}", e)
         finally:
-            self._stop.set()
+            self.state.stop.set()
             self._restored.set()  # a micro-batch waiting for the restore is skipped
             if query is not None:
                 query.stop()
@@ -266,16 +262,15 @@ class StreamingRun:
                 self.acks.stop()
             shutil.rmtree(spark_checkpoint, ignore_errors=True)
             self._check_superseded()
-            self._record_end()
-        if self._failure:
-            if isinstance(self._error, NonRetryableError | FencedError):
-                raise self._error
-            if USER_ERROR_MARKER in self._failure:
-                raise UserCodeError(user_error_text(self._failure)) from self._error
+            summary = self._record_end()
+        if summary.failure:
+            error = self.state.error
+            if isinstance(error, NonRetryableError | FencedError):
+                raise error
             raise AttemptFailedError(
-                f"{job.name} attempt {self.attempt} failed: {self._failure}"
-            ) from self._error
-        return self.summary
+                f"{job.name} attempt {self.attempt} failed: {summary.failure}"
+            ) from error
+        return summary
 
     def _start_checkpointing(self, restored: CheckpointManifest | None) -> None:
         """The coordinator, continuing after the restored checkpoint, with its listener and the
@@ -286,12 +281,11 @@ class StreamingRun:
             self.catalog,
             self.ends,
             self.compaction,
-            self.summary,
+            self.state,
             restored,
             exactly_once=self.exactly_once,
             log=self.log,
             events=self.events,
-            fail=self.fail,
         )
         coordinator = CheckpointCoordinator(
             self.job.name,
@@ -313,39 +307,40 @@ class StreamingRun:
     def _check_superseded(self) -> None:
         """A failed attempt that a newer one superseded failed because of it (its working state
         was cleaned away, its commit fenced): say so, so that nobody restarts it."""
-        if self._failure is None or isinstance(self._error, FencedError):
+        failure = self.state.failure
+        if failure is None or isinstance(self.state.error, FencedError):
             return
         try:
             newest = self.catalog.newest_attempt(self.job.name)
         except Exception:
             return
         if newest > self.attempt:
-            self._error = FencedError(
-                f"attempt {newest} of {self.job.name} has started: attempt {self.attempt} is "
-                f"superseded ({self._failure})"
+            self.state.supersede(
+                FencedError(
+                    f"attempt {newest} of {self.job.name} has started: attempt {self.attempt} "
+                    f"is superseded ({failure})"
+                )
             )
 
-    def _record_end(self) -> None:
-        self.summary.failure = self._failure
-        self.summary.positions = self.progress.position_copy()
+    def _record_end(self) -> RunSummary:
+        """The run's report, its end recorded in the catalog."""
+        summary = self.state.summary(self.job.name, self.attempt, self.progress.position_copy())
         status = "FINISHED"
-        if isinstance(self._error, FencedError):
+        if isinstance(self.state.error, FencedError):
             status = "SUPERSEDED"
-        elif self._failure:
+        elif summary.failure:
             status = "FAILED"
         try:
-            self.catalog.set_job_status(self.job.name, self.attempt, status, self._failure or "")
+            self.catalog.set_job_status(self.job.name, self.attempt, status, summary.failure or "")
         except Exception as e:  # the run's own error matters more; the sensor sees the rest
             self.log(f"could not record the attempt's end: {type(e).__name__}: {e}")
+        return summary
 
     # -- start -----------------------------------------------------------------------------
 
-    def _start_query(self, spark_checkpoint: str):
-        positions = self.progress.positions
+    def _start_query(self, spark_checkpoint: str, positions: Positions):
         frames = {
-            name: stream_frame(
-                self.spark, self.job, name, self.paths.log_root, dict(positions[name])
-            )
+            name: stream_frame(self.spark, self.job, name, self.paths.log_root, positions[name])
             for name in self.job.source_inputs
         }
         return (
@@ -362,19 +357,18 @@ class StreamingRun:
         """``foreachBatch``: one micro-batch, unless the run is stopping."""
         self._restored.wait()  # the query starts while the state restores
         with self._batch_lock:  # a graceful stop waits for a running micro-batch
-            if not self._stop.is_set():
+            if not self.state.stop.is_set():
                 with self.watch.batch():
                     self._run_batch(df)
 
     def _run_batch(self, df) -> None:
-        first = not self.summary.batch_ms
+        first = self.state.batches == 0
         if first:
             self.timeline.mark("first trigger planned")
         started = time.perf_counter()
         epoch, cid, records, in_flight = self.batches.run(df)
         ms = (time.perf_counter() - started) * 1000
-        self.summary.batch_ms.append(ms)
-        self.summary.batch_checkpointing.append(in_flight)
+        self.state.time_batch(ms, in_flight)
         self.events.emit(
             "batch", {"epoch": epoch, "records": records, "checkpoint": cid, "ms": round(ms, 1)}
         )
@@ -382,8 +376,8 @@ class StreamingRun:
             self.timeline.mark("first micro-batch")
             self.log(f"startup: {self.timeline.summary()}")
             self.events.emit("startup", self.timeline.as_dict())
-        if self.max_batches is not None and self.summary.batches >= self.max_batches:
-            self._stop.set()
+        if self.max_batches is not None and self.state.batches >= self.max_batches:
+            self.state.stop.set()
 
 
 def run_job(

@@ -10,8 +10,9 @@ micro-batch applied), applies the batch and records its progress, stages the sin
 this attempt's staging directory; a replayed epoch stages nothing), and at a barrier takes the
 synchronous snapshot and leaves the upload to a background thread, whose
 :class:`~state.acks.Ack` lands in this attempt's inbox in durable storage for the driver's
-coordinator. Bad records are split off first (spark_jobs/sources/bad_records.py). It returns one
-small statistics dict.
+coordinator. Bad records are split off first (spark_jobs/sources/bad_records.py). It returns its
+:class:`~spark_jobs.runtime.reports.SubtaskStats`; a restore returns its
+:class:`~spark_jobs.runtime.reports.SubtaskRestoreReport`.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from spark_jobs.errors import IncompatibleStateError, carry_to_driver
 from spark_jobs.job import DEAD_LETTER_SINK, JobDefinition
 from spark_jobs.keyed_process import SOURCE_COLUMN, ProcessOperator
+from spark_jobs.runtime.reports import SubtaskRestoreReport, SubtaskStats
 from spark_jobs.sinks.delta_sink import EPOCH_COLUMN, staging_dir
 from spark_jobs.sources.bad_records import dead_letters, first_bad, split_bad
 from spark_jobs.sources.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
@@ -37,6 +40,7 @@ from state.faults import kill_point
 from state.handles import SubtaskStateHandle
 from state.keygroups import key_group_range
 from state.local_copies import LocalCopies
+from state.manifest import Positions
 from state.paths import JobLayout
 from state.storage import CorruptFileError, MissingFileError, open_storage
 
@@ -109,14 +113,14 @@ def write_progress(txn, store: RocksDBStore, attempt: int, epoch: int) -> None:
     txn.put(PROGRESS, [store.key_group_range.start], [b"p"], [payload.encode()])
 
 
-def _positions(table: pa.Table) -> dict[str, dict[str, int]]:
+def _positions(table: pa.Table) -> Positions:
     """Per source and partition, the position after the last record of this batch."""
     if table.num_rows == 0:
         return {}
     grouped = table.group_by([SOURCE_COLUMN, PARTITION_COLUMN]).aggregate(
         [(NEXT_OFFSET_COLUMN, "max")]
     )
-    out: dict[str, dict[str, int]] = {}
+    out: Positions = {}
     for src, part, end in zip(
         grouped.column(SOURCE_COLUMN).to_pylist(),
         grouped.column(PARTITION_COLUMN).to_pylist(),
@@ -207,7 +211,7 @@ def read_chunks(chunks: Iterable[bytes], schema: pa.Schema | None) -> pa.Table:
 
 def run_subtask(
     plan: BatchPlan, stage: int, subtask: int, table: pa.Table
-) -> tuple[dict, pa.Table]:
+) -> tuple[SubtaskStats, pa.Table]:
     """Subtask ``subtask`` of stage ``stage`` in one micro-batch, on the host that holds its
     working state: apply ``table`` (its records, in log order), commit the state with the
     progress marker, stage the sinks' output, and at a barrier take the snapshot. Returns the
@@ -270,39 +274,44 @@ def run_subtask(
     finally:
         store.close()
     read = pa.concat_tables([table, bad]) if bad.num_rows else table
-    stats = {
-        "stage": op.uid,
-        "subtask": subtask,
-        "host": host_name(),
-        "records": table.num_rows,
-        "output_rows": output.num_rows,
-        "positions": _positions(read) if stage == 0 else {},
-        "sync_ms": sync_ms,
-        "compact_ms": compact_ms,
-        "late_records": result.late_records,
-        "max_event_time": result.max_event_time,
-        "bad_records": bad.num_rows,
-        "first_bad": first_bad(bad),
-    }
+    stats = SubtaskStats(
+        stage=op.uid,
+        subtask=subtask,
+        host=host_name(),
+        records=table.num_rows,
+        output_rows=output.num_rows,
+        positions=_positions(read) if stage == 0 else {},
+        sync_ms=sync_ms,
+        compact_ms=compact_ms,
+        late_records=result.late_records,
+        max_event_time=result.max_event_time,
+        bad_records=bad.num_rows,
+        first_bad=first_bad(bad),
+    )
     return stats, output
 
 
 def prepare_slot(
     ctx: RunContext, subtask: int, handles: dict[str, SubtaskStateHandle | None], epoch: int
-) -> list[dict]:
-    """Set up the working state of subtask ``subtask`` of every stage (``handles``: per stage
-    uid) for a new attempt, in one Spark task: the stages' subtasks *i* share a host, as
-    Flink's slot sharing puts them in one slot. Returns the restore reports."""
-    return [prepare_subtask(ctx, uid, subtask, handle, epoch) for uid, handle in handles.items()]
+) -> list[SubtaskRestoreReport]:
+    """The body of a restore's Spark task: set up the working state of subtask ``subtask`` of
+    every stage (``handles``: per stage uid) for a new attempt: the stages' subtasks *i* share a
+    host, as Flink's slot sharing puts them in one slot. Returns the restore reports; a
+    :class:`~spark_jobs.errors.NonRetryableError` reaches the driver typed (``carry_to_driver``)."""
+    with carry_to_driver():
+        return [prepare_subtask(ctx, uid, subtask, h, epoch) for uid, h in handles.items()]
 
 
 def prepare_subtask(
     ctx: RunContext, uid: str, subtask: int, handle: SubtaskStateHandle | None, epoch: int
-) -> dict:
+) -> SubtaskRestoreReport:
     """Set up subtask ``subtask`` of stage ``uid``'s working state for a new attempt.
 
     With a handle, restore it local-first; without, start empty. Either way the state is then
-    marked as belonging to this attempt at ``epoch``. Returns the restore report as a dict.
+    marked as belonging to this attempt at ``epoch``. A handle whose key groups are not the
+    ones the job's parallelism gives this subtask raises :class:`IncompatibleStateError` (a
+    restart cannot fix it); positive evidence against the checkpoint is reported (``corrupt``),
+    not raised.
     """
     import shutil
 
@@ -312,13 +321,15 @@ def prepare_subtask(
     copies = ctx.copies(uid, subtask)
     copies.drop_older_working_dirs()
     shutil.rmtree(copies.db_dir, ignore_errors=True)
-    report = {"stage": uid, "subtask": subtask, "host": host_name(), "source": "empty"}
+    report = SubtaskRestoreReport(uid, subtask, host_name(), "empty")
     if handle is not None:
         if handle.key_group_range != ctx.key_groups(subtask):
-            raise SubtaskStateError(
+            raise IncompatibleStateError(
                 f"checkpoint {handle.checkpoint_id} holds key groups {handle.key_group_range} for "
-                f"subtask {subtask}, but the job now assigns {ctx.key_groups(subtask)} "
-                "(changing parallelism on restore is not supported yet)"
+                f"subtask {subtask} of stage {uid!r}, but the job's parallelism "
+                f"{ctx.job.parallelism} assigns it {ctx.key_groups(subtask)}: restore with the "
+                "parallelism the checkpoint was taken with (changing it on restore is not "
+                "supported yet)"
             )
         try:
             r = restore_subtask(
@@ -330,14 +341,15 @@ def prepare_subtask(
             )
         except (ChecksumMismatchError, MissingFileError, CorruptFileError) as e:
             # positive evidence against the checkpoint: the driver marks it CORRUPT, falls back
-            return {**report, "corrupt": f"{type(e).__name__}: {e}"}
-        report.update(
+            return replace(report, corrupt=f"{type(e).__name__}: {e}")
+        report = replace(
+            report,
             source=r.source,
             bytes_local=r.bytes_local,
             bytes_remote=r.bytes_remote,
             files_local=r.files_local,
             files_remote=r.files_remote,
-            fallbacks=r.fallbacks,
+            fallbacks=tuple(r.fallbacks),
             duration_ms=r.duration_s * 1000,
         )
     with RocksDBStore(copies.db_dir, ctx.key_groups(subtask)) as store:

@@ -4,31 +4,32 @@ restore from the latest checkpoint), and the idle timeout (no new input)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from spark_jobs.runtime.placement import executor_hosts, lost_subtasks
+from spark_jobs.runtime.run_state import RunState
 
 HOST_CHECK_S = 2.0  # how often a run on a cluster checks that its subtasks' hosts have executors
 
 
 class QueryWatch:
     """Watches one attempt's query from the main thread; the micro-batches report through
-    :meth:`batch` (a micro-batch longer than the idle timeout is not idle time)."""
+    :meth:`batch` (a micro-batch longer than the idle timeout is not idle time). It stops or
+    fails the run through its :class:`RunState`. ``in_batch`` and ``last_progress`` are written
+    by the stream thread and read here: single values, a stale read costs one poll."""
 
     def __init__(
         self,
         spark_context,
         idle_timeout_s: float | None,
-        stop: threading.Event,
-        fail: Callable[[str], None],
+        state: RunState,
         log: Callable[[str], None],
     ) -> None:
         self.sc = spark_context
         self.idle_timeout_s = idle_timeout_s
-        self.stop, self.fail, self.log = stop, fail, log
+        self.state, self.stop, self.log = state, state.stop, log
         # on a cluster, a host that loses its executors takes its subtasks' working state along
         self.watch_hosts = not spark_context.master.startswith("local")
         self.last_progress = time.monotonic()
@@ -48,16 +49,16 @@ class QueryWatch:
     def restart_idle_clock(self) -> None:
         self.last_progress = time.monotonic()
 
-    def __call__(self, query, allocation: dict[str, str], batches: Callable[[], int]) -> None:
+    def __call__(self, query, allocation: dict[str, str]) -> None:
         """Until the run stops: the query's health, lost hosts (``allocation``: subtask ->
-        host), and the idle timeout (``batches``: how many micro-batches ran)."""
+        host), and the idle timeout."""
         hosts_checked, suspect = time.monotonic(), None
         while not self.stop.wait(0.2):
             if self.watch_hosts and time.monotonic() - hosts_checked > HOST_CHECK_S:
                 hosts_checked = time.monotonic()
                 lost = lost_subtasks(allocation, executor_hosts(self.sc))
                 if lost and lost == suspect:  # two checks in a row: not a registration race
-                    self.fail(
+                    self.state.fail(
                         f"executors lost on {sorted(lost)}, which held the working state of "
                         f"subtasks {sorted(s for v in lost.values() for s in v)}: "
                         "restore from the latest checkpoint"
@@ -66,10 +67,10 @@ class QueryWatch:
                     self.sc.cancelAllJobs()
                 suspect = lost or None
             if query.exception() is not None:
-                self.fail(f"micro-batch failed: {query.exception()}")
+                self.state.fail(f"micro-batch failed: {query.exception()}")
             elif not query.isActive:
-                self.fail("the streaming query stopped")
-            elif self.idle_timeout_s is not None and not self._idle(query, batches):
+                self.state.fail("the streaming query stopped")
+            elif self.idle_timeout_s is not None and not self._idle(query):
                 self.last_progress = time.monotonic()  # idle time counts from here
             elif (
                 self.idle_timeout_s is not None
@@ -78,9 +79,9 @@ class QueryWatch:
                 self.log(f"no new input for {self.idle_timeout_s} s: stopping")
                 self.stop.set()
 
-    def _idle(self, query, batches: Callable[[], int]) -> bool:
+    def _idle(self, query) -> bool:
         """The query has run a trigger (on a loaded machine the first can take longer than the
         idle timeout) and no micro-batch is running."""
         if not self.has_run:
-            self.has_run = batches() > 0 or query.lastProgress is not None
+            self.has_run = self.state.batches > 0 or query.lastProgress is not None
         return self.has_run and not self.in_batch
