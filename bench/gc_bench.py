@@ -9,7 +9,7 @@ stored and every ``shared_state_files`` row LIVE. Timed passes:
 
 - ``dry_run``: list, read the catalog and the retained manifests, plan; delete nothing;
 - ``catch_up``: the same, deleting everything no retained checkpoint needs and marking those
-  registry rows DELETED in one MERGE;
+  registry rows DELETED in one commit (a rewrite of the registry files holding them);
 - ``steady``: the next pass, with nothing left to delete.
 
 Prints each pass's report (with ``phase_ms``, where the time went) and writes them with the

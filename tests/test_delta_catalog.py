@@ -199,3 +199,90 @@ def test_two_starters_never_share_an_attempt_number(spark, tmp_path):
             with pytest.raises(FencedError):
                 catalogs[0].commit_checkpoint(row(attempt, attempt))
     report(f"8 concurrent starters: attempts {sorted(numbers)}; {results}")
+
+
+def test_registry_rewrites_never_lose_to_the_jobs_appends_and_replan_after_removals(
+    spark, tmp_path
+):
+    """GC's registry rewrite commits although the job appended new rows (a Spark blind append,
+    as a completed checkpoint registers its files) between its read and its commit; it is
+    planned again, on the rows as they are then, when a concurrent commit removed files it read;
+    and delta-spark reads, filters, compacts and checkpoints what it wrote."""
+    from deltalake import DeltaTable
+
+    from spark_jobs.catalog.shared_files import RegistryChanges
+    from spark_jobs.catalog.tables import read_delta
+
+    catalog = DeltaCatalog(spark, tmp_path / "warehouse")
+    table = catalog.path("shared_state_files")
+
+    def files(cid: int, n: int, job: str = "clicks") -> list[dict]:
+        return [
+            {"job_id": job, "path": f"shared/op/{i % 2}/{cid:06d}-{i}.sst", "operator": "op",
+             "subtask": i % 2, "size": 100 + i, "created_by": cid, "last_used": cid,
+             "refcount": 1, "status": "LIVE"}
+            for i in range(n)
+        ]  # fmt: skip
+
+    catalog.record_shared_files(files(1, 3))
+    catalog.record_shared_files(files(2, 3) + files(1, 2, job="other"))
+    plans: list[int] = []
+
+    def retire_first_checkpoint(rows: list[dict]) -> RegistryChanges:
+        plans.append(len(rows))
+        if len(plans) == 1:  # the job registers checkpoint 3's files meanwhile
+            catalog.record_shared_files(files(3, 2))
+        deleted = {"status": "DELETED", "deleted_at_ms": 1234, "refcount": 0}
+        added = {**files(0, 1)[0], "path": "shared/op/0/lost.sst", "created_by": 2}
+        return RegistryChanges({r["path"]: deleted for r in rows if r["created_by"] == 1}, [added])
+
+    versions = DeltaTable(table).version()
+    result = catalog.update_shared_files("clicks", retire_first_checkpoint)
+    assert (result.conflicts, result.rows_changed, result.rows_added, plans) == (0, 3, 1, [6])
+    assert DeltaTable(table).version() == versions + 2  # the job's append, then the rewrite
+
+    def statuses(job: str = "clicks") -> list[tuple]:
+        rows = read_delta(table, job).to_pylist()
+        return sorted((r["created_by"], r["path"], r["status"], r["refcount"]) for r in rows)
+
+    assert [s[2] for s in statuses()] == ["DELETED"] * 3 + ["LIVE"] * 6
+    assert [s[2] for s in statuses("other")] == ["LIVE", "LIVE"]
+
+    # another pass rewrote (removed) files meanwhile: this plan is discarded and made again
+    other_pass = DeltaCatalog(None, tmp_path / "warehouse")
+    plans.clear()
+
+    def touch_live(rows: list[dict]) -> RegistryChanges:
+        plans.append(len(rows))
+        if len(plans) == 1:
+            live = next(r["path"] for r in rows if r["status"] == "LIVE")
+            other_pass.update_shared_files(
+                "clicks", lambda _: RegistryChanges({live: {"refcount": 2}})
+            )
+        return RegistryChanges({r["path"]: {"last_used": 7} for r in rows if r["status"] == "LIVE"})
+
+    result = catalog.update_shared_files("clicks", touch_live)
+    assert (result.conflicts, plans) == (1, [9, 9])
+    after = read_delta(table, "clicks").to_pylist()
+    assert sorted(r["last_used"] for r in after if r["status"] == "LIVE") == [7] * 6
+    assert sorted(r["refcount"] for r in after if r["status"] == "LIVE") == [1] * 5 + [2]
+    assert all(r["last_used"] == 1 for r in after if r["status"] == "DELETED")
+
+    # delta-spark reads the rewritten files (data skipping has only their row counts), and
+    # compacts and checkpoints the table with them
+    columns = ["job_id", "path", "status", "refcount", "last_used"]
+
+    def spark_rows() -> list[tuple]:
+        df = spark.read.format("delta").load(table).select(*columns)
+        return sorted(tuple(r) for r in df.collect())
+
+    def rs_rows() -> list[tuple]:
+        return sorted(tuple(r[c] for c in columns) for r in read_delta(table).to_pylist())
+
+    assert spark_rows() == rs_rows()
+    deleted = spark.read.format("delta").load(table).where("job_id = 'clicks' AND refcount = 0")
+    assert deleted.count() == 3
+    counts = catalog.maintain()
+    assert counts["shared_state_files"] == 2  # one file per job partition
+    assert spark_rows() == rs_rows()
+    assert catalog.update_shared_files("clicks", lambda _: RegistryChanges()).committed is False

@@ -4,8 +4,10 @@ output stays exact, and ``shared_state_files`` tells the truth about what is sto
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import threading
 import time
 from pathlib import Path
 
@@ -15,9 +17,15 @@ from deltalake import DeltaTable
 
 from orchestration.definitions import defs
 from orchestration.resources import CutlinePaths
+from spark_jobs.catalog.shared_files import SUMMARY
 from spark_jobs.catalog.tables import TABLES, CatalogReader
 from spark_jobs.job_loader import get_job
-from spark_jobs.maintenance.gc import FAULT_PAUSE, FAULT_PAUSED, collect_garbage
+from spark_jobs.maintenance.gc import (
+    FAULT_PAUSE,
+    FAULT_PAUSED,
+    FAULT_PLAN_DELAY_S,
+    collect_garbage,
+)
 from spark_jobs.settings import RuntimePaths
 from spark_jobs.sources.generate import generate
 from state.catalog import CheckpointStatus
@@ -26,8 +34,10 @@ from state.paths import JobLayout
 from state.restore import read_manifest, validate_checkpoint
 from state.storage import open_storage
 from tests.e2e_util import (
+    checkpoints_so_far,
     completed_checkpoints,
     cutline,
+    finish,
     kill_driver,
     report,
     run_to_end,
@@ -97,7 +107,7 @@ def test_gc_while_the_job_runs_and_restores_keeps_storage_bounded_and_output_exa
     # uploads slowed down: checkpoints stay pending for a while, with their files in storage
     slow = {"CUTLINE_FAULT_UPLOAD_DELAY_S": "2"}
     proc = cutline(home, "run", JOB, "--idle-timeout", IDLE, env=slow)
-    wait_for(lambda: completed_checkpoints(home, JOB), 300, "a first checkpoint", proc)
+    wait_for(lambda: checkpoints_so_far(home, JOB), 300, "a first checkpoint", proc)
     while len(completed_checkpoints(home, JOB)) < 4:
         assert proc.poll() is None, "the first attempt ended before it was killed"
         gc_pass()
@@ -214,7 +224,7 @@ def kill_points(rng: random.Random) -> list[tuple[str, float]]:
         (f"deleting:{rng.randint(1, 5)}", 0.0),
         (f"deleting:{rng.randint(1, 5)}", 0.0),
         ("deleted", 0.0),
-        ("updating", rng.uniform(0.0, 2.0)),  # inside the MERGE into shared_state_files
+        ("updating", rng.uniform(0.0, 2.0)),  # inside the registry rewrite (a 3 s plan)
         ("updated", 0.0),
         ("recorded", 0.0),
     ]
@@ -245,11 +255,13 @@ def test_gc_killed_at_random_points_and_rerun_deletes_exactly_what_nothing_needs
     gc_args = ("gc", JOB, "--grace-s", "0", "--json")
     for point, delay in points:
         marker = tmp_path / f"paused-{point}"
-        env = {FAULT_PAUSE: point, FAULT_PAUSED: str(marker)}
+        env = {FAULT_PAUSE: point, FAULT_PAUSED: str(marker), FAULT_PLAN_DELAY_S: "3"}
         proc = cutline(home, *gc_args, env=env, log=tmp_path / "gc.log")
         wait_for(marker.exists, 180, f"GC to reach {point}", proc)
         time.sleep(delay)
+        assert proc.poll() is None, f"the pass ended before its kill at {point}"
         kill_driver(proc)
+        assert proc.returncode == -9, (point, proc.returncode)
         # what a kill leaves: every completed checkpoint restorable, the catalog readable,
         # and the rows of the files they need still LIVE
         verify_retained(paths)
@@ -283,3 +295,122 @@ def _unrecorded(reader: CatalogReader, paths: set[str]) -> set[str]:
     """Of ``paths``, those the registry has no row for at all (GC adds them on its next pass)."""
     known = {r["path"] for r in reader.shared_files(JOB)}
     return {p for p in paths if p not in known}
+
+
+BESIDE_PASSES = 6
+PLAN_DELAY_S = 3.0  # what a registry MERGE took beside the job: the window the job appends in
+
+
+def test_gc_passes_back_to_back_beside_a_job_checkpointing_every_second_all_exit_0(tmp_path):
+    """Retention beside a job that checkpoints every second with input arriving throughout:
+    ``cutline gc`` passes back to back, and every one exits 0. The job registers each
+    checkpoint's new shared files by appending to its partition of ``shared_state_files``;
+    every pass's registry plan is held open for seconds, so those appends land between its read
+    and its commit, which a MERGE lost to until its retries ran out; the rewrite commits anyway,
+    planned once. Storage stays bounded, the registry tells the truth once the job has
+    ended and a pass has settled, and the output is exact."""
+    began = time.monotonic()
+    home = tmp_path / "home"
+    generate(home / "log", "clicks", "clicks", count=40_000, seed=7, users=20_000)
+    paths = RuntimePaths.under(home)
+    stop = threading.Event()
+
+    def feed() -> None:  # input arriving throughout, about 2,000 records a second
+        while not stop.wait(0.2):
+            generate(home / "log", "clicks", "clicks", count=200, seed=7, users=20_000)
+
+    job = cutline(home, "run", JOB, "--interval-ms", "1000", "--idle-timeout", IDLE)
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    passes: list[dict] = []
+    try:
+        wait_for(lambda: len(checkpoints_so_far(home, JOB)) >= 2, 300, "checkpoints", job)
+        first = len(completed_checkpoints(home, JOB))
+        while len(passes) < BESIDE_PASSES:
+            assert job.poll() is None, "the job ended before the GC passes beside it did"
+            passes.append(_cutline_gc(home, paths, f"beside-{len(passes)}", PLAN_DELAY_S))
+        during = len(completed_checkpoints(home, JOB)) - first
+    except BaseException:
+        kill_driver(job)
+        raise
+    finally:
+        stop.set()
+        feeder.join()
+    window = (passes[0]["started"], passes[-1]["started"] + passes[-1]["seconds"])
+    assert finish(job, 300) == 0, (home / "driver.log").read_text()[-3000:]
+    time.sleep(GRACE_S)
+    settled = _cutline_gc(home, paths, "settled")
+
+    history = DeltaTable(CatalogReader(paths.warehouse).path("shared_state_files")).history()
+    inside = [c for c in history if window[0] * 1000 <= c["timestamp"] <= window[1] * 1000]
+    appends = sum(1 for c in inside if c.get("isBlindAppend") is True)
+    # commits (the job's appends) between the version each rewrite was planned on and its own
+    between = [
+        c["version"] - c["readVersion"] - 1
+        for c in sorted(inside, key=lambda c: c["version"])
+        if (c.get("userMetadata") or "").startswith(SUMMARY)
+    ]
+    report(
+        f"\n{len(passes)} GC passes beside the job, exit codes {[p['rc'] for p in passes]}, "
+        f"{[round(p['seconds'], 1) for p in passes]} s each (registry plan and commit "
+        f"{[p['rewrite_ms'] for p in passes]} ms, {PLAN_DELAY_S:.0f} s of it held open); "
+        f"{during} checkpoints and {appends} registry appends by the job meanwhile, "
+        f"{between} of them between a rewrite's read and its commit; registry re-plans "
+        f"{[p['replans'] for p in passes]}, other catalog conflicts retried "
+        f"{[p['retried'] for p in passes]}; settled/bound after each "
+        f"{[round(p['ratio'], 2) for p in passes]}; settled pass {settled['seconds']:.1f} s"
+    )
+    every = [*passes, settled]
+    assert [p["rc"] for p in every] == [0] * len(every), [p["log"] for p in every if p["rc"]]
+    assert during >= len(passes) and appends > 0  # the job checkpointed and registered files
+    # most rewrites had appends land inside them (a checkpoint may take longer than a plan),
+    # and none was planned again for it
+    assert len(between) == len(passes) and sum(1 for n in between if n) > len(passes) // 2
+    assert [p["replans"] for p in passes] == [0] * len(passes)
+    assert max(p["ratio"] for p in every) <= 1.0, every
+    assert sum(p["deleted"] for p in passes) > 0
+
+    # the registry tells the truth: one row per file ever registered, LIVE ones exactly the
+    # stored shared files, and the latest checkpoint's with their refcount and last use
+    verify_retained(paths)
+    storage = open_storage(paths.checkpoint_root)
+    stored = {i.path[len(JOB) + 1 :] for i in storage.list(JOB) if "/shared/" in "/" + i.path}
+    reader = CatalogReader(paths.warehouse)
+    rows = reader.shared_files(JOB)
+    assert len(rows) == len({r["path"] for r in rows})
+    assert {r["path"] for r in rows if r["status"] == "LIVE"} == stored
+    assert all(r["deleted_at_ms"] for r in rows if r["status"] == "DELETED")
+    latest = read_manifest(storage, reader.checkpoints(JOB)[-1].metadata_path)
+    for r in rows:
+        if r["path"] in latest.shared_paths():
+            assert r["refcount"] >= 1 and r["last_used"] == latest.checkpoint_id
+    report(check_clicks(home))
+    report(f"wall time {time.monotonic() - began:.0f} s")
+
+
+def _cutline_gc(home: Path, paths: RuntimePaths, name: str, plan_delay_s: float = 0.0) -> dict:
+    """One ``cutline gc`` process run to its end: its exit code, duration and report, and the
+    settled bytes over their bound as it leaves storage (measured when it reaches the registry
+    update, having listed and deleted, so that what the job made garbage since is not counted)."""
+    log, marker = home / f"gc-{name}.log", home / f"gc-{name}.updating"
+    env = {FAULT_PAUSE: "updating", FAULT_PAUSED: str(marker)}  # a marker; the pass goes on
+    env[FAULT_PLAN_DELAY_S] = str(plan_delay_s)
+    started = time.time()
+    proc = cutline(home, "gc", JOB, "--grace-s", str(GRACE_S), "--json", env=env, log=log)
+    while not marker.exists() and proc.poll() is None:
+        time.sleep(0.05)
+    old, limit = settled_bytes(paths, started - GRACE_S)
+    rc = finish(proc, 300)
+    out = {"rc": rc, "started": started, "seconds": time.time() - started, "log": str(log)}
+    if rc != 0:
+        return {**out, "ratio": 0.0, "deleted": 0, "replans": 0, "retried": 0, "rewrite_ms": 0}
+    lines = log.read_text(errors="replace").splitlines()
+    gc = json.loads(next(line for line in reversed(lines) if line.startswith("{")))
+    return {
+        **out,
+        "ratio": old / limit,
+        "deleted": gc["files_deleted"],
+        "replans": gc["registry_replans"],
+        "retried": gc["conflicts_retried"],
+        "rewrite_ms": gc["phase_ms"].get("update registry"),
+    }

@@ -4,7 +4,9 @@ Reads use delta-rs (``deltalake``), which needs no Spark job. So do the writes a
 checkpoint make: a new attempt, its fencing commit, the LOST marking of its predecessors, the
 allocation it restored, recoveries, CORRUPT marking and checkpoint commits. A Delta UPDATE through
 Spark on a freshly started JVM took 4-15 s, and without Spark a driver plans its start while its
-JVM starts. Registry MERGEs, subsumption and table maintenance go through delta-spark.
+JVM starts. So do subsumption and GC's registry updates, the latter as file rewrites that the
+running job's appends of new shared files cannot fail (shared_files.py). The job's registry
+appends and table maintenance go through delta-spark.
 
 Conditional commits. The writes that decide something (which attempt a starter gets, whether a
 checkpoint of an attempt may complete) are compare-and-swap commits: planned on one version of
@@ -24,10 +26,11 @@ import json
 import random
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from spark_jobs.catalog.shared_files import RegistryChanges, RewriteResult, rewrite_rows
 from spark_jobs.catalog.tables import (
     TABLES,
     CatalogReader,
@@ -85,6 +88,7 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
         super().__init__(warehouse)
         self.spark = spark
         self._lock = threading.RLock()
+        self.conflicts_retried = 0  # writes done again after a concurrent commit conflicted
         if spark is not None:
             self._ensure_tables()
 
@@ -280,9 +284,9 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
     def _retrying(self, action) -> None:
         """Run a read-modify-write ``action``, again when a concurrent writer's commit conflicts
         with it (Delta's optimistic concurrency; tables are partitioned by job, so only writers
-        of the same job conflict: a new attempt and its predecessor's last heartbeat, or GC and
-        the running job appending a checkpoint's rows). Backoff with jitter, so two retrying
-        writers do not collide again in step."""
+        of the same job conflict, such as a new attempt and its predecessor's last heartbeat).
+        Backoff with jitter, so two retrying writers do not collide again in step. Counts the
+        retries in :attr:`conflicts_retried`."""
         for attempt in range(_UPDATE_TRIES):
             try:
                 with self._lock:
@@ -291,6 +295,7 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
             except Exception as e:
                 if not _is_conflict(e) or attempt == _UPDATE_TRIES - 1:
                     raise
+                self.conflicts_retried += 1
                 time.sleep(min(5.0, 0.1 * 2**attempt) * random.uniform(0.5, 1.5))
 
     def _rs_update(self, table: str, condition: str, **values: str | int | None) -> None:
@@ -356,27 +361,12 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
                 counts[name] = len(table.toDF().inputFiles())
         return counts
 
-    def update_shared_files(self, job_id: str, updates: list[dict[str, Any]]) -> None:
-        """Set refcount, last_used, status and deleted_at_ms of existing rows (by path), in one
-        MERGE. GC only updates rows: a row the runtime has not appended yet is left to it."""
-        from delta.tables import DeltaTable
-
-        if not updates:
-            return
-        source = self.spark.createDataFrame(
-            updates,
-            "path string, refcount int, last_used long, status string, deleted_at_ms long",
-        )
-
-        def merge() -> None:
-            (
-                DeltaTable.forPath(self.spark, self.path("shared_state_files"))
-                .alias("t")
-                .merge(source.alias("u"), f"t.job_id = '{job_id}' AND t.path = u.path")
-                .whenMatchedUpdate(
-                    set={c: f"u.{c}" for c in ("refcount", "last_used", "status", "deleted_at_ms")}
-                )
-                .execute()
-            )
-
-        self._retrying(merge)
+    def update_shared_files(
+        self, job_id: str, plan: Callable[[list[dict[str, Any]]], RegistryChanges]
+    ) -> RewriteResult:
+        """Change ``job_id``'s rows of ``shared_state_files`` as ``plan(rows)`` says, in one
+        commit that the running job's appends cannot fail: planned on one version of the table,
+        planned again when a concurrent commit removed files it read (spark_jobs/catalog/
+        shared_files.py). Runs no Spark job."""
+        with self._lock:
+            return rewrite_rows(self.path("shared_state_files"), job_id, plan)

@@ -4,7 +4,9 @@ One pass: mark COMPLETED checkpoints beyond ``num_retained`` SUBSUMED, list the 
 primary storage, delete what :func:`state.gc.plan_gc` says no checkpoint needs (unreferenced
 shared files, private files of subsumed checkpoints, orphans; all older than the grace period),
 prune local copies of checkpoints that are gone, and bring ``shared_state_files`` up to date
-with what is stored (refcount, last used, DELETED with time).
+with what is stored (refcount, last used, DELETED with time, rows for files it lacks) in one
+commit that the running job's appends of new rows cannot fail (spark_jobs/catalog/shared_files.py):
+GC completes beside a job however often it checkpoints.
 
 Crash safety: every step is idempotent and recomputed from storage and the catalog, so a pass
 killed at any point leaves nothing referenced deleted, and the next pass finishes the work.
@@ -15,16 +17,18 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
+from spark_jobs.catalog.shared_files import RegistryChanges
 from spark_jobs.catalog.tables import now_ms
 from spark_jobs.job_loader import get_job
 from spark_jobs.settings import RuntimePaths
 from state.acks import Ack, AckError, ack_location
-from state.gc import plan_gc, select_retention
+from state.gc import GcPlan, plan_gc, select_retention
 from state.manifest import ManifestError
 from state.paths import JobLayout
 from state.registry import StoredFile
@@ -44,7 +48,9 @@ class GcReport:
     shared_files_live: int = 0
     shared_bytes_live: int = 0
     stored_bytes: int = 0  # under the job's root after the pass
-    catalog_rows_updated: int = 0
+    catalog_rows_updated: int = 0  # registry rows changed or added
+    registry_replans: int = 0  # registry rewrites planned again: a concurrent commit removed files
+    conflicts_retried: int = 0  # other catalog writes (subsumption) done again after a conflict
     local_copies_pruned: int = 0
     duration_ms: float = 0.0
     phase_ms: dict[str, float] = field(default_factory=dict)  # where the time went
@@ -150,46 +156,45 @@ def collect_garbage(
 
     present = {f.path for f in listing} - gone
     mark = report.lap("delete", mark)
-    rows_now = catalog.shared_files(job_name)
-    missing = _missing_rows(job_name, manifests, latest, {r["path"] for r in rows_now}, present)
-    for row in missing:
-        row["refcount"] = plan.refcounts.get(row["path"], 0)
-    updates = []
-    for row in rows_now:
-        if row["status"] != "LIVE":
-            continue
-        path = row["path"]
-        # absent from the listing: deleted (now or by a killed pass), or uploaded after the
-        # listing was taken; names are never reused, so storage decides
-        if path in gone or (path not in present and not storage.exists(layout.job_path(path))):
-            update = {"status": "DELETED", "deleted_at_ms": now, "refcount": 0}
-        else:
-            update = {"status": "LIVE", "deleted_at_ms": None}
-            update["refcount"] = plan.refcounts.get(path, 0)
-            report.shared_files_live += 1
-            report.shared_bytes_live += row["size"]
-        update["last_used"] = max(row["last_used"] or 0, plan.last_used.get(path, 0))
-        if any(update[k] != row[k] for k in update):
-            updates.append({"path": path, **update})
-    report.catalog_rows_updated = len(updates) + len(missing)
-    mark = report.lap("read registry, diff", mark)
-    if not dry_run:
-        _fault_point("updating", stop=False)  # the test kills the pass inside the MERGE
-        catalog.update_shared_files(job_name, updates)
-        _fault_point("updated")
-        catalog.record_shared_files(missing)
+
+    def exists(path: str) -> bool:
+        return storage.exists(layout.job_path(path))
+
+    def changes(rows: list[dict[str, Any]]) -> RegistryChanges:
+        """The registry's changes, planned on the job's rows as of one table version (again on
+        each version the rewrite is planned on); the report counts the last plan's."""
+        diff, live, live_bytes = _registry_changes(
+            job_name, rows, plan, manifests, latest, gone, present, now, exists
+        )
+        report.shared_files_live, report.shared_bytes_live = live, live_bytes
+        report.catalog_rows_updated = len(diff.updates) + len(diff.inserts)
+        time.sleep(float(os.environ.get(FAULT_PLAN_DELAY_S) or 0))  # a slow plan, for tests
+        return diff
+
+    if dry_run:
+        changes(catalog.shared_files(job_name))
+        report.lap("read registry, diff", mark)
+    else:
+        _fault_point("updating", stop=False)  # the test kills the pass inside the rewrite
+        rewrite = catalog.update_shared_files(job_name, changes)
+        report.registry_replans = rewrite.conflicts
+        _fault_point("updated")  # new rows are in the same commit as the updates
         _fault_point("recorded")
         mark = report.lap("update registry", mark)
         report.local_copies_pruned = prune_local_copies(
             paths.local_state_root, job_name, set(retention.protected), latest
         )
         report.lap("prune local copies", mark)
+    report.conflicts_retried = catalog.conflicts_retried
     report.duration_ms = (time.perf_counter() - started) * 1000
     return report
 
 
 FAULT_PAUSE = "CUTLINE_FAULT_GC_PAUSE"
 FAULT_PAUSED = "CUTLINE_FAULT_GC_PAUSED"
+# seconds each registry plan takes longer: the window between reading the registry and
+# committing its changes, in which the running job keeps appending rows
+FAULT_PLAN_DELAY_S = "CUTLINE_FAULT_GC_PLAN_DELAY_S"
 FAULT_POINTS = (
     "listed", "subsumed", "deleting:<n>", "deleted", "updating", "updated", "recorded"
 )  # fmt: skip
@@ -205,6 +210,44 @@ def _fault_point(point: str, *, stop: bool = True) -> None:
     Path(os.environ[FAULT_PAUSED]).touch()
     while stop:
         time.sleep(3600)
+
+
+def _registry_changes(
+    job_name: str,
+    rows: list[dict[str, Any]],
+    plan: GcPlan,
+    manifests: dict,
+    latest: int,
+    gone: set[str],
+    present: set[str],
+    now: int,
+    exists: Callable[[str], bool],
+) -> tuple[RegistryChanges, int, int]:
+    """What brings the registry (``rows``) in line with storage after the pass: every LIVE row's
+    status, refcount and last use, and rows for stored files it lacks. Returns the changes and
+    the LIVE files and bytes after them."""
+    missing = _missing_rows(job_name, manifests, latest, {r["path"] for r in rows}, present)
+    for row in missing:
+        row["refcount"] = plan.refcounts.get(row["path"], 0)
+    live, live_bytes = len(missing), sum(r["size"] for r in missing)
+    updates = {}
+    for row in rows:
+        if row["status"] != "LIVE":
+            continue
+        path = row["path"]
+        # absent from the listing: deleted (now or by a killed pass), or uploaded after the
+        # listing was taken; names are never reused, so storage decides
+        if path in gone or (path not in present and not exists(path)):
+            update = {"status": "DELETED", "deleted_at_ms": now, "refcount": 0}
+        else:
+            update = {"status": "LIVE", "deleted_at_ms": None}
+            update["refcount"] = plan.refcounts.get(path, 0)
+            live += 1
+            live_bytes += row["size"]
+        update["last_used"] = max(row["last_used"] or 0, plan.last_used.get(path, 0))
+        if any(update[k] != row[k] for k in update):
+            updates[path] = update
+    return RegistryChanges(updates, missing), live, live_bytes
 
 
 def _missing_rows(
