@@ -275,11 +275,9 @@ def job_cuts(home: Path, tables: list[str]) -> EpochCuts:
         for epoch, where in committed_cuts(home / "warehouse" / "tables" / table).ends.items():
             if ends.setdefault(epoch, where) != where:
                 raise AssertionError(f"{table}: epoch {epoch} ended at {where}, not {ends[epoch]}")
-    cuts = EpochCuts(ends)
-    epochs = cuts.epochs
-    if not epochs or epochs != list(range(epochs[0], epochs[-1] + 1)):
-        raise AssertionError(f"{tables}: the committed epochs are not contiguous: {epochs}")
-    return cuts
+    if not ends:
+        raise AssertionError(f"{tables}: no committed epoch")
+    return EpochCuts(ends).contiguous(", ".join(tables))
 
 
 def check(job: str, home: Path) -> str:
@@ -291,14 +289,3 @@ def check(job: str, home: Path) -> str:
     inputs = {t: cuts.assign(read_log(home, t), t) for t in reference.topics}
     outputs = {table: output(home, table) for table in tables}
     return compare_outputs(job, inputs, cuts.epochs, outputs)
-
-
-def check_clicks(home: Path) -> str:
-    return check("clicks_per_user", home)
-
-
-def check_sessions(home: Path) -> str:
-    return check("sessions", home)
-
-
-CHECKS = {job: (lambda home, job=job: check(job, home)) for job in REFERENCES}

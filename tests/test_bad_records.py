@@ -16,7 +16,7 @@ from spark_jobs.sources.local_log import append_records, partition_path
 from state.faults import ENV as KILL_ENV
 from state.manifest import CheckpointManifest
 from tests.e2e_util import completed_checkpoints, cutline, finish, last_line, report, run_to_end
-from tests.reference import check_clicks, job_cuts, output, read_log
+from tests.reference import check, job_cuts, output, read_log
 from tests.row_check import compare_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -58,7 +58,7 @@ def test_a_bad_record_fails_the_attempt_with_one_line_naming_it(tmp_path):
     assert all(f"offset {offset}" in a["failure_reason"] for a in attempts)
     # the job's policy changed to dead-lettering: it goes on from its checkpoint, exactly
     run_to_end(home, "run", JOB, *RUN, "--bad-records", "dead_letter")
-    report(check_clicks(home))
+    report(check("clicks_per_user", home))
     [dead] = output(home, f"{JOB}_dead_letters").to_dict("records")
     assert (dead["partition"], dead["offset"], dead["raw"]) == (
         partition,
@@ -74,7 +74,7 @@ def test_dead_lettered_records_are_committed_once_with_the_output(tmp_path):
     killed = cutline(home, "run", JOB, *args, env={KILL_ENV: "sink-committed@3"})
     assert finish(killed) == -9
     run_to_end(home, "run", JOB, *args)
-    report(check_clicks(home))
+    report(check("clicks_per_user", home))
     dead = output(home, f"{JOB}_dead_letters")
     # each dead letter once, in the epoch its offset fell in
     cuts = job_cuts(home, [JOB, f"{JOB}_dead_letters"])

@@ -27,7 +27,7 @@ from tests.e2e_util import (
     run_to_end,
     wait_for,
 )
-from tests.reference import check_clicks
+from tests.reference import check
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -87,7 +87,7 @@ def test_driver_killed_restores_every_subtask_locally_on_its_host(cluster, tmp_p
     assert local >= 0.95
     assert all(p["host"] == p["hint"] == allocation[str(p["subtask"])] for p in placement)
     assert recovery["bytes_remote"] == 0
-    report(check_clicks(home))
+    report(check("clicks_per_user", home))
 
 
 def test_host_lost_restores_its_subtasks_remotely_and_the_others_locally(cluster, tmp_path):
@@ -116,4 +116,4 @@ def test_host_lost_restores_its_subtasks_remotely_and_the_others_locally(cluster
         assert p["source"] == ("remote" if subtask in on_lost else "local"), p
     assert recovery["subtasks_remote"] == len(on_lost)
     assert recovery["subtasks_local"] == 4 - len(on_lost)
-    report(check_clicks(home))
+    report(check("clicks_per_user", home))

@@ -37,7 +37,7 @@ from tests.e2e_util import (
     report,
     wait_for,
 )
-from tests.reference import check_clicks
+from tests.reference import check
 from tests.test_snapshot_restore import JOB, Subtask, contents_of
 
 
@@ -166,4 +166,4 @@ def test_a_running_job_compacts_when_asked_and_then_restores_from_fewer_files(tm
     files = [r["files_local"] + r["files_remote"] for r in (first, second)]
     report(f"\nrestore before compaction: {files[0]} files; after: {files[1]} files")
     assert files[1] < files[0]
-    report(check_clicks(home))
+    report(check("clicks_per_user", home))

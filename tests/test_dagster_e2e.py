@@ -33,7 +33,7 @@ from orchestration.partitions import DRIVER_PID_TAG, RESTORE_OF_TAG, WORKER_PID_
 from spark_jobs.catalog.tables import read_delta
 from state.storage import open_storage
 from tests.e2e_util import ROOT, checkpoints_so_far, completed_checkpoints, report, wait_for
-from tests.reference import check_sessions
+from tests.reference import check
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -219,4 +219,4 @@ def test_dagster_restores_a_users_job_after_driver_kills_and_a_lost_run_process(
     ]
     assert all(r["status"] != "CORRUPT" for r in completed_checkpoints(home, JOB))
     assert not (home / "checkpoints").exists(), "nothing was written under the default root"
-    report(check_sessions(home))
+    report(check("sessions", home))

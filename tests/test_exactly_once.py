@@ -26,7 +26,7 @@ from spark_jobs.sources.generate import generate
 from state.faults import ENV as KILL_ENV
 from state.faults import KILL_POINTS, RECORD_ENV
 from tests.e2e_util import cutline, finish, kill_driver, report, run_to_end
-from tests.reference import CHECKS, check_clicks, output, read_log
+from tests.reference import check, output, read_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -104,7 +104,7 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
         if killed:
             kills.append(killed)
     run_to_end(home, "run", job, *RUN)
-    summary = CHECKS[job.rpartition(":")[2]](home)
+    summary = check(job.rpartition(":")[2], home)
     report(f"{job}: {len(kills)} kills in {attempts} attempts: {kills}")
     report(f"{job}: output == reference ({summary})")
 
@@ -128,5 +128,5 @@ def test_at_least_once_loses_nothing_and_reports_duplicates(tmp_path):
     expected = read_log(home, "clicks").groupby("user").size()
     assert final.sort_index().tolist() == expected.sort_index().tolist(), "nothing is lost"
     with pytest.raises(AssertionError) as failure:  # not exactly once, and the check says so
-        check_clicks(home)
+        check("clicks_per_user", home)
     report(f"the exactly-once check refuses it: {str(failure.value).splitlines()[0]}")

@@ -30,7 +30,7 @@ from tests.e2e_util import (
     run_to_end,
     wait_for,
 )
-from tests.reference import check_clicks
+from tests.reference import check
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -76,7 +76,7 @@ def test_two_attempts_started_together_never_share_a_number(earlier, tmp_path):
     assert len(numbers) == len(set(numbers)), f"two starters shared an attempt number: {numbers}"
     assert codes == [0, SUPERSEDED], "the older attempt stops as superseded, the newer runs"
     run_to_end(home, "run", JOB, *RUN)
-    report(check_clicks(home))
+    report(check("clicks_per_user", home))
 
 
 def test_a_zombie_attempt_commits_nothing_once_a_newer_one_started(tmp_path):
@@ -105,7 +105,7 @@ def test_a_zombie_attempt_commits_nothing_once_a_newer_one_started(tmp_path):
     assert late_commits(home, old["attempt"], new["attempt"]) == []
     report(f"zombie: {last_line(home, 'zombie.log')}")
     run_to_end(home, "run", JOB, *RUN)
-    report(check_clicks(home))
+    report(check("clicks_per_user", home))
 
 
 def test_a_paused_driver_resumed_after_a_new_attempt_committed_commits_nothing(tmp_path):
@@ -133,7 +133,7 @@ def test_a_paused_driver_resumed_after_a_new_attempt_committed_commits_nothing(t
     assert late_commits(home, 1, 2) == []
     report(f"resumed driver: {last_line(home, 'paused.log')}")
     run_to_end(home, "run", JOB, *RUN)
-    report(check_clicks(home))
+    report(check("clicks_per_user", home))
 
 
 def test_an_orphan_manifest_never_stalls_the_job_and_gc_removes_it(tmp_path):
@@ -158,4 +158,4 @@ def test_an_orphan_manifest_never_stalls_the_job_and_gc_removes_it(tmp_path):
     run_to_end(home, "gc", JOB, "--grace-s", "0")
     assert not [cid for cid in orphans if (root / f"chk-{cid}" / "_metadata").exists()]
     report(f"orphan manifests {orphans} skipped and collected; checkpoints {ids}")
-    report(check_clicks(home))
+    report(check("clicks_per_user", home))

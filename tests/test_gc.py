@@ -43,7 +43,7 @@ from tests.e2e_util import (
     run_to_end,
     wait_for,
 )
-from tests.reference import check_clicks
+from tests.reference import check
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -126,7 +126,7 @@ def test_gc_while_the_job_runs_and_restores_keeps_storage_bounded_and_output_exa
     assert deleted > 0 and worst <= 1.0, history
     retained = verify_retained(paths)
     assert len(retained) == get_job(JOB).checkpoint.num_retained
-    report(check_clicks(home))
+    report(check("clicks_per_user", home))
 
     # the registry tells the truth: LIVE rows are exactly the stored shared files
     storage = open_storage(paths.checkpoint_root)
@@ -143,7 +143,7 @@ def test_gc_while_the_job_runs_and_restores_keeps_storage_bounded_and_output_exa
 
     # a later run restores the latest checkpoint after all that GC
     run_to_end(home, "run", JOB, "--idle-timeout", "3")
-    report(check_clicks(home))
+    report(check("clicks_per_user", home))
 
 
 @pytest.fixture(scope="module")
@@ -288,7 +288,7 @@ def test_gc_killed_at_random_points_and_rerun_deletes_exactly_what_nothing_needs
     assert all(r["deleted_at_ms"] for r in rows if r["status"] == "DELETED")
     # ... and the job restores its latest checkpoint and ends with exact output
     run_to_end(home, "run", JOB, "--idle-timeout", "3")
-    report(check_clicks(home))
+    report(check("clicks_per_user", home))
 
 
 def _unrecorded(reader: CatalogReader, paths: set[str]) -> set[str]:
@@ -384,7 +384,7 @@ def test_gc_passes_back_to_back_beside_a_job_checkpointing_every_second_all_exit
     for r in rows:
         if r["path"] in latest.shared_paths():
             assert r["refcount"] >= 1 and r["last_used"] == latest.checkpoint_id
-    report(check_clicks(home))
+    report(check("clicks_per_user", home))
     report(f"wall time {time.monotonic() - began:.0f} s")
 
 

@@ -23,7 +23,7 @@ from spark_jobs.runtime.start import sink_writers
 from spark_jobs.sources.generate import generate
 from state.manifest import CheckpointManifest
 from tests.e2e_util import completed_checkpoints, cutline, finish, last_line, report, run_to_end
-from tests.reference import check_clicks, output
+from tests.reference import check, output
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -109,7 +109,7 @@ def test_falling_back_past_damaged_checkpoints_never_re_emits_committed_output(t
         replay = replayed(log, fallback, committed)
         how = "same size" if same_size else "truncated"
         report(f"checkpoint {cid} damaged ({how}), {fallback.checkpoint_id} restored: {replay}")
-        report(check_clicks(home))
+        report(check("clicks_per_user", home))
 
 
 def test_a_restore_of_an_older_checkpoint_by_id_replays_the_committed_epochs(tmp_path):
@@ -132,7 +132,7 @@ def test_a_restore_of_an_older_checkpoint_by_id_replays_the_committed_epochs(tmp
     report(
         f"--restore {old['checkpoint_id']} ({old['status']}): {replayed(log, manifest, committed)}"
     )
-    report(check_clicks(home))
+    report(check("clicks_per_user", home))
 
 
 def test_a_restore_never_silently_starts_over(tmp_path):
@@ -166,7 +166,7 @@ def test_a_restore_never_silently_starts_over(tmp_path):
     more_input(home)
     run_to_end(home, "run", JOB, *RUN, "--restore", "none", "--reset-sink")
     assert "start-over deletes" in (home / "driver.log").read_text()
-    report(check_clicks(home))
+    report(check("clicks_per_user", home))
 
 
 def test_bad_options_are_refused_not_ignored(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 from spark_jobs.sources.generate import generate
 from tests.e2e_util import completed_checkpoints, cutline, finish, last_line, report, run_to_end
-from tests.reference import check, check_sessions, output, read_log
+from tests.reference import check, output, read_log
 from tests.test_bad_records import BAD_LINES, log_with_bad_records
 from tests.user_jobs import FAIL_AFTER
 
@@ -58,7 +58,7 @@ def test_evolution_by_uid_and_state_fingerprint(tmp_path):
     # the stage renamed with its uid kept restores its state; the output is exact
     generate(home / "log", "clicks", "clicks", count=4_000, seed=7, users=3_000)
     run_to_end(home, "run", "tests.user_jobs:renamed", *RUN)
-    report(f"renamed stage, same uid: {check_sessions(home)}")
+    report(f"renamed stage, same uid: {check('sessions', home)}")
     assert f"restored checkpoint {first} " in (home / "driver.log").read_text()
 
     run_to_end(home, "run", "tests.user_jobs:new_uid", *RUN, "--allow-non-restored-state")
@@ -78,7 +78,7 @@ def test_a_raising_function_fails_the_attempt_and_the_fixed_job_restores_exactly
     assert "in check" in log and "cannot sessionize it" in log  # the user's traceback
     assert completed_checkpoints(home, "sessions"), "checkpoints before the failure"
     run_to_end(home, "run", SESSIONS, *RUN)  # the fix: the job without the bug
-    report(f"after a user function raised and was fixed: {check_sessions(home)}")
+    report(f"after a user function raised and was fixed: {check('sessions', home)}")
 
 
 @pytest.mark.slow
