@@ -1,6 +1,6 @@
 """The library operators: :func:`KeyedAggregate`, :func:`WindowedAggregate` and
 :func:`EnrichWithLatest`, each a :class:`KeyedProcess` stage running a
-:class:`KeyedProcessFunction` written on the public API (spark_jobs/api/) alone, as a user's
+:class:`KeyedProcessFunction` written on the public API (the ``cutline`` package) alone, as a user's
 function would be. The runtime knows no operator but the function it calls.
 
 They stay vectorised: Arrow group-bys, one multi-get per state per micro-batch, numpy arithmetic

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 import spark_jobs.operators
-from spark_jobs.api import __all__ as PUBLIC_API
+from cutline import __all__ as PUBLIC_API
 from spark_jobs.job import KeyedProcess
 from spark_jobs.keyed_process import (
     EVENT_TIMERS,
@@ -72,7 +72,7 @@ def test_the_library_uses_only_the_public_api():
     }
     assert imported, "the library imports Cutline's API"
     private = sorted(f"{m}.{n}" for m, n in imported if n not in PUBLIC_API)
-    assert private == [], f"the library reaches past spark_jobs.api: {private}"
+    assert private == [], f"the library reaches past the cutline package: {private}"
 
 
 def test_keyed_aggregate_matches_a_reference_over_batches(store):

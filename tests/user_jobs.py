@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 from cutline_sessions.jobs import Sessionize, sessions
 from cutline_sessions.pipelines import country_clicks, parse_clicks
 
-from spark_jobs.api import (
+from cutline import (
     JobDefinition,
     KeyedContext,
     ListStateSpec,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from spark_jobs.api import (
+from cutline import (
     CheckpointConfig,
     DeltaSink,
     EnrichWithLatest,

@@ -1,4 +1,4 @@
-"""Sessionization written only against Cutline's public API (``spark_jobs.api``).
+"""Sessionization written only against Cutline's public API (``cutline``).
 
 A session is a maximal run of a user's clicks with less than ``gap_ms`` between consecutive
 clicks in event time. It closes once the watermark is ``gap_ms`` past its last click; clicks that
@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.api import (
+from cutline import (
     CheckpointConfig,
     DeltaSink,
     JobDefinition,

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutline_sessions.jobs import CHECKPOINTS, CLICKS_SCHEMA
-from spark_jobs.api import (
+from cutline import (
     DeltaSink,
     JobDefinition,
     KeyedAggregate,
