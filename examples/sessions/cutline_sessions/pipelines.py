@@ -13,7 +13,6 @@ import dataclasses
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutline_sessions.jobs import CHECKPOINTS, CLICKS_SCHEMA
 from cutline import (
     DeltaSink,
     JobDefinition,
@@ -26,6 +25,7 @@ from cutline import (
     Transform,
     ValueStateSpec,
 )
+from cutline_sessions.jobs import CHECKPOINTS, CLICKS_SCHEMA
 
 DROPPED_PAGE_MULTIPLE = 5
 
