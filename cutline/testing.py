@@ -1,0 +1,329 @@
+"""Test a stage's :class:`~cutline.KeyedProcessFunction`, or a job's chain of stages, in-process:
+no Spark, the runtime's own state code (RocksDB in a temporary directory, the same operator,
+snapshot and local-first restore), milliseconds per call.
+
+>>> with Harness(sessions()) as h:
+...     h.process([{"user": "a", "url": "/", "ts": 1_000}])
+...     out = h.advance_watermark(60_000)   # fires the event-time timers due by then
+
+Each call is one micro-batch of one subtask that owns every key group, in the runtime's order:
+TTL cleanup, the timers due (event-time ones at or before the watermark as of the previous
+call, processing-time ones at or before the processing time), then ``process_batch`` with the
+records. Records are Arrow tables, pandas frames or lists of dicts; a two-input stage takes a
+dict of them by input name. Unless the test sets it, a stage's watermark follows the runtime's
+rule over its inputs: the smallest of their largest event times seen, less the stage's
+``out_of_orderness_ms``, never going back. A job's transforms (Spark DataFrame functions) do not
+run: give the records as the first stage reads them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_jobs.job import JobDefinition, KeyedProcess
+from spark_jobs.keyed_process import SOURCE_COLUMN, ProcessOperator, key_columns
+from spark_jobs.runtime.dataflow import rekey
+from spark_jobs.runtime.subtask import read_chunks
+from spark_jobs.sources.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
+from state.handles import SubtaskStateHandle
+from state.keygroups import key_group_range
+from state.local_copies import LocalCopies
+from state.paths import JobLayout
+from state.restore import restore_subtask
+from state.rocksdb_store import RocksDBStore
+from state.snapshot import SubtaskSnapshotter
+from state.state_types import KeyCodec
+from state.storage import LocalFileStorage
+from state.user_state import ListState, MapState, ValueState, open_view
+from state.write_buffer import BufferedTransaction
+
+Rows = pa.Table | pd.DataFrame | Sequence[Mapping[str, Any]]
+_JOB = "harness"
+
+
+def as_table(rows: Rows) -> pa.Table:
+    """``rows`` as an Arrow table (a list of dicts infers the types: ints become int64)."""
+    if isinstance(rows, pa.Table):
+        return rows
+    if isinstance(rows, pd.DataFrame):
+        return pa.Table.from_pandas(rows, preserve_index=False)
+    return pa.Table.from_pylist(list(rows))
+
+
+@dataclass(frozen=True)
+class HarnessSnapshot:
+    """A checkpoint of every stage taken by :meth:`Harness.snapshot`: the state handles (files
+    in the harness's checkpoint directory), the watermarks, the inputs' largest event times and
+    the processing time."""
+
+    checkpoint_id: int
+    handles: dict[str, SubtaskStateHandle]  # per stage uid
+    watermarks: dict[str, int]
+    event_times: dict[str, dict[str, int]]  # per stage uid and input
+    processing_time: int
+    directory: Path
+
+
+class Harness:
+    """One stage (a :class:`~cutline.KeyedProcess`) or a job's chain of stages, run in-process.
+
+    ``restore``: start from a snapshot (of this or another harness of a compatible job: the
+    function's code may differ, as after an upgrade). ``directory``: where the state lives
+    (default: a temporary directory, removed by :meth:`close`)."""
+
+    def __init__(
+        self,
+        stages: KeyedProcess | JobDefinition | Sequence[KeyedProcess],
+        *,
+        processing_time: int = 0,
+        restore: HarnessSnapshot | None = None,
+        directory: str | Path | None = None,
+    ) -> None:
+        if not isinstance(stages, JobDefinition):  # validated as a job's chain would be
+            chain = (stages,) if isinstance(stages, KeyedProcess) else tuple(stages)
+            stages = _chain_job(chain)
+        self.job = dataclasses.replace(stages, parallelism=1)
+        self.stages: tuple[KeyedProcess, ...] = self.job.stages
+        self.max_parallelism = self.job.max_parallelism
+        self.key_groups = key_group_range(0, 1, self.max_parallelism)
+        self._temporary = directory is None
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="cutline-harness-"))
+        self.storage = LocalFileStorage(self.directory / "checkpoints")
+        self.processing_time = processing_time
+        self.watermarks: dict[str, int] = {}
+        self.event_times: dict[str, dict[str, int]] = {s.uid: {} for s in self.stages}
+        self.outputs: dict[str, pa.Table] = {}  # per stage name: its last micro-batch's output
+        self._operators = {s.uid: ProcessOperator(s, self.max_parallelism) for s in self.stages}
+        self._stores: dict[str, RocksDBStore] = {}
+        self._handles: dict[str, SubtaskStateHandle] = {}
+        self._checkpoint_id = 0
+        self._open(restore)
+
+    # -- micro-batches ---------------------------------------------------------------------
+
+    def process(
+        self, records: Rows | Mapping[str, Rows], *, processing_time: int | None = None
+    ) -> pa.Table:
+        """One micro-batch of ``records`` (for a two-input first stage: a dict by input name)
+        through every stage; returns the last stage's output (every stage's is in
+        :attr:`outputs`). ``processing_time`` moves the processing clock first."""
+        if processing_time is not None:
+            self.set_processing_time(processing_time, fire=False)
+        first = self.stages[0]
+        if not isinstance(records, Mapping):
+            if len(first.inputs) != 1:
+                raise ValueError(
+                    f"stage {first.name!r} has inputs {list(first.inputs)}: pass a dict of "
+                    "records by input name"
+                )
+            records = {next(iter(first.inputs)): records}
+        unknown = sorted(set(records) - set(first.inputs))
+        if unknown:
+            raise ValueError(f"stage {first.name!r} has no input(s) {unknown}")
+        tables = [_tagged(as_table(rows), name) for name, rows in records.items()]
+        tables = [t for t in tables if t.num_rows]
+        table = None
+        if tables:  # in the runtime's order: by input, then as given
+            table = pa.concat_tables(tables, promote_options="permissive")
+            table = table.sort_by([(SOURCE_COLUMN, "ascending"), (NEXT_OFFSET_COLUMN, "ascending")])
+        return self._run(table)
+
+    def advance_watermark(self, watermark: int, stage: str | None = None) -> pa.Table:
+        """Move the watermark of every stage (or of ``stage``, by name) to ``watermark`` (it
+        never goes back) and run a micro-batch without records: the event-time timers due by
+        then fire and event-time TTL expires. Returns the last stage's output."""
+        for s in self.stages:
+            if stage is None or s.name == stage:
+                self.watermarks[s.uid] = max(self.watermarks.get(s.uid, watermark), watermark)
+        return self._run(None)
+
+    def set_processing_time(self, ms: int, *, fire: bool = True) -> pa.Table:
+        """Move the processing clock to ``ms`` (never back); with ``fire``, run a micro-batch
+        without records so the processing-time timers due by then fire and processing-time TTL
+        expires. Returns the last stage's output."""
+        if ms < self.processing_time:
+            raise ValueError(f"processing time goes back: {ms} < {self.processing_time}")
+        self.processing_time = ms
+        return self._run(None) if fire else pa.table({})
+
+    def _run(self, table: pa.Table | None) -> pa.Table:
+        output = pa.table({})
+        for i, stage in enumerate(self.stages):
+            if i > 0:
+                table = self._rekeyed(output, i)
+            if table is None:
+                table = pa.table(
+                    {c: pa.array([], pa.string()) for c in key_columns(stage.key_column)}
+                )
+            output = self._apply(stage, table)
+            self.outputs[stage.name] = output
+        return output
+
+    def _apply(self, stage: KeyedProcess, table: pa.Table) -> pa.Table:
+        store = self._stores[stage.uid]
+        result = self._operators[stage.uid].apply(
+            store, table, self.watermarks.get(stage.uid), self.processing_time
+        )
+        result.txn.commit()
+        self._follow_event_time(stage, table)
+        return result.output
+
+    def _follow_event_time(self, stage: KeyedProcess, table: pa.Table) -> None:
+        """The runtime's watermark rule, one partition per input."""
+        if (
+            not stage.event_time
+            or table.num_rows == 0
+            or stage.event_time not in table.column_names
+        ):
+            return
+        seen = self.event_times[stage.uid]
+        inputs = table.column(SOURCE_COLUMN) if SOURCE_COLUMN in table.column_names else None
+        for name in stage.inputs:
+            rows = table if inputs is None else table.filter(pc.equal(inputs, name))
+            high = pc.max(rows.column(stage.event_time)).as_py() if rows.num_rows else None
+            if high is not None:
+                seen[name] = max(seen.get(name, high), int(high))
+        if seen:
+            candidate = min(seen.values()) - stage.out_of_orderness_ms
+            self.watermarks[stage.uid] = max(self.watermarks.get(stage.uid, candidate), candidate)
+
+    def _rekeyed(self, output: pa.Table, i: int) -> pa.Table:
+        """Stage ``i - 1``'s output as stage ``i`` reads it, routed by the runtime's code."""
+        chunks = [chunk for _, chunk in rekey(output, self.job, i, 0)]
+        if chunks:
+            return read_chunks(chunks, None)
+        stage = self.stages[i]
+        return pa.table({c: pa.array([], pa.string()) for c in key_columns(stage.key_column)})
+
+    # -- state -----------------------------------------------------------------------------
+
+    def state(self, name: str, stage: str | None = None) -> ValueState | ListState | MapState:
+        """A read view of state ``name`` of ``stage`` (by name; default: the only or first
+        stage that declares it), as the function's context gives it: ``.get(keys)`` etc.
+        Writes through it are not kept."""
+        spec = self._stage(stage, name)
+        specs = {s.name: s for s in spec.function.states}
+        keys = KeyCodec(spec.key_type, self.max_parallelism, key_columns(spec.key_column))
+        clocks = {"processing": self.processing_time}
+        if spec.uid in self.watermarks:
+            clocks["event"] = self.watermarks[spec.uid]
+        txn = BufferedTransaction(self._stores[spec.uid])
+        return open_view(specs[name], txn, keys, clocks)
+
+    def _stage(self, stage: str | None, state: str) -> KeyedProcess:
+        for s in self.stages:
+            if (stage is None or s.name == stage) and any(
+                x.name == state for x in s.function.states
+            ):
+                return s
+        where = f"stage {stage!r}" if stage else "no stage"
+        raise KeyError(f"{where} declares a state {state!r}")
+
+    # -- snapshot and restore --------------------------------------------------------------
+
+    def snapshot(self) -> HarnessSnapshot:
+        """A checkpoint of every stage, taken as the runtime takes one (incremental on the
+        previous snapshot, with a local copy); the harness goes on running."""
+        self._checkpoint_id += 1
+        cid = self._checkpoint_id
+        handles = {}
+        for stage in self.stages:
+            snapshotter = SubtaskSnapshotter(
+                self.storage, self._copies(stage.uid), _JOB, stage.uid, 0
+            )
+            base = self._handles.get(stage.uid)
+            handles[stage.uid] = snapshotter.snapshot(self._stores[stage.uid], cid, base).result()
+        self._handles = handles
+        return HarnessSnapshot(
+            cid,
+            dict(handles),
+            dict(self.watermarks),
+            {uid: dict(seen) for uid, seen in self.event_times.items()},
+            self.processing_time,
+            self.directory,
+        )
+
+    def restore(self, snapshot: HarnessSnapshot) -> None:
+        """Roll every stage back to ``snapshot`` (as a restart after a failure does)."""
+        self._close_stores()
+        self._open(snapshot)
+
+    def _open(self, snapshot: HarnessSnapshot | None) -> None:
+        if snapshot is not None:
+            missing = sorted({s.uid for s in self.stages} - set(snapshot.handles))
+            if missing:
+                raise ValueError(f"the snapshot has no state for stage(s) {missing}")
+            storage = LocalFileStorage(snapshot.directory / "checkpoints")
+            for stage in self.stages:
+                copies = self._copies(stage.uid)
+                restore_subtask(
+                    snapshot.handles[stage.uid], storage, JobLayout(_JOB), copies.db_dir, copies
+                )
+            self.watermarks = dict(snapshot.watermarks)
+            self.event_times = {
+                s.uid: dict(snapshot.event_times.get(s.uid, {})) for s in self.stages
+            }
+            self.processing_time = snapshot.processing_time
+            self._checkpoint_id = max(self._checkpoint_id, snapshot.checkpoint_id)
+            if snapshot.directory == self.directory:
+                self._handles = dict(snapshot.handles)
+        for stage in self.stages:
+            self._stores[stage.uid] = RocksDBStore(self._copies(stage.uid).db_dir, self.key_groups)
+
+    def _copies(self, uid: str) -> LocalCopies:
+        return LocalCopies(self.directory / "local", _JOB, uid, 0)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _close_stores(self) -> None:
+        for store in self._stores.values():
+            store.close()
+        self._stores = {}
+
+    def close(self) -> None:
+        """Close the stores; a temporary directory is removed."""
+        self._close_stores()
+        if self._temporary:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> Harness:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _tagged(table: pa.Table, source: str) -> pa.Table:
+    """Records of input ``source`` with the routing columns the operator reads them by."""
+    n = table.num_rows
+    return (
+        table.append_column(SOURCE_COLUMN, pa.array([source] * n, pa.string()))
+        .append_column(PARTITION_COLUMN, pa.array([0] * n, pa.int32()))
+        .append_column(NEXT_OFFSET_COLUMN, pa.array(range(1, n + 1), pa.int64()))
+    )
+
+
+def _chain_job(stages: tuple[KeyedProcess, ...]) -> JobDefinition:
+    """The smallest job around a chain of stages: what the runtime's routing reads."""
+    from spark_jobs.job import DeltaSink, LogSource
+    from state.config import CheckpointConfig
+
+    sources = tuple(LogSource(name, name, "x string") for name in stages[0].inputs)
+    return JobDefinition(
+        name=_JOB,
+        sources=sources,
+        operator=stages,
+        sink=DeltaSink("out", "out"),
+        checkpoint=CheckpointConfig(interval_ms=1_000),
+        parallelism=1,
+    )

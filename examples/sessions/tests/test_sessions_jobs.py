@@ -1,0 +1,105 @@
+"""The sessions package's functions, tested with ``cutline.testing`` alone: no Spark."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+from cutline_sessions.jobs import sessions
+from cutline_sessions.pipelines import country_clicks, page_visits
+
+from cutline.testing import Harness
+
+GAP = 10_000
+END = 600_000 + GAP  # the watermark that closes every session (not so far on that TTL expires)
+
+
+def clicks(n: int = 2_000, users: int = 40, seed: int = 7) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    ts = np.sort(rng.integers(0, 600_000, n))
+    return pd.DataFrame(
+        {"user": [f"u{u}" for u in rng.integers(0, users, n)], "url": "/", "ts": ts}
+    )
+
+
+def expected_sessions(df: pd.DataFrame) -> pd.DataFrame:
+    """Sessions computed independently: a gap of GAP or more between a user's clicks."""
+    df = df.sort_values(["user", "ts"], kind="stable")
+    new = (df.user != df.user.shift()) | (df.ts.diff() >= GAP)
+    df = df.assign(session=new.cumsum())
+    return (
+        df.groupby("session")
+        .agg(user=("user", "first"), session_start=("ts", "min"), clicks=("ts", "size"))
+        .sort_values(["user", "session_start"])
+        .reset_index(drop=True)
+    )
+
+
+def run(h: Harness, df: pd.DataFrame, batch: int) -> list[pa.Table]:
+    return [h.process(df.iloc[i : i + batch]) for i in range(0, len(df), batch)]
+
+
+def closed(outputs: list[pa.Table]) -> pd.DataFrame:
+    out = pa.concat_tables([o for o in outputs if o.num_rows]).to_pandas()
+    return out.sort_values(["user", "session_start"]).reset_index(drop=True)
+
+
+def test_sessions_match_an_independent_computation():
+    df = clicks()
+    with Harness(sessions(gap_ms=GAP, out_of_orderness_ms=0)) as h:
+        outputs = [*run(h, df, 250), h.advance_watermark(END)]
+    got = closed(outputs)
+    expected = expected_sessions(df)
+    pd.testing.assert_frame_equal(got[["user", "session_start", "clicks"]], expected)
+    numbers = got.groupby("user").session_no.apply(list)
+    assert all(n == list(range(1, len(n) + 1)) for n in numbers), "numbered per user from 1"
+
+
+def test_a_restore_from_a_mid_sequence_snapshot_gives_the_same_sessions():
+    df = clicks()
+    job = sessions(gap_ms=GAP)
+    with Harness(job) as h:
+        uninterrupted = [*run(h, df, 200), h.advance_watermark(END)]
+    with Harness(job) as h:
+        before = run(h, df.iloc[:1_000], 200)
+        snapshot = h.snapshot()
+        run(h, df.iloc[1_000:1_400], 200)  # lost in the failure
+        h.restore(snapshot)
+        after = [*run(h, df.iloc[1000:], 200), h.advance_watermark(END)]
+    pd.testing.assert_frame_equal(closed(before + after), closed(uninterrupted))
+
+
+def test_idle_users_totals_expire_by_event_time():
+    job = sessions(gap_ms=GAP, idle_ttl_ms=60_000, out_of_orderness_ms=0)
+    with Harness(job) as h:
+        h.process([{"user": "ann", "url": "/", "ts": 0}])
+        h.advance_watermark(GAP)  # ann's session closes: her totals count one session
+        users = pa.array(["ann"])
+        assert h.state("totals").get(users, pa.array(["sessions"])).to_pylist() == [1]
+        h.advance_watermark(GAP + 60_001)  # a minute of event time without a session
+        assert h.state("totals").get(users, pa.array(["sessions"])).to_pylist() == [None]
+
+
+def test_country_totals_follow_the_per_user_counts():
+    parsed = clicks(500).assign(country=lambda d: d.user.str[-1])  # as the transform leaves them
+    with Harness(country_clicks()) as h:
+        run(h, parsed, 100)
+        per_user = h.outputs["clicks_by_user"]
+    expected = parsed.groupby("country").agg(clicks=("ts", "size"), users=("user", "nunique"))
+    latest = {}
+    with Harness(country_clicks()) as h:
+        for out in run(h, parsed, 100):
+            latest.update({r["country"]: (r["clicks"], r["users"]) for r in out.to_pylist()})
+    assert latest == {c: (int(e.clicks), int(e.users)) for c, e in expected.iterrows()}
+    assert per_user.num_rows > 0
+
+
+def test_page_visits_sum_per_composite_key():
+    df = clicks(300).assign(url=lambda d: "/p/" + (d.ts % 3).astype(str))
+    df = df.assign(bucket=df.user.str[-1])
+    latest = {}
+    with Harness(page_visits()) as h:
+        for out in run(h, df, 50):
+            latest.update({(r["url"], r["bucket"]): r["visits"] for r in out.to_pylist()})
+    expected = df.groupby(["url", "bucket"]).size()
+    assert latest == {k: int(v) for k, v in expected.items()}
