@@ -27,12 +27,22 @@ class CheckpointConfig:
     timeout_ms: a pending checkpoint older than this is aborted (Flink: 10 minutes).
     tolerable_failed_checkpoints: consecutive failures tolerated before the job fails (Flink: 0).
     num_retained: completed checkpoints kept (Flink: 1).
-    incremental: upload only new SST files (Flink: false).
-    local_recovery: keep a secondary copy on local disk, restore from it first (Flink: false).
+    incremental: upload only the SST files the last confirmed checkpoint does not have
+        (Flink: false).
+    local_recovery: keep a secondary copy of each snapshot on the executor's disk and restore
+        from it first (Flink: false).
     mode: ``exactly_once`` (two-phase-commit sinks) or ``at_least_once`` (Flink: exactly once).
     compaction_max_files / compaction_max_checkpoints: a subtask whose latest checkpoint
     references more files than this, or files uploaded by more checkpoints than this, is asked
     to compact its RocksDB at the next barrier (``cutline compact``; Flink has no equivalent).
+
+    Incremental checkpoints and local recovery are on unless a job turns them off, where Flink
+    has both off: Flink keeps state on the heap by default, where neither applies, and leaves
+    them to the RocksDB user's choice. Cutline's state is always RocksDB, and these two are what
+    make its checkpoints cheap (a checkpoint uploads the SST files that changed, not the whole
+    state) and its restores fast (from the executor's own disk when the placement keeps it), so
+    a job gets both without asking. A job turns them off to trade upload volume for a chain of
+    one checkpoint (``incremental=False``) or to spare local disk (``local_recovery=False``).
     """
 
     interval_ms: int
@@ -41,8 +51,8 @@ class CheckpointConfig:
     timeout_ms: int = 600_000
     tolerable_failed_checkpoints: int = 0
     num_retained: int = 1
-    incremental: bool = False
-    local_recovery: bool = False
+    incremental: bool = True
+    local_recovery: bool = True
     mode: str = EXACTLY_ONCE
     compaction_max_files: int = 64
     compaction_max_checkpoints: int = 16

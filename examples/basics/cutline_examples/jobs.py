@@ -23,15 +23,13 @@ EVENTS_SCHEMA = "user string, amount double, payload string, ts long"
 ORDERS_SCHEMA = "order_id string, user string, amount double, ts long"
 PROFILES_SCHEMA = "user string, country string, tier int, ts long"
 
-# Every example: a checkpoint every 3 s, incremental, with local recovery; two retained so that a
-# corrupt latest checkpoint can fall back to the previous one.
+# Every example: a checkpoint every 3 s (incremental, with local recovery: the defaults); two
+# retained so that a corrupt latest checkpoint can fall back to the previous one.
 CHECKPOINTS = CheckpointConfig(
     interval_ms=3_000,
     num_retained=2,
     max_concurrent=2,
     tolerable_failed_checkpoints=3,
-    incremental=True,
-    local_recovery=True,
 )
 
 

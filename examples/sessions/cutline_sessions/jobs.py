@@ -26,15 +26,13 @@ from cutline import (
 )
 
 CLICKS_SCHEMA = "user string, url string, ts long"
-# a checkpoint every 3 s, incremental, with local recovery; two retained, so that a corrupt latest
-# checkpoint can fall back to the previous one
+# a checkpoint every 3 s (incremental, with local recovery: the defaults); two retained, so that
+# a corrupt latest checkpoint can fall back to the previous one
 CHECKPOINTS = CheckpointConfig(
     interval_ms=3_000,
     num_retained=2,
     max_concurrent=2,
     tolerable_failed_checkpoints=3,
-    incremental=True,
-    local_recovery=True,
 )
 OUTPUT = pa.schema(
     [
