@@ -149,9 +149,18 @@ class KeyedProcess:
     ``inputs`` maps each input source to its key column (two inputs: both cut at the same
     barrier); a composite key is a tuple of columns, with ``key_type`` the tuple of their types
     (the function sees such keys as struct arrays: ``ctx.key_of(table)``). With ``event_time``,
-    the stage's watermark trails the largest event time seen by ``out_of_orderness_ms`` and
-    drives event-time timers and event-time TTL. ``uid`` (default: ``name``) identifies the
-    stage's state in checkpoints: keep it when renaming the stage."""
+    the stage's watermark drives event-time timers and event-time TTL. As Flink's, it is per
+    input partition (a source's partition; for a later stage, an upstream subtask): the minimum
+    over the partitions of their largest event time less ``out_of_orderness_ms``, never going
+    back. A partition not yet seen does not hold it back; one without records for
+    ``idle_timeout_ms`` (by the micro-batches' planned processing time) stops holding it back
+    until it has records again; while every partition is idle it holds. ``idle_timeout_ms=None``
+    never lets a partition go idle (Flink's default without ``withIdleness``: a partition that
+    stops producing stalls every window). The default, 60 s, is the ``withIdleness`` duration of
+    Flink's documentation: long next to a micro-batch and to a producer's pause, so a live but
+    slow partition keeps holding the watermark (its records stay on time), and short enough that
+    a dead partition delays windows by a minute, not forever. ``uid`` (default: ``name``)
+    identifies the stage's state in checkpoints: keep it when renaming the stage."""
 
     name: str
     inputs: dict[str, Key]
@@ -160,6 +169,7 @@ class KeyedProcess:
     event_time: str | None = None
     out_of_orderness_ms: int = 0
     uid: str = ""
+    idle_timeout_ms: int | None = 60_000
 
     def __post_init__(self) -> None:
         _check_stage(self)
@@ -193,6 +203,12 @@ class KeyedProcess:
             raise JobDefinitionError(f"operator {self.name!r}: state names repeat: {names}")
         if self.out_of_orderness_ms < 0:
             raise JobDefinitionError("operator.out_of_orderness_ms must be >= 0")
+        idle = self.idle_timeout_ms
+        if idle is not None and (isinstance(idle, bool) or not isinstance(idle, int) or idle < 1):
+            raise JobDefinitionError(
+                f"operator {self.name!r}: idle_timeout_ms must be an integer >= 1 or None "
+                f"(never idle), got {idle!r}"
+            )
         event_ttl = [s.name for s in self.function.states if s.ttl and s.ttl.clock == "event"]
         if event_ttl and not self.event_time:
             raise JobDefinitionError(

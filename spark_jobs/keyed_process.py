@@ -23,7 +23,7 @@ the same way until the code is fixed).
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.errors import UserCodeError
+from spark_jobs.sources.local_log import PARTITION_COLUMN  # a later stage: upstream subtask
 from state.state_types import KeyCodec, StateAccessError, StateSpec
 from state.user_state import ListState, MapState, ValueState, expire, open_view
 from state.write_buffer import BufferedTransaction
@@ -52,6 +53,25 @@ EVENT_TIMERS = "__event_timers__"
 PROCESSING_TIMERS = "__processing_timers__"
 
 
+def partition_event_times(table: pa.Table, event_time: str) -> dict[str, dict[str, int]]:
+    """Per input (``_source``) and partition (``_partition``) of ``table``, the largest event
+    time (nulls skipped); empty when ``table`` lacks those columns."""
+    names = table.column_names
+    if SOURCE_COLUMN not in names or PARTITION_COLUMN not in names or not table.num_rows:
+        return {}
+    grouped = table.group_by([SOURCE_COLUMN, PARTITION_COLUMN]).aggregate([(event_time, "max")])
+    out: dict[str, dict[str, int]] = {}
+    for src, part, high in zip(
+        grouped.column(SOURCE_COLUMN).to_pylist(),
+        grouped.column(PARTITION_COLUMN).to_pylist(),
+        grouped.column(f"{event_time}_max").to_pylist(),
+        strict=True,
+    ):
+        if high is not None:
+            out.setdefault(str(src), {})[str(part)] = int(high)
+    return out
+
+
 class UserFunctionError(UserCodeError):
     """A user function raised; the message names the stage and carries the traceback. Raised in
     a Spark task, it reaches the driver as itself (spark_jobs/errors.py ``carry_to_driver``)."""
@@ -66,6 +86,8 @@ class OperatorResult:
     txn: BufferedTransaction
     late_records: int = 0
     max_event_time: int | None = None
+    # per input and partition (``_source``, ``_partition``): the largest event time applied
+    event_times: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class KeyedProcessFunction:
@@ -210,7 +232,9 @@ class ProcessOperator:
             outputs.append(self._call("process_batch", records, ctx))
         output = [o for o in outputs if o is not None and o.num_rows]
         result = pa.concat_tables(output, promote_options="permissive") if output else pa.table({})
-        return OperatorResult(result, txn, ctx.late_records, max_event_time)
+        timed = max_event_time is not None
+        event_times = partition_event_times(table, spec.event_time) if timed else {}
+        return OperatorResult(result, txn, ctx.late_records, max_event_time, event_times)
 
     def _records(self, table: pa.Table) -> pa.Table:
         """The user's columns: every input's own columns, the source name kept as ``_source``

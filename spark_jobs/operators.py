@@ -356,11 +356,13 @@ def WindowedAggregate(
     out_of_orderness_ms: int,
     aggregates: dict[str, tuple[str, str | None]],
     uid: str = "",
+    idle_timeout_ms: int | None = 60_000,
 ) -> KeyedProcess:
-    """Tumbling event-time windows of ``window_ms`` per key. The watermark trails the largest
-    event time seen by ``out_of_orderness_ms``; a window is emitted once the watermark passes its
-    end, and its state and timer are then dropped. Records for an already emitted window are
-    late: they are dropped and counted."""
+    """Tumbling event-time windows of ``window_ms`` per key. The watermark is per input
+    partition, trailing each one's largest event time by ``out_of_orderness_ms``, idle
+    partitions left out after ``idle_timeout_ms`` (see :class:`KeyedProcess`); a window is
+    emitted once the watermark passes its end, and its state and timer are then dropped.
+    Records for an already emitted window are late: they are dropped and counted."""
     _check_aggregates(f"stage {name!r}", aggregates)
     if window_ms < 1:
         raise JobDefinitionError(f"stage {name!r}: window_ms must be >= 1")
@@ -373,6 +375,7 @@ def WindowedAggregate(
         event_time=event_time,
         out_of_orderness_ms=out_of_orderness_ms,
         uid=uid,
+        idle_timeout_ms=idle_timeout_ms,
     )
 
 

@@ -37,7 +37,7 @@ from state.checkpoint_policies import CheckpointFailureError, FailurePolicy, Tri
 from state.config import CheckpointConfig
 from state.faults import kill_point
 from state.handles import SubtaskStateHandle
-from state.manifest import CheckpointManifest
+from state.manifest import CheckpointManifest, PartitionClocks
 from state.paths import JobLayout
 from state.pending_checkpoint import (
     AckResult,
@@ -214,9 +214,12 @@ class CheckpointCoordinator:
         watermarks: dict[str, int] | None = None,
         epoch_ends: dict[int, dict[str, dict[str, int]]] | None = None,
         counters: dict[str, int] | None = None,
+        epoch_times: dict[int, int] | None = None,
+        partition_clocks: PartitionClocks | None = None,
     ) -> AckResult:
-        """Record the source positions (sink epochs, watermarks, the end positions of the epochs
-        the sinks have not committed, counters) at ``checkpoint_id``'s cut."""
+        """Record the source positions (sink epochs, watermarks, the end positions and planned
+        processing times of the epochs the sinks have not committed, counters, the stages'
+        per-partition clocks) at ``checkpoint_id``'s cut."""
         with self._lock:
             pending = self._pending.get(checkpoint_id)
             if pending is None:
@@ -226,6 +229,8 @@ class CheckpointCoordinator:
             pending.watermarks.update(watermarks or {})
             pending.epoch_ends.update(epoch_ends or {})
             pending.counters.update(counters or {})
+            pending.epoch_times.update(epoch_times or {})
+            pending.partition_clocks.update(partition_clocks or {})
             pending.cut_recorded = True
             if not self._take_if_ready_locked(pending):
                 return AckResult.ACCEPTED

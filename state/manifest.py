@@ -19,6 +19,20 @@ MANIFEST_VERSION = 1
 Positions = dict[str, dict[str, int]]  # source -> partition -> position after the last record
 
 
+@dataclass(frozen=True)
+class PartitionClock:
+    """One input partition of a stage (a source partition, or an upstream subtask): the largest
+    event time of its records so far, and the processing time (ms, as the driver planned the
+    micro-batch) of the last micro-batch that had records of it."""
+
+    max_event_time: int
+    last_records_ms: int
+
+
+# per stage uid: input (source, or upstream stage) -> partition -> clock
+PartitionClocks = dict[str, dict[str, dict[str, PartitionClock]]]
+
+
 class ManifestError(ValueError):
     """A manifest is unreadable, of an unknown version, malformed, or names an escaping path."""
 
@@ -43,6 +57,12 @@ class CheckpointManifest:
     # every stateful stage's uid -> its states' fingerprints (state name -> stored form): what a
     # restore checks the job against (spark_jobs/evolution.py)
     stages: dict[str, dict[str, str]] = field(default_factory=dict)
+    # the planned processing time (ms) of each epoch in ``epoch_ends``: a replay runs it again
+    # with the same clock (absent in older manifests)
+    epoch_times: dict[int, int] = field(default_factory=dict)
+    # what the per-partition watermarks are computed from (absent in older manifests: the
+    # restored ``watermarks`` are the floor, the partitions start unseen)
+    partition_clocks: PartitionClocks = field(default_factory=dict)
 
     # -- figures -----------------------------------------------------------------------------
 
@@ -95,6 +115,14 @@ class CheckpointManifest:
             "epoch_ends": {str(e): p for e, p in self.epoch_ends.items()},
             "counters": self.counters,
             "stages": self.stages,
+            "epoch_times": {str(e): t for e, t in self.epoch_times.items()},
+            "partition_clocks": {
+                uid: {
+                    src: {p: [c.max_event_time, c.last_records_ms] for p, c in parts.items()}
+                    for src, parts in inputs.items()
+                }
+                for uid, inputs in self.partition_clocks.items()
+            },
             "subtasks": [h.to_dict() for h in self.subtasks],
         }
         return json.dumps(doc, indent=1, sort_keys=True).encode()
@@ -135,6 +163,10 @@ class CheckpointManifest:
                     for uid, states in dict(doc.get("stages", {})).items()
                 },
                 subtasks=tuple(SubtaskStateHandle.from_dict(h) for h in doc["subtasks"]),
+                epoch_times={
+                    int(e): _int_value(t) for e, t in dict(doc.get("epoch_times", {})).items()
+                },
+                partition_clocks=_clocks(doc.get("partition_clocks", {})),
             )
         except PathEscapeError as e:
             raise ManifestError(f"{source}: {e}") from e
@@ -166,6 +198,24 @@ def _positions(doc: Any) -> dict[str, dict[str, int]]:
     return {
         str(src): {str(p): int(o) for p, o in dict(parts).items()} for src, parts in doc.items()
     }
+
+
+def _clocks(doc: Any) -> PartitionClocks:
+    out: PartitionClocks = {}
+    for uid, inputs in dict(doc).items():
+        stage = out.setdefault(str(uid), {})
+        for src, parts in dict(inputs).items():
+            stage[str(src)] = {}
+            for p, pair in dict(parts).items():
+                high, last = (_int_value(v) for v in pair)
+                stage[str(src)][str(p)] = PartitionClock(high, last)
+    return out
+
+
+def _int_value(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
 
 
 def _int(doc: dict[str, Any], name: str) -> int:

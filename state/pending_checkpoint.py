@@ -9,7 +9,7 @@ from typing import Protocol
 
 from state.catalog import CompletedCheckpoint
 from state.handles import SubtaskStateHandle
-from state.manifest import CheckpointManifest
+from state.manifest import CheckpointManifest, PartitionClocks
 
 TaskId = tuple[str, int]  # (stage uid, subtask index)
 
@@ -53,6 +53,8 @@ class PendingCheckpoint:
     cut_recorded: bool = True
     epoch_ends: dict[int, dict[str, dict[str, int]]] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
+    epoch_times: dict[int, int] = field(default_factory=dict)
+    partition_clocks: PartitionClocks = field(default_factory=dict)
 
     def to_manifest(
         self, job_id: str, attempt: int, stages: dict[str, dict[str, str]]
@@ -74,4 +76,6 @@ class PendingCheckpoint:
             epoch_ends=self.epoch_ends,
             counters=self.counters,
             stages=stages,
+            epoch_times=self.epoch_times,
+            partition_clocks=self.partition_clocks,
         )

@@ -6,6 +6,10 @@ the table's own history, those cuts are the only thing the reference takes from 
 record of the input belongs to the committed epoch whose cut first passes its position, and the
 reference computes from the input alone what each epoch must have emitted (tests/reference.py).
 
+The commits also record the processing time each epoch's micro-batch was planned with: the
+clock by which an input partition goes idle, which the reference's watermarks need
+(:func:`watermarks`).
+
 A start-over's sink reset (a Delta DELETE) discards the epochs recorded before it: the new run
 reads its input from the beginning again.
 """
@@ -13,7 +17,7 @@ reads its input from the beginning again.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,10 +32,11 @@ Positions = dict[str, dict[str, int]]  # source -> partition -> position after t
 
 @dataclass(frozen=True)
 class EpochCuts:
-    """The committed epochs, contiguous and ascending, and where each ended per source and
-    partition."""
+    """The committed epochs, contiguous and ascending, where each ended per source and
+    partition, and (``times``) the processing time each was planned with."""
 
     ends: dict[int, Positions]
+    times: dict[int, int] = field(default_factory=dict)
 
     @property
     def epochs(self) -> list[int]:
@@ -88,18 +93,22 @@ def committed_cuts(table: Path) -> EpochCuts:
     from deltalake import DeltaTable
 
     ends: dict[int, Positions] = {}
+    times: dict[int, int] = {}
     for entry in sorted(DeltaTable(str(table)).history(), key=lambda h: h["version"]):
         if entry.get("operation") == "DELETE":  # a start-over's reset: the input is read again
-            ends = {}
-        info = entry.get("cutline")
-        for epoch, where in (json.loads(info).get("epochs", {}) if info else {}).items():
+            ends, times = {}, {}
+        info = json.loads(entry["cutline"]) if entry.get("cutline") else {}
+        for epoch, ms in info.get("times", {}).items():
+            if times.setdefault(int(epoch), ms) != ms:
+                raise AssertionError(f"{table}: epoch {epoch} committed twice, at two times")
+        for epoch, where in info.get("epochs", {}).items():
             if int(epoch) in ends and ends[int(epoch)] != where:
                 raise AssertionError(
                     f"{table}: epoch {epoch} committed twice, ending at {ends[int(epoch)]} and at "
                     f"{where} (version {entry['version']})"
                 )
             ends[int(epoch)] = where
-    return EpochCuts(ends).contiguous(str(table))
+    return EpochCuts(ends, times).contiguous(str(table))
 
 
 def output(table: Path) -> pd.DataFrame:
@@ -107,11 +116,33 @@ def output(table: Path) -> pd.DataFrame:
     return read_delta(table).to_pandas()
 
 
-def watermarks(records: pd.DataFrame, epochs: list[int], lag_ms: int) -> pd.Series:
-    """The watermark each epoch's micro-batch runs with: the largest event time ``ts`` of the
-    records of the epochs before it, less ``lag_ms`` (NaN before the first record)."""
-    highest = records.groupby(EPOCH)["ts"].max().reindex(epochs)
-    return (highest.cummax().ffill().shift(1) - lag_ms).rename("watermark")
+def watermarks(
+    records: pd.DataFrame,
+    epochs: list[int],
+    lag_ms: int,
+    times: dict[int, int] | None = None,
+    idle_ms: int | None = None,
+) -> pd.Series:
+    """The watermark each epoch's micro-batch runs with (NaN before the first record), Flink's
+    rule folded after each epoch: per input ``partition`` (one if ``records`` has none), the
+    largest event time ``ts`` so far; a partition is idle once ``idle_ms`` passed, by the
+    epochs' planned processing ``times``, since the last epoch with records of it; the
+    watermark is the minimum over the seen, non-idle partitions less ``lag_ms``, holds while
+    all are idle, and never goes back. Without ``times`` or ``idle_ms`` none goes idle."""
+    part = records["partition"] if "partition" in records else pd.Series(0, index=records.index)
+    high = (
+        records.assign(_p=part)
+        .pivot_table(index=EPOCH, columns="_p", values="ts", aggfunc="max")
+        .reindex(epochs)
+    )
+    top = high.cummax().ffill()  # per partition: the largest event time through each epoch
+    active = top.notna()
+    if times is not None and idle_ms is not None:
+        clock = pd.Series([times[e] for e in epochs], index=epochs, dtype="float64")
+        stamp = pd.DataFrame({c: clock for c in high.columns}).where(high.notna())
+        active &= stamp.ffill().rsub(clock, axis=0) < idle_ms
+    after = top.where(active).min(axis=1) - lag_ms  # NaN: nothing seen, or every one idle
+    return after.cummax().ffill().shift(1).rename("watermark")
 
 
 def first_epoch_at_least(marks: pd.Series, times: pd.Series) -> pd.Series:

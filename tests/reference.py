@@ -14,9 +14,12 @@ job's expected rows follow from the records of the epochs up to theirs:
   and the number of distinct users;
 - ``page_visits`` (examples/sessions, composite keys): per (user, url) and per (url, bucket) and
   epoch, the running count;
-- ``windowed_revenue``: each window once, in the epoch whose watermark (the largest event time of
-  the epochs before it, less the allowed lateness) first reaches its end, with the count and sum
-  of its orders that were on time when they arrived;
+- ``windowed_revenue``: each window once, in the epoch whose watermark first reaches its end,
+  with the count and sum of its orders that were on time when they arrived. The watermark is
+  Flink's per-partition rule, modelled here from the records' partitions, the epoch cuts and the
+  epochs' planned processing times the commits recorded (tests/epoch_cuts.py ``watermarks``):
+  the minimum over the partitions not idle of their largest event time of the epochs before,
+  less the allowed lateness;
 - ``sessions`` (examples/sessions): each session once, in the epoch whose watermark first passes
   its end by the gap, numbered per user;
 - ``enriched_orders``: each order once, in its own epoch, with the fields of its user's latest
@@ -41,6 +44,8 @@ import pandas as pd
 from tests.epoch_cuts import EPOCH, EpochCuts, committed_cuts, first_epoch_at_least, watermarks
 from tests.epoch_cuts import output as read_table
 from tests.row_check import compare_rows
+
+IDLE_MS = 60_000  # the jobs' idle_timeout_ms (KeyedProcess's default)
 
 # what makes a record valid, per topic: its key, and its fields of a numeric type
 VALID = {
@@ -147,11 +152,16 @@ def expect_page_visits(inputs: dict[str, pd.DataFrame], epochs: list[int]) -> di
 def expect_windowed_revenue(
     inputs: dict[str, pd.DataFrame],
     epochs: list[int],
+    times: dict[int, int] | None = None,
+    *,
     window_ms: int = 10_000,
     lateness_ms: int = 2_000,
+    idle_ms: int | None = IDLE_MS,
+    table: str = "windowed_revenue",
 ) -> dict:
+    """``times``: the epochs' planned processing times (None: no partition goes idle)."""
     orders = inputs["orders"].copy()
-    marks = watermarks(orders, epochs, lateness_ms)
+    marks = watermarks(orders, epochs, lateness_ms, times, idle_ms)
     orders["window_start"] = orders["ts"] - orders["ts"] % window_ms
     mark_then = orders[EPOCH].map(marks)
     on_time = mark_then.isna() | (orders["window_start"] + window_ms - 1 > mark_then)
@@ -165,10 +175,17 @@ def expect_windowed_revenue(
     windows[EPOCH] = first_epoch_at_least(marks, windows["window_end"] - 1)
     windows = windows[windows[EPOCH] >= 0]
     return {
-        "windowed_revenue": Expected(
+        table: Expected(
             windows, ["user", "window_start"], ["window_end", "orders", "revenue"], ("revenue",)
         )
     }
+
+
+def late_orders(orders: pd.DataFrame, marks: pd.Series, window_ms: int = 10_000) -> pd.DataFrame:
+    """The orders (with ``_epoch``) whose window the watermark of their epoch (``marks``) had
+    already closed: the ones a window drops."""
+    start = orders["ts"] - orders["ts"] % window_ms
+    return orders[start + window_ms - 1 <= orders[EPOCH].map(marks)]
 
 
 def sessions_of(clicks: pd.DataFrame, gap_ms: int) -> pd.DataFrame:
@@ -195,14 +212,16 @@ def sessions_of(clicks: pd.DataFrame, gap_ms: int) -> pd.DataFrame:
 def expect_sessions(
     inputs: dict[str, pd.DataFrame],
     epochs: list[int],
+    times: dict[int, int] | None = None,
     gap_ms: int = 10_000,
     lateness_ms: int = 2_000,
+    idle_ms: int | None = IDLE_MS,
 ) -> dict:
     """Sessions close when the watermark passes their last click by the gap. The reference
     models no late click (one behind the watermark when it arrives, which could not join the
     session it belongs to): it refuses input that has one."""
     clicks = inputs["clicks"]
-    marks = watermarks(clicks, epochs, lateness_ms)
+    marks = watermarks(clicks, epochs, lateness_ms, times, idle_ms)
     late = clicks[clicks["ts"] < clicks[EPOCH].map(marks)]
     if not late.empty:
         raise AssertionError(f"the input has {len(late):,} late clicks; the reference has none")
@@ -234,16 +253,19 @@ class JobReference:
 
     topics: tuple[str, ...]
     tables: tuple[str, ...]
-    expect: Callable[[dict[str, pd.DataFrame], list[int]], dict[str, Expected]]
+    expect: Callable[..., dict[str, Expected]]  # (inputs, epochs[, times]) -> per table
+    clocked: bool = False  # event time: expect takes the epochs' processing times too
 
 
 REFERENCES = {
     "clicks_per_user": JobReference(("clicks",), ("clicks_per_user",), expect_clicks_per_user),
-    "windowed_revenue": JobReference(("orders",), ("windowed_revenue",), expect_windowed_revenue),
+    "windowed_revenue": JobReference(
+        ("orders",), ("windowed_revenue",), expect_windowed_revenue, clocked=True
+    ),
     "enriched_orders": JobReference(
         ("orders", "profiles"), ("enriched_orders",), expect_enriched_orders
     ),
-    "sessions": JobReference(("clicks",), ("sessions",), expect_sessions),
+    "sessions": JobReference(("clicks",), ("sessions",), expect_sessions, clocked=True),
     "country_clicks": JobReference(
         ("clicks",), ("user_clicks", "country_clicks"), expect_country_clicks
     ),
@@ -254,11 +276,20 @@ REFERENCES = {
 
 
 def compare_outputs(
-    job: str, inputs: dict[str, pd.DataFrame], epochs: list[int], outputs: dict[str, pd.DataFrame]
+    job: str,
+    inputs: dict[str, pd.DataFrame],
+    epochs: list[int],
+    outputs: dict[str, pd.DataFrame],
+    times: dict[int, int] | None = None,
 ) -> str:
     """Fail unless every sink table of ``job`` holds exactly the expected rows, epoch by epoch;
-    ``inputs`` carry each record's committed epoch. Returns a summary."""
-    expected = REFERENCES[job].expect(inputs, epochs)
+    ``inputs`` carry each record's committed epoch, ``times`` are the epochs' planned
+    processing times (needed by jobs with event time). Returns a summary."""
+    reference = REFERENCES[job]
+    if reference.clocked:
+        expected = reference.expect(inputs, epochs, clock_of(epochs, times))
+    else:
+        expected = reference.expect(inputs, epochs)
     lines = [
         compare_rows(outputs[table], e.rows, e.keys, e.values, table, approx=e.approx)
         for table, e in expected.items()
@@ -267,17 +298,31 @@ def compare_outputs(
     return f"{records} in {len(epochs)} epochs; " + "; ".join(lines)
 
 
+def clock_of(epochs: list[int], times: dict[int, int] | None) -> dict[int, int]:
+    """``times`` after failing unless it has every epoch's: lateness cannot be modelled
+    without."""
+    missing = [e for e in epochs if e not in (times or {})]
+    if missing:
+        raise AssertionError(f"no commit records the processing time of epochs {missing[:5]}")
+    return dict(times or {})
+
+
 def job_cuts(home: Path, tables: list[str]) -> EpochCuts:
     """The committed epochs of a job with these sink tables (each table records the epochs its
-    commits covered; they must agree)."""
+    commits covered, and their processing times; they must agree)."""
     ends: dict[int, dict] = {}
+    times: dict[int, int] = {}
     for table in tables:
-        for epoch, where in committed_cuts(home / "warehouse" / "tables" / table).ends.items():
+        cuts = committed_cuts(home / "warehouse" / "tables" / table)
+        for epoch, where in cuts.ends.items():
             if ends.setdefault(epoch, where) != where:
                 raise AssertionError(f"{table}: epoch {epoch} ended at {where}, not {ends[epoch]}")
+        for epoch, ms in cuts.times.items():
+            if times.setdefault(epoch, ms) != ms:
+                raise AssertionError(f"{table}: epoch {epoch} planned at {ms}, not {times[epoch]}")
     if not ends:
         raise AssertionError(f"{tables}: no committed epoch")
-    return EpochCuts(ends).contiguous(", ".join(tables))
+    return EpochCuts(ends, times).contiguous(", ".join(tables))
 
 
 def check(job: str, home: Path) -> str:
@@ -288,4 +333,4 @@ def check(job: str, home: Path) -> str:
     cuts = job_cuts(home, tables)
     inputs = {t: cuts.assign(read_log(home, t), t) for t in reference.topics}
     outputs = {table: output(home, table) for table in tables}
-    return compare_outputs(job, inputs, cuts.epochs, outputs)
+    return compare_outputs(job, inputs, cuts.epochs, outputs, cuts.times)

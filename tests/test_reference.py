@@ -18,9 +18,16 @@ from deltalake import CommitProperties, write_deltalake
 
 from spark_jobs.sources.generate import generate
 from tests.epoch_cuts import EPOCH, EpochCuts, committed_cuts, first_epoch_at_least, watermarks
-from tests.reference import REFERENCES, compare_outputs, read_log
+from tests.reference import (
+    REFERENCES,
+    compare_outputs,
+    expect_windowed_revenue,
+    late_orders,
+    read_log,
+)
 
 EPOCHS = 9  # cut into this many epochs with records, then one empty (a final checkpoint's)
+TIMES = {e: 1_000 * e for e in range(EPOCHS + 1)}  # the epochs' planned processing times
 
 
 @pytest.fixture(scope="module")
@@ -42,21 +49,22 @@ def cut(home, topics: tuple[str, ...]) -> EpochCuts:
             for e in range(EPOCHS + 1):
                 end = int(after[bounds[min(e, EPOCHS - 1)] - 1])
                 ends[e].setdefault(topic, {})[str(partition)] = end
-    return EpochCuts(ends)
+    return EpochCuts(ends, TIMES)
 
 
 def job_case(home, job: str):
     reference = REFERENCES[job]
     cuts = cut(home, reference.topics)
     inputs = {t: cuts.assign(read_log(home, t), t) for t in reference.topics}
-    expected = reference.expect(inputs, cuts.epochs)
+    expected = reference.expect(inputs, cuts.epochs, TIMES) if reference.clocked else None
+    expected = expected or reference.expect(inputs, cuts.epochs)
     right = {t: e.rows.sample(frac=1.0, random_state=1) for t, e in expected.items()}
     return inputs, cuts.epochs, expected, right
 
 
 def fails(job, inputs, epochs, outputs) -> str:
     with pytest.raises(AssertionError) as failure:
-        compare_outputs(job, inputs, epochs, outputs)
+        compare_outputs(job, inputs, epochs, outputs, TIMES)
     return str(failure.value)
 
 
@@ -81,7 +89,7 @@ def key_of(row: pd.Series, keys: list[str]):
 @pytest.mark.parametrize("job", list(REFERENCES))
 def test_each_fault_in_each_table_fails_naming_key_and_epoch(home, job):
     inputs, epochs, expected, right = job_case(home, job)
-    assert compare_outputs(job, inputs, epochs, right)
+    assert compare_outputs(job, inputs, epochs, right, TIMES)
     for table, e in expected.items():
         rows = right[table]
         assert len(rows) > 50 and rows[EPOCH].nunique() >= 3, (table, len(rows))
@@ -188,3 +196,36 @@ def test_watermarks_and_when_timers_fire():
     assert marks.tolist()[1:] == [50, 200, 200, 350]
     fire = first_epoch_at_least(marks, pd.Series([10, 50, 51, 200, 350, 351]))
     assert fire.tolist() == [1, 1, 2, 2, 4, -1]
+
+
+def test_watermarks_per_partition_with_idleness():
+    """Partition 1 lags (holds the watermark), goes quiet for the idle time (left out), rejoins
+    behind it (never backwards), all go quiet (holds)."""
+    ts = [10_000, 10_000, 20_000, 30_000, 40_000, 12_000, 50_000, 45_000]
+    records = pd.DataFrame(
+        {"ts": ts, "partition": [0, 1, 0, 0, 0, 1, 0, 1], EPOCH: [0, 0, 1, 2, 3, 4, 5, 5]}
+    )
+    times = {0: 0, 1: 2_000, 2: 4_999, 3: 5_000, 4: 6_000, 5: 7_000, 6: 99_000, 7: 99_001}
+    marks = watermarks(records, list(range(8)), 2_000, times, idle_ms=5_000)
+    assert marks.tolist()[1:] == [8_000, 8_000, 8_000, 38_000, 38_000, 43_000, 43_000]
+    never = watermarks(records, list(range(8)), 2_000, times, idle_ms=None)
+    assert never.tolist()[1:] == [8_000, 8_000, 8_000, 8_000, 10_000, 43_000, 43_000]
+    global_max = watermarks(records.drop(columns="partition"), list(range(8)), 2_000)
+    assert global_max.tolist()[1:] == [8_000, 18_000, 28_000, 38_000, 38_000, 48_000, 48_000]
+
+
+def test_output_of_the_global_max_rule_fails_when_a_partition_lags(home):
+    """Orders of partition 1 delayed by 30 s of event time: under the per-partition rule none is
+    late; output computed with the old rule (the global maximum) drops many and fails."""
+    inputs, epochs, _, _ = job_case(home, "windowed_revenue")
+    orders = inputs["orders"].copy()
+    orders.loc[orders["partition"] == 1, "ts"] -= 30_000
+    lagged, merged = {"orders": orders}, {"orders": orders.drop(columns="partition")}
+    assert late_orders(orders, watermarks(orders, epochs, 2_000, TIMES, 60_000)).empty
+    dropped = late_orders(orders, watermarks(merged["orders"], epochs, 2_000))
+    assert len(dropped) > 100 and set(dropped["partition"]) == {1}, len(dropped)
+    new = expect_windowed_revenue(lagged, epochs, TIMES)["windowed_revenue"].rows
+    assert compare_outputs("windowed_revenue", lagged, epochs, {"windowed_revenue": new}, TIMES)
+    old = expect_windowed_revenue(merged, epochs, TIMES)["windowed_revenue"].rows
+    message = fails("windowed_revenue", lagged, epochs, {"windowed_revenue": old})
+    assert "expected {" in message and "got none" in message

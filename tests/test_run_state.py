@@ -237,6 +237,9 @@ class Sink:
         time.sleep(0.001)
         return {e: {"s": {"0": e * 10}} for e in range(after + 1, 101)}
 
+    def committed_times(self, after: int) -> dict[int, int]:
+        return {}
+
 
 def test_epoch_ends_read_a_sink_history_once_and_lose_no_record():
     for _ in range(ROUNDS // 8):

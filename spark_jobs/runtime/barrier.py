@@ -33,7 +33,7 @@ from state.compaction import (
     read_request,
 )
 from state.coordinator import CheckpointCoordinator
-from state.manifest import CheckpointManifest, Positions
+from state.manifest import CheckpointManifest, PartitionClocks, Positions
 from state.paths import JobLayout
 from state.storage import DurableStorage, StorageError
 
@@ -42,7 +42,8 @@ from state.storage import DurableStorage, StorageError
 class Cut:
     """Where a checkpoint's barrier stood, recorded after its micro-batch: the sources'
     positions, each sink's epoch, the stages' watermarks, where every epoch the sinks have not
-    committed ended, and the counters."""
+    committed ended (and the processing time it was planned with), the counters, and the
+    stages' per-partition clocks the watermarks come from."""
 
     checkpoint_id: int
     positions: Positions
@@ -50,6 +51,8 @@ class Cut:
     watermarks: dict[str, int]
     epoch_ends: dict[int, Positions]
     counters: dict[str, int]
+    epoch_times: dict[int, int]
+    partition_clocks: PartitionClocks
 
 
 class AckPoller:
@@ -119,6 +122,8 @@ class AckPoller:
                 watermarks=cut.watermarks,
                 epoch_ends=cut.epoch_ends,
                 counters=cut.counters,
+                epoch_times=cut.epoch_times,
+                partition_clocks=cut.partition_clocks,
             )
 
     def _drop_acks(self, stale, prefix: str = "_acks") -> None:

@@ -52,7 +52,9 @@ class Completion:
                 for sink in self.sinks:
                     epoch = manifest.sink_epochs.get(sink.sink)
                     if epoch is not None:
-                        rows = sink.commit_through(epoch, manifest.epoch_ends)
+                        rows = sink.commit_through(
+                            epoch, manifest.epoch_ends, times=manifest.epoch_times
+                        )
                         committed += rows if sink is self.sinks[0] else 0
             except Exception as e:  # the restore redoes the commit; never go on without it
                 self.state.fail(f"sink commit of checkpoint {manifest.checkpoint_id}: {e}", e)

@@ -2,16 +2,18 @@
 start: the record that lets a restore replay committed epochs exactly instead of emitting their
 output again (docs/design.md, section 5).
 
-Every micro-batch records its end; a checkpoint's cut carries the ends of the epochs the sinks
-have not committed yet (so a sink commit can record them in its Delta commit info), and they are
-forgotten once the sinks committed them. A restore from a checkpoint older than the sinks'
-last committed epoch reads the ends of the epochs in between from the sinks' commit history.
+Every micro-batch records its end and the processing time it was planned with (a replay runs it
+with the same, so timers, TTL and idle partitions come out the same); a checkpoint's cut carries
+the ends and times of the epochs the sinks have not committed yet (so a sink commit can record
+them in its Delta commit info), and they are forgotten once the sinks committed them. A restore
+from a checkpoint older than the sinks' last committed epoch reads the ends and times of the
+epochs in between from the sinks' commit history.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from spark_jobs.errors import NoRestorableCheckpointError
 from spark_jobs.job import JobDefinition
@@ -30,24 +32,49 @@ class EpochEnds:
         self._lock = threading.Lock()
         self._reading = threading.Lock()  # taken before ``_lock``, never inside it
         self._uncommitted: dict[int, Positions] = {}
+        self._times: dict[int, int] = {}  # the uncommitted epochs' planned processing times
         self._history: dict[int, dict[int, Positions]] = {}  # sink history after an epoch
+        self._history_times: dict[int, dict[int, int]] = {}
 
-    def record(self, epoch: int, ends: Positions) -> dict[int, Positions]:
-        """``epoch`` ended at ``ends``; returns every uncommitted epoch's end (for a cut)."""
+    def record(
+        self, epoch: int, ends: Positions, processing_time: int | None = None
+    ) -> dict[int, Positions]:
+        """``epoch``, planned at ``processing_time``, ended at ``ends``; returns every
+        uncommitted epoch's end (for a cut)."""
         with self._lock:
             self._uncommitted[epoch] = ends
+            if processing_time is not None:
+                self._times[epoch] = processing_time
             return dict(self._uncommitted)
+
+    def times(self, epochs: Iterable[int]) -> dict[int, int]:
+        """The planned processing times of those of ``epochs`` recorded and not forgotten."""
+        with self._lock:
+            return {e: self._times[e] for e in epochs if e in self._times}
 
     def forget_through(self, epoch: int) -> None:
         """The sinks committed every epoch up to ``epoch``."""
         with self._lock:
             self._uncommitted = {e: p for e, p in self._uncommitted.items() if e > epoch}
+            self._times = {e: t for e, t in self._times.items() if e > epoch}
 
     def restore(self, manifest: CheckpointManifest, committed: int) -> None:
         """Start from ``manifest``'s record of the epochs its sinks had not committed, less those
         committed since (``committed``: the sinks' last committed epoch)."""
         with self._lock:
             self._uncommitted = {e: p for e, p in manifest.epoch_ends.items() if e > committed}
+            self._times = {e: t for e, t in manifest.epoch_times.items() if e > committed}
+
+    def replay_times(self, manifest: CheckpointManifest) -> dict[int, int]:
+        """The planned processing times of the epochs after ``manifest``'s that are known (from
+        the last :meth:`committed_through` read and this attempt's record); older records
+        lack them."""
+        with self._lock:
+            return {
+                **manifest.epoch_times,
+                **self._times,
+                **self._history_times.get(manifest.batch_id, {}),
+            }
 
     def committed_through(
         self, manifest: CheckpointManifest, through: int, sinks: Sequence[Sink]
@@ -63,6 +90,7 @@ class EpochEnds:
                 sink = max(sinks, key=lambda s: s.committed_epoch())
                 try:
                     ends = sink.committed_ends(manifest.batch_id)
+                    times = sink.committed_times(manifest.batch_id)
                 except LookupError as e:
                     raise NoRestorableCheckpointError(
                         f"restoring checkpoint {manifest.checkpoint_id} would emit committed "
@@ -70,6 +98,7 @@ class EpochEnds:
                     ) from e
                 with self._lock:
                     self._history[manifest.batch_id] = ends
+                    self._history_times[manifest.batch_id] = times
         with self._lock:
             known = {**self._uncommitted, **ends}
         missing = [e for e in range(manifest.batch_id + 1, through + 1) if e not in known]

@@ -68,7 +68,8 @@ class MicroBatches:
         pending = self.coordinator.trigger(epoch, None, now_ms())
         cid = pending.checkpoint_id if pending else None
         in_flight = bool(self.coordinator.pending_ids())
-        records = self._after(epoch, cid, self._execute(df, self._plan(epoch, cid)))
+        plan = self._plan(epoch, cid)
+        records = self._after(plan, self._execute(df, plan))
         return epoch, cid, records, in_flight
 
     def final_checkpoint(self, timeout_s: float = 120.0) -> None:
@@ -87,14 +88,15 @@ class MicroBatches:
             return
         cid = pending.checkpoint_id
         frames = {n: empty_frame(self.spark, self.job, n) for n in self.job.source_inputs}
-        stats = self._execute(tag_and_union(self.job, frames), self._plan(self.progress.epoch, cid))
-        self._after(self.progress.epoch, cid, stats)
+        plan = self._plan(self.progress.epoch, cid)
+        self._after(plan, self._execute(tag_and_union(self.job, frames), plan))
         if not self.state.wait_for_checkpoint(cid, deadline - time.monotonic()):
             self.state.fail(f"final checkpoint {cid} did not complete")
 
     def replay(self, epochs: list[ReplayEpoch]) -> None:
-        """Run committed micro-batches again, exactly as they ran (the same source ranges), with
-        no output: state and watermarks come out as they were."""
+        """Run committed micro-batches again, exactly as they ran (the same source ranges and
+        planned processing times), with no output: state and watermarks come out as they
+        were."""
         records = 0
         for r in epochs:
             frames = {
@@ -103,10 +105,9 @@ class MicroBatches:
                 )
                 for name in self.job.source_inputs
             }
-            stats = self._execute(
-                tag_and_union(self.job, frames), self._plan(r.epoch, None, emit=False)
-            )
-            self.progress.fold(stats)
+            plan = self._plan(r.epoch, None, emit=False, processing_time=r.processing_time)
+            stats = self._execute(tag_and_union(self.job, frames), plan)
+            self.progress.fold(stats, plan.processing_time)
             records += sum(s.records for s in stats)
         self.state.replayed(len(epochs))
         self.log(
@@ -114,7 +115,14 @@ class MicroBatches:
             "without output: the sinks had committed them"
         )
 
-    def _plan(self, epoch: int, checkpoint_id: int | None, *, emit: bool = True) -> BatchPlan:
+    def _plan(
+        self,
+        epoch: int,
+        checkpoint_id: int | None,
+        *,
+        emit: bool = True,
+        processing_time: int | None = None,
+    ) -> BatchPlan:
         coordinator = self.coordinator
         latest = coordinator.latest_completed if coordinator else None
         incremental = checkpoint_id is not None and self.job.checkpoint.incremental
@@ -130,7 +138,7 @@ class MicroBatches:
             watermarks=dict(self.progress.watermarks),
             compact=self.compaction.subtasks_at(checkpoint_id),
             emit=emit,
-            processing_time=now_ms(),
+            processing_time=now_ms() if processing_time is None else processing_time,
         )
 
     def _execute(self, df, plan: BatchPlan) -> list[SubtaskStats]:
@@ -138,9 +146,11 @@ class MicroBatches:
         subtasks' statistics."""
         return execute(df, plan, self.anchor)
 
-    def _after(self, epoch: int, checkpoint_id: int | None, stats: list[SubtaskStats]) -> int:
-        """Fold the statistics into the progress, record the epoch's end and a barrier's cut,
-        append at-least-once output; returns the records the first stage read."""
+    def _after(self, plan: BatchPlan, stats: list[SubtaskStats]) -> int:
+        """Fold the statistics into the progress, record the epoch's end (and planned
+        processing time) and a barrier's cut, append at-least-once output; returns the records
+        the first stage read."""
+        epoch, checkpoint_id, clock = plan.epoch, plan.checkpoint_id, plan.processing_time
         found = [r.first_bad for r in stats if r.first_bad]
         bad = sum(r.bad_records for r in stats)
         if found and self.job.bad_records == "fail":
@@ -150,9 +160,9 @@ class MicroBatches:
         first = self.job.stages[0].uid
         records = sum(r.records for r in stats if r.stage == first)
         progress = self.progress
-        progress.fold(stats)
+        progress.fold(stats, clock)
         ends = progress.position_copy()
-        uncommitted = self.ends.record(epoch, ends)
+        uncommitted = self.ends.record(epoch, ends, clock)
         if checkpoint_id is not None:
             self.compaction.compacted(checkpoint_id, max(r.compact_ms for r in stats))
             sink_epochs = {s.sink: epoch for s in self.sinks}
@@ -164,11 +174,13 @@ class MicroBatches:
                     dict(progress.watermarks),
                     uncommitted,
                     dict(progress.counters),
+                    self.ends.times(uncommitted),
+                    progress.clocks_copy(),
                 )
             )
         if not self.exactly_once:
             for sink in self.sinks:
-                sink.append_now(epoch, {epoch: ends})
+                sink.append_now(epoch, {epoch: ends}, {epoch: clock})
             self.ends.forget_through(epoch)
         self.state.count_batch(records, sum(r.late_records for r in stats), bad)
         return records

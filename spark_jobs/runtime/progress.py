@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from spark_jobs.job import JobDefinition
 from spark_jobs.runtime.reports import SubtaskStats
-from state.manifest import CheckpointManifest, Positions
+from state.manifest import CheckpointManifest, PartitionClock, PartitionClocks, Positions
 
 
 @dataclass
@@ -25,17 +25,29 @@ class Progress:
     positions: Positions = field(default_factory=dict)
     watermarks: dict[str, int] = field(default_factory=dict)  # per stage uid
     counters: dict[str, int] = field(default_factory=dict)
+    clocks: PartitionClocks = field(default_factory=dict)  # per stage uid, input, partition
 
     def adopt(self, manifest: CheckpointManifest | None) -> None:
-        """Take a restored checkpoint's watermarks (of the stages the job still has) and
-        counters."""
+        """Take a restored checkpoint's watermarks, per-partition clocks (of the stages the job
+        still has) and counters. Folding the epochs after it then gives what an uninterrupted
+        run gave."""
         held = manifest.watermarks if manifest else {}
         self.watermarks = {s.uid: held[s.uid] for s in self.job.stages if s.uid in held}
+        clocks = manifest.partition_clocks if manifest else {}
+        self.clocks = {
+            s.uid: {src: dict(parts) for src, parts in clocks[s.uid].items()}
+            for s in self.job.stages
+            if s.uid in clocks
+        }
         self.counters = dict(manifest.counters) if manifest else {}
 
-    def fold(self, stats: Sequence[SubtaskStats]) -> None:
-        """One micro-batch's subtask statistics into the positions, the stages' watermarks (the
-        largest event time less the stage's lag, never going back) and the counters."""
+    def fold(self, stats: Sequence[SubtaskStats], processing_time: int) -> None:
+        """One micro-batch's subtask statistics into the positions, the stages' watermarks and
+        the counters. ``processing_time``: the one the micro-batch was planned with (a replay
+        passes the epoch's original one), the idleness clock. A stage's watermark is the
+        minimum, over its input partitions that had records within its ``idle_timeout_ms``, of
+        their largest event time less its lag; it never goes back, and holds while every
+        partition is idle."""
         for r in stats:
             for source, parts in r.positions.items():
                 current = self.positions.setdefault(source, {})
@@ -43,13 +55,27 @@ class Progress:
                     current[part] = max(current.get(part, 0), end)
         for stage in self.job.stages:
             lag = stage.watermark_lag_ms()
-            times = [
-                r.max_event_time
-                for r in stats
-                if r.stage == stage.uid and r.max_event_time is not None
+            if lag is None:
+                continue
+            clocks = self.clocks.setdefault(stage.uid, {})
+            for r in stats:
+                if r.stage != stage.uid:
+                    continue
+                for source, parts in r.event_times.items():
+                    inputs = clocks.setdefault(source, {})
+                    for part, high in parts.items():
+                        old = inputs.get(part)
+                        top = high if old is None else max(old.max_event_time, high)
+                        inputs[part] = PartitionClock(top, processing_time)
+            idle = stage.idle_timeout_ms
+            active = [
+                c.max_event_time
+                for parts in clocks.values()
+                for c in parts.values()
+                if idle is None or processing_time - c.last_records_ms < idle
             ]
-            if lag is not None and times:
-                candidate = max(times) - lag
+            if active:
+                candidate = min(active) - lag
                 self.watermarks[stage.uid] = max(
                     self.watermarks.get(stage.uid, candidate), candidate
                 )
@@ -62,3 +88,7 @@ class Progress:
 
     def position_copy(self) -> Positions:
         return {k: dict(v) for k, v in self.positions.items()}
+
+    def clocks_copy(self) -> PartitionClocks:
+        """The per-partition clocks, for a cut (the clocks themselves are immutable)."""
+        return {uid: {s: dict(p) for s, p in inputs.items()} for uid, inputs in self.clocks.items()}

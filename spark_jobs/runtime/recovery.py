@@ -32,11 +32,13 @@ from state.manifest import CheckpointManifest, Positions
 
 @dataclass(frozen=True)
 class ReplayEpoch:
-    """One committed micro-batch to run again silently: its epoch and source ranges."""
+    """One committed micro-batch to run again silently: its epoch, source ranges and the
+    processing time it was planned with."""
 
     epoch: int
     start: Positions
     end: Positions
+    processing_time: int
 
 
 @dataclass
@@ -94,14 +96,22 @@ def restore_placed(
 
 
 def replay_epochs(
-    manifest: CheckpointManifest, through: int, ends: dict[int, Positions]
+    manifest: CheckpointManifest,
+    through: int,
+    ends: dict[int, Positions],
+    times: dict[int, int] | None = None,
 ) -> list[ReplayEpoch]:
     """The micro-batches after ``manifest``'s cut up to epoch ``through``, each from where the
-    previous one ended (``ends``: source positions at the end of each epoch)."""
+    previous one ended (``ends``: source positions at the end of each epoch), with its planned
+    processing time (``times``). An epoch committed by an older Cutline, which did not record
+    it, takes the previous epoch's (the checkpoint's trigger time for the first): no partition
+    goes idle in it that was not idle before."""
     out, start = [], manifest.source_positions
+    clock = manifest.trigger_time_ms
     for epoch in range(manifest.batch_id + 1, through + 1):
         end = {src: {**start.get(src, {}), **parts} for src, parts in ends[epoch].items()}
-        out.append(ReplayEpoch(epoch, start, end))
+        clock = (times or {}).get(epoch, clock)
+        out.append(ReplayEpoch(epoch, start, end, clock))
         start = end
     return out
 

@@ -9,7 +9,7 @@ Executors import this module: it imports nothing of the driver's.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from state.manifest import Positions
@@ -31,6 +31,9 @@ class SubtaskStats:
     max_event_time: int | None  # of the records applied; None without event time or records
     bad_records: int
     first_bad: dict[str, Any] | None  # the dead-letter row of the first bad record, if any
+    # per input (source, or upstream stage) and partition (or upstream subtask): the largest
+    # event time of the well-formed records applied; empty without event time or records
+    event_times: Positions = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

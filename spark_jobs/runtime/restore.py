@@ -85,7 +85,8 @@ class AttemptRestore:
         )
         if m is not None and epoch_of(m) < target:
             ends = self.ends.committed_through(m, target, self.sinks)
-            self.batches.replay(replay_epochs(m, target, ends))
+            times = self.ends.replay_times(m)
+            self.batches.replay(replay_epochs(m, target, ends, times))
         self.catalog.set_restored(job.name, attempt, m.checkpoint_id if m else None, allocation)
         if m is not None:
             row = recovery_row(

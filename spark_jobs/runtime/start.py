@@ -281,7 +281,9 @@ def recover_sinks(
         if manifest is not None and job.checkpoint.mode == EXACTLY_ONCE:
             epoch = manifest.sink_epochs.get(sink.sink, manifest.batch_id)
             ends = {int(e): p for e, p in manifest.epoch_ends.items()}
-            redone = sink.commit_through(epoch, ends, staged_by=manifest.attempt)
+            redone = sink.commit_through(
+                epoch, ends, staged_by=manifest.attempt, times=manifest.epoch_times
+            )
             if redone:
                 log(f"sink {sink.sink}: epoch {epoch} commit redone ({redone} rows were missing)")
         sink.discard_other_attempts()

@@ -285,6 +285,7 @@ def run_subtask(
         compact_ms=compact_ms,
         late_records=result.late_records,
         max_event_time=result.max_event_time,
+        event_times=result.event_times,
         bad_records=bad.num_rows,
         first_bad=first_bad(bad),
     )

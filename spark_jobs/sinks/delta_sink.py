@@ -96,23 +96,7 @@ class DeltaSinkWriter:
         infos. Raises ``LookupError`` naming the epochs the history does not cover."""
         committed = self.committed_epoch()
         wanted = set(range(after + 1, committed + 1))
-        if not wanted:
-            return {}
-        dt = self._table()
-        found: dict[int, Positions] = {}
-        limit = 64
-        while True:
-            history = dt.history(limit)
-            for entry in history:
-                info = entry.get("cutline")
-                if not info:
-                    continue
-                for epoch, ends in json.loads(info).get("epochs", {}).items():
-                    if int(epoch) in wanted:
-                        found[int(epoch)] = ends
-            if wanted <= found.keys() or len(history) < limit:
-                break
-            limit *= 8
+        found = self._from_history("epochs", wanted)
         missing = sorted(wanted - found.keys())
         if missing:
             raise LookupError(
@@ -120,6 +104,34 @@ class DeltaSinkWriter:
                 f"{missing[0]}..{missing[-1]} ended"
             )
         return {e: found[e] for e in sorted(wanted)}
+
+    def committed_times(self, after: int) -> dict[int, int]:
+        """The planned processing time of each committed epoch above ``after`` whose commit
+        recorded it (commits of older Cutlines did not)."""
+        wanted = set(range(after + 1, self.committed_epoch() + 1))
+        return {int(e): int(t) for e, t in sorted(self._from_history("times", wanted).items())}
+
+    def _from_history(self, key: str, wanted: set[int]) -> dict[int, Any]:
+        """The entries for ``wanted`` epochs of the commit infos' ``key`` map, newest first
+        until all are found or the history ends."""
+        if not wanted:
+            return {}
+        dt = self._table()
+        found: dict[int, Any] = {}
+        limit = 64
+        while True:
+            history = dt.history(limit)
+            for entry in history:
+                info = entry.get("cutline")
+                if not info:
+                    continue
+                for epoch, value in json.loads(info).get(key, {}).items():
+                    if int(epoch) in wanted:
+                        found[int(epoch)] = value
+            if wanted <= found.keys() or len(history) < limit:
+                break
+            limit *= 8
+        return found
 
     # -- staging -----------------------------------------------------------------------------
 
@@ -169,13 +181,18 @@ class DeltaSinkWriter:
         self._conditional_commit(lambda committed: (None, None, None))
 
     def commit_through(
-        self, epoch: int, ends: dict[int, Positions], *, staged_by: int | None = None
+        self,
+        epoch: int,
+        ends: dict[int, Positions],
+        *,
+        staged_by: int | None = None,
+        times: dict[int, int] | None = None,
     ) -> int:
         """Commit every epoch up to ``epoch`` that attempt ``staged_by`` (default: this one)
-        staged and the table lacks, with the end positions of the epochs it covers (``ends``);
-        returns the rows committed. Epochs without output are committed too (a commit of no
-        rows), so the table's history says where every committed epoch ended. Repeating it
-        commits nothing twice."""
+        staged and the table lacks, with the end positions and planned processing times of the
+        epochs it covers (``ends``, ``times``); returns the rows committed. Epochs without
+        output are committed too (a commit of no rows), so the table's history says where every
+        committed epoch ended. Repeating it commits nothing twice."""
         attempt = self.attempt if staged_by is None else staged_by
         staged = [e for e in self.staged_epochs(attempt) if e <= epoch]
         everything = self._staged(attempt, staged)  # read once; each try takes what is new
@@ -188,7 +205,8 @@ class DeltaSinkWriter:
                 data = everything.filter(pc.greater(everything[EPOCH_COLUMN], committed))
             rows = data.num_rows if data is not None else 0
             covered = {str(e): ends[e] for e in sorted(ends) if committed < e <= epoch}
-            info = {"attempt": self.attempt, "epochs": covered, "rows": rows}
+            clock = {str(e): t for e, t in sorted((times or {}).items()) if committed < e <= epoch}
+            info = {"attempt": self.attempt, "epochs": covered, "rows": rows, "times": clock}
             return (data if rows else None), (epoch, info), rows
 
         with self._lock:
@@ -196,7 +214,9 @@ class DeltaSinkWriter:
             self._drop_staged(attempt, staged)
         return rows
 
-    def append_now(self, epoch: int, ends: dict[int, Positions]) -> int:
+    def append_now(
+        self, epoch: int, ends: dict[int, Positions], times: dict[int, int] | None = None
+    ) -> int:
         """At-least-once: append epoch ``epoch``'s output immediately (no skip of replays)."""
 
         data = self._staged(self.attempt, [epoch])
@@ -205,6 +225,8 @@ class DeltaSinkWriter:
             if data is None:
                 return None, None, 0
             info = {"attempt": self.attempt, "epochs": {str(epoch): ends.get(epoch, {})}}
+            if times and epoch in times:
+                info["times"] = {str(epoch): times[epoch]}
             return data, (max(epoch, committed), info), data.num_rows
 
         with self._lock:

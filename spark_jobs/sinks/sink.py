@@ -34,15 +34,27 @@ class Sink(Protocol):
     def committed_ends(self, after: int) -> dict[int, Positions]:
         """Where each committed epoch above ``after`` ended; ``LookupError`` if unknown."""
 
+    def committed_times(self, after: int) -> dict[int, int]:
+        """The planned processing time of each committed epoch above ``after``, where the
+        commit recorded it."""
+
     def discard_other_attempts(self) -> None:
         """Drop what other attempts staged."""
 
     def commit_through(
-        self, epoch: int, ends: dict[int, Positions], *, staged_by: int | None = None
+        self,
+        epoch: int,
+        ends: dict[int, Positions],
+        *,
+        staged_by: int | None = None,
+        times: dict[int, int] | None = None,
     ) -> int:
-        """Commit the staged epochs up to ``epoch`` not yet committed; the rows committed."""
+        """Commit the staged epochs up to ``epoch`` not yet committed, recording the ends and
+        planned processing times (``times``) of those epochs; the rows committed."""
 
-    def append_now(self, epoch: int, ends: dict[int, Positions]) -> int:
+    def append_now(
+        self, epoch: int, ends: dict[int, Positions], times: dict[int, int] | None = None
+    ) -> int:
         """At least once: commit epoch ``epoch`` now; the rows committed."""
 
     def reset(self) -> int:
