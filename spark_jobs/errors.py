@@ -118,3 +118,51 @@ def carry_to_driver() -> Iterator[None]:
         yield
     except NonRetryableError as e:
         raise TaskError(mark_task_error(e)) from e
+
+
+_NOISE = (  # where Spark's and py4j's wrapping of a failure starts, on its first line
+    "[STREAM_FAILED]",
+    "An exception was raised by the Python Proxy",
+    "Traceback (most recent call last)",
+    "org.apache.spark.",
+    "Job aborted due to stage failure",
+    "py4j.protocol.",
+)
+_TASK = re.compile(r"Lost task ([\d.]+) in stage ([\d.]+)")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.MULTILINE)
+_EXCEPTION = re.compile(r"^(?:Caused by: )?[A-Za-z_][\w.$]*(?:Error|Exception|Exit)\w*(?::|$)")
+_TRACE_END = re.compile(r"\n(?:\tat |Driver stacktrace|=== Streaming Query ===)")
+_SQLSTATE = re.compile(r"\s*SQLSTATE: \w+\s*$")
+_DISK_FULL = re.compile(r"\[Errno 28\] No space left on device(?:: '([^']*)')?")
+
+
+def failure_summary(text: str, limit: int = 1000) -> str:
+    """One line a person reads for a failure's text (``failure_reason`` in the catalog, the
+    driver's last line): a clean first line (a bad record, a user function that raised) as it
+    is; a py4j or Spark trace as what failed, the task and stage, the exception and where the
+    innermost Python frame raised it; a full disk as the path that could not be written."""
+    lines = text.strip().splitlines()
+    first = lines[0] if lines else ""
+    cut = min((i for i in (first.find(m) for m in _NOISE) if i >= 0), default=-1)
+    if cut < 0:
+        return first[:limit]
+    head = first[:cut].rstrip(" :") or "failed"
+    task = _TASK.search(text)
+    if task:
+        head += f" (task {task.group(1)} in stage {task.group(2)})"
+    trace_at = text.rfind("Traceback (most recent call last)")
+    if trace_at >= 0:  # Python's: its last exception line, before the Java frames
+        trace = text[trace_at:]
+        trace = trace[: m.start()] if (m := _TRACE_END.search(trace)) else trace
+        found = [ln for ln in trace.splitlines() if _EXCEPTION.match(ln)][-1:]
+    else:  # the JVM's: its root cause
+        trace = ""
+        found = [ln for ln in lines if ln.startswith("Caused by: ")][-1:]
+    error = _SQLSTATE.sub("", found[0].removeprefix("Caused by: ")) if found else first[cut:]
+    if full := _DISK_FULL.search(text):
+        error = "disk full: no space left on device" + (f" writing {full[1]}" if full[1] else "")
+    where = ""
+    if frames := _FRAME.findall(trace):
+        path, line, function = frames[-1]
+        where = f" (at {'/'.join(path.split('/')[-2:])}:{line} in {function})"
+    return f"{head}: {error}{where}"[:limit]

@@ -39,6 +39,7 @@ from spark_jobs.catalog.tables import (
     read_delta,
     rs_literal,
 )
+from spark_jobs.errors import failure_summary
 from state.catalog import CheckpointCatalog, CheckpointStatus, CompletedCheckpoint, FencedError
 
 _ATTEMPT_SHIFT = 32
@@ -312,12 +313,14 @@ class DeltaCatalog(CatalogReader, CheckpointCatalog):
         self._rs_update("streaming_jobs", condition, **values)
 
     def set_job_status(self, job_id: str, attempt: int, status: str, reason: str = "") -> None:
+        """End the attempt with ``status``; ``reason`` is kept as one clean line
+        (``failure_summary``: the full trace is in the run's log)."""
         self._update_attempt(
             job_id,
             attempt,
             status=status,
             ended_ms=now_ms(),
-            failure_reason=reason[:2000],
+            failure_reason=failure_summary(reason),
         )
 
     def set_restored(
