@@ -48,10 +48,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="cutline-soak-"))
     home = work / "home"
     cli = [sys.executable, "-m", "spark_jobs.cli", "--home", str(home)]
-    per_partition = int(args.rate * args.minutes * 60 / 2)
+    total = int(args.rate * args.minutes * 60)
     with StandaloneCluster(work / "cluster") as cluster:
         generator = subprocess.Popen(
-            [*cli, "generate", "clicks", "--count", str(per_partition), "--rate", str(args.rate),
+            [*cli, "generate", "clicks", "--count", str(total), "--rate", str(args.rate),
              "--seed", "7", "--users", "20000"],
             cwd=ROOT,
         )  # fmt: skip

@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
 def _generator(home: Path, kind: str, rate: float) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "spark_jobs.cli", "--home", str(home), "generate", kind,
-         "--count", "10000000", "--rate", str(rate)],
+         "--count", "20000000", "--rate", str(rate)],
         cwd=ROOT,
         start_new_session=True,
     )  # fmt: skip

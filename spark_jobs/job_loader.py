@@ -102,3 +102,9 @@ def ship_user_code(job: JobDefinition) -> list[str]:
         cloudpickle.register_pickle_by_value(sys.modules[module])
         shipped.append(module)
     return shipped
+
+
+def job_name_of(ref: str) -> str:
+    """The name of the job ``ref`` names: a ``module:attr`` reference is loaded for its job's
+    name; a name is taken as it is (the read-only commands list jobs no longer installed)."""
+    return load_reference(ref).name if ":" in ref else ref

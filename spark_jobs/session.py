@@ -5,13 +5,20 @@ Packages resolve through Ivy into a local cache (``$CUTLINE_IVY_DIR``, default
 as in ``~/.m2/settings.xml``). The first start records the jars it resolved; later starts with
 the same packages pass those files as ``spark.jars`` and skip the resolution. ``local[*]``
 unless a master is given.
+
+Quiet (the ``cutline`` command unless ``--verbose``): the driver logs through
+``log4j2-quiet.properties`` (warnings and errors, without the start-up ones), and the output of
+the JVM's start in a local driver (Ivy's resolution report, the JDK's notices) is held back and
+shown only if the session fails to start.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +91,7 @@ def session_conf(
     kafka: bool = False,
     shuffle_partitions: int = 4,
     extra: Mapping[str, str] | None = None,
+    quiet: bool = False,
 ) -> dict[str, str]:
     """The configuration :func:`build_spark` applies (``extra`` wins)."""
     packages = [delta_package()] + (kafka_packages() if kafka else [])
@@ -125,6 +133,8 @@ def session_conf(
     repo = os.environ.get("CUTLINE_MAVEN_REPO")
     if repo:
         conf["spark.jars.repositories"] = repo
+    if quiet:
+        conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={QUIET_LOG4J}"
     conf.update(extra or {})
     jars = resolved_jars(conf)
     if jars:  # resolved before: the same jars, without Ivy's resolution at every start
@@ -133,6 +143,8 @@ def session_conf(
         conf["spark.jars"] = ",".join(jars)
     return conf
 
+
+QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
 
 # What Ivy's resolution depends on; a start with the same values gets the same jars.
 RESOLUTION_KEYS = ("spark.jars.packages", "spark.jars.excludes", "spark.jars.repositories")
@@ -197,23 +209,66 @@ def build_spark(
     kafka: bool = False,
     shuffle_partitions: int = 4,
     extra: Mapping[str, str] | None = None,
+    quiet: bool = False,
 ) -> SparkSession:
-    """Get or create the session; raises ``JavaMissingError`` with a clear message without Java."""
+    """Get or create the session (``quiet``: see the module docstring); raises
+    ``JavaMissingError`` with a clear message without Java."""
     require_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if not launched_by_spark_submit():  # otherwise spark-submit applied submit_command()'s conf
         applied = session_conf(
-            master, kafka=kafka, shuffle_partitions=shuffle_partitions, extra=extra
+            master, kafka=kafka, shuffle_partitions=shuffle_partitions, extra=extra, quiet=quiet
         )
         for key, value in applied.items():
             builder = builder.config(key, value)
-        spark = builder.getOrCreate()
+        if quiet:
+            with jvm_start_output_held():
+                spark = builder.getOrCreate()
+        else:
+            spark = builder.getOrCreate()
         if applied.get("spark.jars.packages"):  # resolved by Ivy in this start
             remember_resolved_jars(applied, spark.sparkContext.getConf().get("spark.jars") or "")
         return spark
     return builder.getOrCreate()
+
+
+@contextmanager
+def jvm_start_output_held() -> Iterator[None]:
+    """A JVM launched inside inherits a stderr that is a pipe: what it writes until the block
+    ends (Ivy's resolution report, the JDK's notices) is held, and printed only if the block
+    raises; what it writes later is passed on to the real stderr. Python's own writes to
+    ``sys.stderr`` are not held."""
+    sys.stderr.flush()
+    real = os.dup(2)
+    read_end, write_end = os.pipe()
+    held: list[bytes] = []
+    started = threading.Event()
+
+    def forward() -> None:
+        with os.fdopen(read_end, "rb") as pipe:
+            for line in pipe:
+                if started.is_set():
+                    os.write(real, line)
+                else:
+                    held.append(line)
+
+    threading.Thread(target=forward, name="jvm-stderr", daemon=True).start()
+    python_stderr = sys.stderr
+    sys.stderr = open(real, "w", closefd=False)  # noqa: SIM115 (restored below)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        yield
+    except BaseException:
+        os.write(real, b"".join(held))
+        raise
+    finally:
+        started.set()
+        os.dup2(real, 2)
+        sys.stderr.flush()
+        sys.stderr = python_stderr
 
 
 def launched_by_spark_submit() -> bool:
@@ -240,6 +295,7 @@ def submit_command(
     *,
     kafka: bool = False,
     extra: Mapping[str, str] | None = None,
+    quiet: bool = False,
 ) -> SubmitCommand:
     """``spark-submit`` of the ``cutline`` CLI with ``app_args``, configured by
     :func:`session_conf` (the same master, packages and conf as :func:`build_spark`), using the
@@ -248,7 +304,7 @@ def submit_command(
 
     home = spark_home()
     argv = [str(home / "bin" / "spark-submit")]
-    for key, value in session_conf(master, kafka=kafka, extra=extra).items():
+    for key, value in session_conf(master, kafka=kafka, extra=extra, quiet=quiet).items():
         argv += ["--conf", f"{key}={value}"]
     env = {"SPARK_HOME": str(home), "PYSPARK_PYTHON": sys.executable}
     return SubmitCommand([*argv, cli.__file__, *app_args], env)

@@ -128,7 +128,7 @@ def test_a_running_job_compacts_when_asked_and_then_restores_from_fewer_files(tm
     (home / "log").mkdir(parents=True)
     generator = subprocess.Popen(
         [sys.executable, "-m", "spark_jobs.cli", "--home", str(home), "generate", "clicks",
-         "--count", "90000", "--rate", "3000", "--users", "5000"],
+         "--count", "180000", "--rate", "3000", "--users", "5000"],
         cwd=ROOT,
     )  # fmt: skip
     reader = CatalogReader(RuntimePaths.under(home).warehouse)

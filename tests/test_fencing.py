@@ -46,7 +46,7 @@ def attempts(home) -> list[dict]:
 
 
 def feed(home, count: int, rate: float) -> subprocess.Popen:
-    """Append ``count`` clicks per partition at ``rate`` records/s, in the background."""
+    """Append ``count`` clicks in all (2 partitions) at ``rate`` records/s, in the background."""
     return subprocess.Popen(
         [sys.executable, "-m", "spark_jobs.cli", "--home", str(home), "generate", "clicks",
          "--count", str(count), "--rate", str(rate), "--users", "3000", "--seed", "7"],
@@ -84,7 +84,7 @@ def test_a_zombie_attempt_commits_nothing_once_a_newer_one_started(tmp_path):
     arrives and a second attempt starts; it is never killed."""
     home = tmp_path / "home"
     generate(home / "log", "clicks", "clicks", count=8_000, seed=7, users=3_000)
-    generator = feed(home, 30_000, 2_000.0)
+    generator = feed(home, 60_000, 2_000.0)
     zombie = cutline(
         home, "run", JOB, *RUN, env={"CUTLINE_FAULT_UPLOAD_DELAY_S": "4"}, log=home / "zombie.log"
     )

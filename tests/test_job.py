@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from spark_jobs.cli import build_parser, job_for_run
+from spark_jobs.cli import build_parser
+from spark_jobs.cli_commands import job_for_run
 from spark_jobs.job import DeltaSink, JobDefinitionError, LogSource, Transform
 from spark_jobs.job_loader import get_job, job_names
 from spark_jobs.operators import KeyedAggregate, WindowedAggregate

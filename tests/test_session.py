@@ -1,8 +1,20 @@
-"""The session factory's configuration: packages through Ivy, resolved once."""
+"""The session factory's configuration: packages through Ivy, resolved once; quiet starts."""
 
 from __future__ import annotations
 
-from spark_jobs.session import delta_package, remember_resolved_jars, session_conf
+import subprocess
+import sys
+import time
+
+import pytest
+
+from spark_jobs.session import (
+    QUIET_LOG4J,
+    delta_package,
+    jvm_start_output_held,
+    remember_resolved_jars,
+    session_conf,
+)
 
 
 def test_jars_resolved_once_are_passed_as_files_while_they_exist(tmp_path, monkeypatch):
@@ -54,3 +66,38 @@ def test_a_configuration_with_jars_of_its_own_always_resolves(tmp_path, monkeypa
     again = session_conf("local[2]", extra={"spark.jars": str(own)})
     assert (again["spark.jars.packages"], again["spark.jars"]) == (delta_package(), str(own))
     assert not (tmp_path / "ivy" / "resolved").exists()
+
+
+def test_quiet_sessions_log_through_cutlines_log4j_configuration():
+    conf = session_conf("local[1]", quiet=True)
+    assert conf["spark.driver.extraJavaOptions"] == f"-Dlog4j2.configurationFile={QUIET_LOG4J}"
+    assert QUIET_LOG4J.is_file() and "spark.driver.extraJavaOptions" not in session_conf()
+
+
+def _child_writes(text: str) -> subprocess.Popen:
+    """A process that inherits stderr, as the JVM does, and keeps it: it writes ``text`` now
+    and ``later`` once its stdin closes."""
+    code = f"import sys; sys.stderr.write({text!r}); sys.stderr.flush(); sys.stdin.read(); "
+    code += "sys.stderr.write('later\\n')"
+    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+
+
+def test_the_jvms_start_up_output_is_held_and_its_later_output_passed_on(capfd):
+    with jvm_start_output_held():
+        child = _child_writes(":: resolution report ::\n")
+        time.sleep(0.5)
+        print("cutline's own line", file=sys.stderr)
+    child.communicate()
+    time.sleep(0.2)
+    err = capfd.readouterr().err
+    assert "resolution report" not in err
+    assert "cutline's own line" in err and "later" in err
+
+
+def test_the_held_output_is_shown_when_the_start_fails(capfd):
+    with pytest.raises(RuntimeError), jvm_start_output_held():
+        child = _child_writes("Error: JAVA_HOME is not set\n")
+        time.sleep(0.5)
+        raise RuntimeError("the session did not start")
+    child.communicate()
+    assert "JAVA_HOME is not set" in capfd.readouterr().err

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from orchestration.resources import CutlinePaths, S3Resource, SparkSubmit
-from spark_jobs.cli import _paths, build_parser
+from spark_jobs.cli import build_parser
+from spark_jobs.cli_commands import runtime_paths
 from spark_jobs.errors import ConfigurationError
 from spark_jobs.settings import load_settings
 
@@ -35,12 +36,12 @@ def test_every_process_reads_the_same_settings(deployment):
     assert paths.checkpoint_root == "s3://bucket/checkpoints"  # the file
     assert paths.warehouse == str(deployment / "warehouse")  # the environment wins
     assert paths.local_state_root == str(deployment / "home" / "local-state")  # under home
-    cli = _paths(build_parser().parse_args(["run", "clicks_per_user"]))
+    cli = runtime_paths(build_parser().parse_args(["run", "clicks_per_user"]))
     assert cli == paths == CutlinePaths().paths()
     assert SparkSubmit().master == "spark://127.0.0.1:7077"
     assert S3Resource().endpoint_url == "http://127.0.0.1:9000"
     # a --home on the command line puts every path no flag names under that home
-    mine = _paths(build_parser().parse_args(["--home", str(deployment / "x"), "run", "j"]))
+    mine = runtime_paths(build_parser().parse_args(["--home", str(deployment / "x"), "run", "j"]))
     assert mine.checkpoint_root == str(deployment / "x" / "checkpoints")
 
 

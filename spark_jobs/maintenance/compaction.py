@@ -41,7 +41,7 @@ class CompactionDecision:
 
 
 def request_compaction(
-    job_name: str,
+    job_ref: str,
     paths: RuntimePaths,
     *,
     force: bool = False,
@@ -49,10 +49,12 @@ def request_compaction(
     max_checkpoints: int | None = None,
     dry_run: bool = False,
 ) -> CompactionDecision:
-    """Measure the latest completed checkpoint of ``job_name`` and, where a subtask exceeds the
-    limits (the job's ``compaction_max_*`` unless given; every subtask with ``force``), store a
-    compaction request. An unserved earlier request is replaced."""
-    cfg = get_job(job_name).checkpoint
+    """Measure the latest completed checkpoint of the job ``job_ref`` (a name or ``module:attr``)
+    and, where a subtask exceeds the limits (the job's ``compaction_max_*`` unless given; every
+    subtask with ``force``), store a compaction request. An unserved earlier request is
+    replaced."""
+    job = get_job(job_ref)
+    job_name, cfg = job.name, job.checkpoint
     max_files = cfg.compaction_max_files if max_files is None else max_files
     max_checkpoints = cfg.compaction_max_checkpoints if max_checkpoints is None else max_checkpoints
     rows = CatalogReader(paths.warehouse).checkpoints(job_name, (CheckpointStatus.COMPLETED,))

@@ -65,25 +65,22 @@ class GcReport:
         return asdict(self)
 
 
-def default_grace_s(job_name: str) -> float:
-    """The grace period: a pending checkpoint lives at most its timeout, so its uploads are safe
-    for that long."""
-    return get_job(job_name).checkpoint.timeout_ms / 1000
-
-
 def collect_garbage(
     spark,
-    job_name: str,
+    job_ref: str,
     paths: RuntimePaths,
     *,
     dry_run: bool = False,
     grace_s: float | None = None,
     log=print,
 ) -> GcReport:
-    """One GC pass over ``job_name`` (see the module docstring)."""
+    """One GC pass over the job ``job_ref`` (a name or ``module:attr``, as ``get_job`` takes;
+    see the module docstring). The grace period defaults to the checkpoint timeout: a pending
+    checkpoint lives at most that long, so its uploads are safe for that long."""
     started = time.perf_counter()
-    job = get_job(job_name)
-    grace = default_grace_s(job_name) if grace_s is None else grace_s
+    job = get_job(job_ref)
+    job_name = job.name
+    grace = job.checkpoint.timeout_ms / 1000 if grace_s is None else grace_s
     catalog = DeltaCatalog(spark, paths.warehouse)
     storage = open_storage(paths.checkpoint_root)
     layout = JobLayout(job_name)

@@ -106,9 +106,11 @@ def generate(
     seed: int = 42,
     users: int = 10_000,
     rate: float | None = None,
+    total: bool = False,
 ) -> int:
-    """Append ``count`` records per partition (continuing where the log ends); ``rate`` limits
-    records per second over all partitions. Returns the records written."""
+    """Append ``count`` records per partition, or with ``total`` ``count`` in all spread evenly
+    over the partitions (continuing where the log ends); ``rate`` limits records per second
+    over all partitions. Returns the records written."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if count < 0 or partitions < 1:
@@ -116,7 +118,8 @@ def generate(
     written = 0
     started = time.monotonic()
     done = {p: records_in(root, topic, p) for p in range(partitions)}
-    target = {p: done[p] + count for p in range(partitions)}
+    share = {p: count // partitions + (p < count % partitions) for p in range(partitions)}
+    target = {p: done[p] + (share[p] if total else count) for p in range(partitions)}
     while any(done[p] < target[p] for p in done):
         for p in range(partitions):
             n = min(_CHUNK, target[p] - done[p])

@@ -1,0 +1,249 @@
+"""What the ``cutline`` subcommands do (spark_jobs/cli.py parses the command line): each
+takes its job as ``run`` does, a registered name or ``module:attr``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from spark_jobs.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from spark_jobs.job import JobDefinition
+    from spark_jobs.settings import RuntimePaths, Settings
+
+
+def deployment_settings(args: argparse.Namespace) -> Settings:
+    """The deployment's settings (spark_jobs/settings.py); ``--home`` puts every path that no
+    flag names under that home."""
+    from spark_jobs.settings import load_settings
+
+    settings = load_settings()
+    return settings.at_home(args.home) if args.home else settings
+
+
+def core_demo(args: argparse.Namespace) -> int:
+    from spark_jobs.local_demo import main_demo
+
+    return main_demo(Path(deployment_settings(args).home) / "core-demo")
+
+
+def checkpoints(args: argparse.Namespace) -> int:
+    from spark_jobs.checkpoint_listing import list_checkpoints
+    from spark_jobs.job_loader import job_name_of
+
+    return list_checkpoints(job_name_of(args.job), runtime_paths(args).warehouse, as_json=args.json)
+
+
+def verify(args: argparse.Namespace) -> int:
+    from spark_jobs.checkpoint_listing import verify_checkpoints
+    from spark_jobs.job_loader import job_name_of
+
+    paths = runtime_paths(args)
+    return verify_checkpoints(job_name_of(args.job), paths.checkpoint_root, args.checkpoint_id)
+
+
+def demo(args: argparse.Namespace) -> int:
+    """The main job on the embedded default: generate clicks, run clicks_per_user to the end."""
+    from spark_jobs.cli import build_parser
+    from spark_jobs.sources.generate import generate, records_in
+
+    paths = runtime_paths(args)
+    if records_in(paths.log_root, "clicks", 0) == 0:
+        generate(paths.log_root, "clicks", "clicks", count=100_000, seed=42)
+    home = ["--home", args.home] if args.home else []
+    verbose = ["--verbose"] if args.verbose else []
+    run_args = build_parser().parse_args(
+        [*home, *verbose, "run", "clicks_per_user", "--idle-timeout", "10"]
+    )
+    rc = run(run_args)
+    args.json = False
+    checkpoints(args)
+    print(f"output: Delta table {paths.warehouse}/tables/clicks_per_user")
+    return rc
+
+
+def runtime_paths(args: argparse.Namespace) -> RuntimePaths:
+    """The settings' paths, with any of them overridden by a flag."""
+    paths = deployment_settings(args).paths()
+    overrides = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(paths)
+        if getattr(args, f.name, None)
+    }
+    return dataclasses.replace(paths, **overrides)
+
+
+def job_for_run(args: argparse.Namespace) -> JobDefinition:
+    """The job ``args.job`` (spark_jobs/job_loader.py) with the overrides ``cutline run`` was
+    given."""
+    from spark_jobs.job_loader import get_job
+
+    job = get_job(args.job)
+    checkpoint = {
+        k: v for k, v in (("mode", args.mode), ("interval_ms", args.interval_ms)) if v is not None
+    }
+    if checkpoint:
+        job = dataclasses.replace(job, checkpoint=dataclasses.replace(job.checkpoint, **checkpoint))
+    if args.parallelism is not None:
+        job = dataclasses.replace(job, parallelism=args.parallelism)
+    if args.bad_records is not None:
+        job = dataclasses.replace(job, bad_records=args.bad_records)
+    if args.max_records_per_partition is not None:
+        limit = args.max_records_per_partition
+        job = dataclasses.replace(
+            job,
+            sources=tuple(
+                dataclasses.replace(s, max_records_per_partition=limit) for s in job.sources
+            ),
+        )
+    return job
+
+
+def run(args: argparse.Namespace) -> int:
+    from spark_jobs.events import open_events
+    from spark_jobs.job_loader import ship_user_code
+    from spark_jobs.runtime.run import run_job
+    from spark_jobs.runtime.start import abandon_plan, plan_start_early
+    from spark_jobs.runtime.startup import StartupTimeline
+    from spark_jobs.session import build_spark
+
+    timeline = StartupTimeline()
+    job = job_for_run(args)
+    ship_user_code(job)
+    paths = runtime_paths(args)
+    hints = json.loads(Path(args.hints).read_text()) if args.hints else None
+    restore = None if args.restore == "none" else args.restore
+    if args.reset_sink and restore is not None:
+        raise ConfigurationError("--reset-sink only goes with --restore none (a start-over)")
+    kafka = any(s.needs_kafka_connector for s in job.sources)
+    watch = os.environ.get("CUTLINE_WATCH_PID")
+    master = args.master or deployment_settings(args).spark_master
+    with open_events() as events:
+        events.emit("driver", {"pid": os.getpid()})
+        # the new attempt and its checkpoint are decided while the JVM starts
+        plan = plan_start_early(
+            job,
+            paths,
+            restore,
+            args.run_id,
+            events.log,
+            reset_sink=args.reset_sink,
+            allow_non_restored=args.allow_non_restored_state,
+        )
+        try:
+            spark = build_spark(master, f"cutline-{job.name}", kafka=kafka, quiet=not args.verbose)
+        except BaseException as e:
+            abandon_plan(plan, paths, job.name, f"the Spark session did not start: {e}")
+            raise
+        timeline.mark("spark session")
+        try:
+            summary = run_job(
+                spark,
+                job,
+                paths,
+                plan=plan,
+                restore=restore,
+                reset_sink=args.reset_sink,
+                allow_non_restored=args.allow_non_restored_state,
+                hints=hints,
+                max_batches=args.max_batches,
+                idle_timeout_s=args.idle_timeout,
+                run_id=args.run_id,
+                events=events,
+                watch_pid=int(watch) if watch else None,
+                timeline=timeline,
+                **({"executor_wait_s": args.executor_wait_s} if args.executor_wait_s else {}),
+            )
+        finally:
+            spark.stop()  # Spark's threads log nothing after the run's last line
+        events.emit("finished", {"attempt": summary.attempt, "batches": summary.batches})
+    print(
+        f"{job.name} attempt {summary.attempt}: {summary.batches} micro-batches, "
+        f"{summary.records:,} records, checkpoints {summary.checkpoints}, "
+        f"positions {summary.positions}"
+        + (f", {summary.bad_records} bad records dead-lettered" if summary.bad_records else "")
+        + (
+            f", {summary.replayed_epochs} committed epochs replayed"
+            if summary.replayed_epochs
+            else ""
+        )
+    )
+    return 0
+
+
+def gc(args: argparse.Namespace) -> int:
+    """One retention GC pass over a job's checkpoints (see spark_jobs.maintenance.gc)."""
+    from spark_jobs.job_loader import job_name_of
+    from spark_jobs.maintenance.gc import collect_garbage
+    from spark_jobs.session import build_spark
+
+    master = args.master or deployment_settings(args).spark_master
+    name = job_name_of(args.job)
+    spark = build_spark(master, f"cutline-gc-{name}", quiet=not args.verbose)
+    report = collect_garbage(
+        spark, args.job, runtime_paths(args), dry_run=args.dry_run, grace_s=args.grace_s
+    )
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        verb = "would delete" if args.dry_run else "deleted"
+        print(
+            f"{report.job}: subsumed {report.subsumed}, retained {report.retained}; {verb} "
+            f"{report.files_deleted} files ({report.bytes_reclaimed:,} B); "
+            f"{report.stored_bytes:,} B stored; {report.local_copies_pruned} local copies pruned"
+        )
+    return 0
+
+
+def compact(args: argparse.Namespace) -> int:
+    """Ask a job to compact its state at its next barrier if its chain of files is too long."""
+    from spark_jobs.maintenance.compaction import request_compaction
+
+    d = request_compaction(
+        args.job,
+        runtime_paths(args),
+        force=args.force,
+        max_files=args.max_files,
+        max_checkpoints=args.max_checkpoints,
+        dry_run=args.dry_run,
+    )
+    if args.json:
+        print(json.dumps(d.to_dict()))
+    elif d.latest_checkpoint is None:
+        print(f"{d.job}: no completed checkpoint to measure")
+    else:
+        verb = "would request" if args.dry_run else "requested"
+        print(
+            f"{d.job}: checkpoint {d.latest_checkpoint} references files per subtask "
+            f"{d.files}, uploaded by {d.source_checkpoints} checkpoints; "
+            + (
+                f"{verb} compaction of subtasks {d.requested} ({d.reason})"
+                if d.requested
+                else "within the limits, nothing requested"
+            )
+        )
+    return 0
+
+
+def generate(args: argparse.Namespace) -> int:
+    from spark_jobs.sources.generate import generate
+
+    root = runtime_paths(args).log_root
+    n = generate(
+        root,
+        args.topic or args.kind,
+        args.kind,
+        count=args.count,
+        partitions=args.partitions,
+        total=not args.per_partition,
+        seed=args.seed,
+        users=args.users,
+        rate=args.rate,
+    )
+    print(f"appended {n:,} {args.kind} records to {root}/{args.topic or args.kind}")
+    return 0

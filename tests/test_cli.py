@@ -1,0 +1,60 @@
+"""The command line as a user types it: a job by name or ``module:attr`` for every subcommand,
+global options before or after the subcommand, ``generate --count`` in total. No Spark."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark_jobs.cli import build_parser, main
+from spark_jobs.cli_commands import runtime_paths
+from spark_jobs.sources.generate import records_in
+
+REF = "tests.user_jobs:renamed"  # a job of one's own, registered nowhere; its name is "sessions"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--home", "H", "--warehouse", "W", "run", "j"],
+        ["run", "j", "--home", "H", "--warehouse", "W"],
+        ["--home", "H", "run", "j", "--warehouse", "W"],
+    ],
+)
+def test_global_options_go_before_or_after_the_subcommand(argv, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(argv)
+    assert (args.home, args.warehouse, args.verbose) == ("H", "W", False)
+    paths = runtime_paths(args)
+    assert paths.warehouse == "W" and paths.log_root == str(tmp_path / "H" / "log")
+
+
+def test_verbose_before_or_after_the_subcommand():
+    assert build_parser().parse_args(["--verbose", "gc", "j"]).verbose
+    assert build_parser().parse_args(["gc", "j", "--verbose"]).verbose
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        (["checkpoints"], "no checkpoints of job 'sessions'"),
+        (["verify"], "no checkpoints of job 'sessions'"),
+        (["compact", "--dry-run"], "sessions: no completed checkpoint to measure"),
+    ],
+)
+def test_a_job_reference_works_for_every_subcommand(command, says, tmp_path, capsys):
+    assert main([command[0], REF, *command[1:], "--home", str(tmp_path)]) in (0, 1)
+    assert says in capsys.readouterr().out
+
+
+def test_a_registered_name_works_as_before(tmp_path, capsys):
+    assert main(["--home", str(tmp_path), "checkpoints", "clicks_per_user"]) == 1
+    assert "no checkpoints of job 'clicks_per_user'" in capsys.readouterr().out
+
+
+def test_generate_count_is_the_total_unless_per_partition(tmp_path, capsys):
+    home = ["--home", str(tmp_path)]
+    assert main(["generate", "clicks", "--count", "5", *home]) == 0
+    assert [records_in(tmp_path / "log", "clicks", p) for p in (0, 1)] == [3, 2]
+    assert "appended 5 clicks" in capsys.readouterr().out
+    assert main(["generate", "clicks", "--count", "5", "--per-partition", *home]) == 0
+    assert [records_in(tmp_path / "log", "clicks", p) for p in (0, 1)] == [8, 7]
