@@ -14,6 +14,7 @@ from dagster import (
 from dagster_pyspark import PySparkResource
 from pydantic import Field
 
+from orchestration.metadata import mib
 from orchestration.resources import CutlinePaths
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.job_loader import job_names
@@ -87,10 +88,10 @@ def retention_gc(
                 description="dry run: nothing deleted" if config.dry_run else "retention GC",
                 metadata={
                     "files_deleted": report.files_deleted,
-                    "bytes_reclaimed": report.bytes_reclaimed,
+                    "reclaimed_mib": mib(report.bytes_reclaimed),
                     "live_files": report.shared_files_live,
-                    "live_bytes": report.shared_bytes_live,
-                    "stored_bytes": report.stored_bytes,
+                    "live_mib": mib(report.shared_bytes_live),
+                    "stored_mib": mib(report.stored_bytes),
                     "subsumed": MetadataValue.json(report.subsumed),
                     "retained": MetadataValue.json(report.retained),
                     "local_copies_pruned": report.local_copies_pruned,

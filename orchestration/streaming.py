@@ -33,6 +33,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from orchestration.metadata import MIB, ident, md_table, mib
 from orchestration.partitions import (
     DRIVER_PID_TAG,
     EXIT_CODE_TAG,
@@ -61,13 +62,14 @@ class StreamingRunConfig(Config):
 
 
 def checkpoint_metadata(event: dict[str, Any]) -> dict[str, Any]:
-    """Numeric metadata of a completed checkpoint, plotted by the Dagster UI."""
+    """A completed checkpoint's metadata: sizes in MiB and durations in ms (plotted by the
+    Dagster UI), its identifiers as text."""
     return {
-        "checkpoint_id": int(event["checkpoint_id"]),
-        "batch_id": int(event["batch_id"]),
-        "attempt": int(event["attempt"]),
-        "full_size_bytes": int(event["full_size"]),
-        "uploaded_bytes": int(event["incremental_size"]),
+        "checkpoint_id": ident(event["checkpoint_id"]),
+        "batch_id": ident(event["batch_id"]),
+        "attempt": ident(event["attempt"]),
+        "full_size_mib": mib(event["full_size"]),
+        "uploaded_mib": mib(event["incremental_size"]),
         "file_count": int(event["file_count"]),
         "sync_ms": float(event["sync_ms"]),
         "async_ms": float(event["async_ms"]),
@@ -76,14 +78,41 @@ def checkpoint_metadata(event: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def started_metadata(event: dict[str, Any], first_batch_ms: int) -> dict[str, Any]:
+RESTORE_COLUMNS = ["stage", "subtask", "from", "local files", "local MiB", "remote files",
+                   "remote MiB", "seconds"]  # fmt: skip
+
+
+def started_metadata(
+    event: dict[str, Any], first_batch_ms: int, driver_started_ms: int
+) -> dict[str, Any]:
+    """What an attempt restored: the checkpoint, each subtask's local and remote files and
+    bytes (a table), the time from the driver's start to its first micro-batch."""
     reports = event.get("restore_reports", [])
+    rows = [
+        {
+            "stage": r.get("operator", ""),
+            "subtask": r.get("subtask", ""),
+            "from": r.get("source", ""),
+            "local files": r.get("files_local", 0),
+            "local MiB": f"{r.get('bytes_local', 0) / MIB:.3f}",
+            "remote files": r.get("files_remote", 0),
+            "remote MiB": f"{r.get('bytes_remote', 0) / MIB:.3f}",
+            "seconds": f"{r.get('duration_s', 0.0):.2f}",
+        }
+        for r in reports
+    ]
+    restored = event["restored_from"]
     return {
-        "attempt": int(event["attempt"]),
-        "restored_from": event["restored_from"] if event["restored_from"] is not None else -1,
+        "attempt": ident(event["attempt"]),
+        "restored_from": ident(None if restored is None else f"chk-{restored}"),
         "subtasks_restored_locally": sum(r.get("source") == "local" for r in reports),
         "subtasks_restored_remotely": sum(r.get("source") == "remote" for r in reports),
-        "files_restored": sum(r.get("files_local", 0) + r.get("files_remote", 0) for r in reports),
+        "restored_local_mib": mib(sum(r.get("bytes_local", 0) for r in reports)),
+        "restored_remote_mib": mib(sum(r.get("bytes_remote", 0) for r in reports)),
+        "restore": md_table(rows, RESTORE_COLUMNS, limit=len(rows)),
+        "time_to_first_batch_s": MetadataValue.float(
+            round((first_batch_ms - driver_started_ms) / 1000, 2)
+        ),
         "allocation": MetadataValue.json(event.get("allocation", {})),
         "first_batch_at": MetadataValue.timestamp(first_batch_ms / 1000),
     }
@@ -95,6 +124,7 @@ class _Forwarder:
     def __init__(self, context: OpExecutionContext, job_name: str) -> None:
         self.context, self.job_name = context, job_name
         self.seen = 0
+        self.driver_started_ms = int(time.time() * 1000)  # until the driver says it is up
         self.started: dict[str, Any] | None = None
         self.first_batch_reported = False
         self.checkpoints = 0
@@ -104,6 +134,7 @@ class _Forwarder:
             self.seen += 1
             kind = event.get("kind") if isinstance(event, dict) else None
             if kind == "driver":
+                self.driver_started_ms = int(time.time() * 1000)
                 self.context.instance.add_run_tags(
                     self.context.run_id, {DRIVER_PID_TAG: str(event["pid"])}
                 )
@@ -112,9 +143,9 @@ class _Forwarder:
                 self.started = event
             elif kind == "batch" and self.started and not self.first_batch_reported:
                 self.first_batch_reported = True
-                self._materialize(
-                    "streaming_jobs", started_metadata(self.started, int(time.time() * 1000))
-                )
+                now_ms = int(time.time() * 1000)
+                metadata = started_metadata(self.started, now_ms, self.driver_started_ms)
+                self._materialize("streaming_jobs", metadata)
             elif kind == "checkpoint":
                 self.checkpoints += 1
                 self._materialize("completed_checkpoints", checkpoint_metadata(event))
@@ -203,7 +234,7 @@ def streaming_driver(
         why = "killed by signal " + str(-code) if code < 0 else f"exit code {code}"
         raise Failure(
             description=f"the driver of {job_name} failed ({why})",
-            metadata={"exit_code": code, "checkpoints_completed": forward.checkpoints},
+            metadata={"exit_code": ident(code), "checkpoints_completed": forward.checkpoints},
             allow_retries=False,
         )
 

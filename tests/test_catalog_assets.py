@@ -62,11 +62,12 @@ def test_assets_report_each_table_for_the_partition(finished):
     jobs = metadata("streaming_jobs")
     assert (jobs["attempts"], jobs["latest_status"]) == (1, "FINISHED")
     chk = metadata("completed_checkpoints")
-    assert chk["latest_checkpoint_id"] == summary.checkpoints[-1]
+    assert chk["latest_checkpoint_id"] == str(summary.checkpoints[-1])
+    assert chk["latest_full_size_mib"] > 0 and "full MiB" in chk["checkpoints_table"]
     assert chk["completed"] + chk["subsumed"] == len(summary.checkpoints)
     assert chk["completed"] == min(get_job(JOB).checkpoint.num_retained, len(summary.checkpoints))
     files = metadata("shared_state_files")
-    assert files["live_files"] > 0 and files["live_bytes"] > 0
+    assert files["live_files"] > 0 and files["live_mib"] > 0
 
 
 def check(fn, home) -> tuple[bool, dict]:

@@ -210,7 +210,7 @@ def test_dry_run_deletes_nothing_and_the_dagster_job_reports_what_it_reclaimed(s
     ]
     assert mat.partition == JOB
     assert mat.metadata["files_deleted"].value == dry.files_deleted
-    assert mat.metadata["bytes_reclaimed"].value == dry.bytes_reclaimed
+    assert mat.metadata["reclaimed_mib"].value == round(dry.bytes_reclaimed / 2**20, 3)
     assert len(list(storage.list(JOB))) == len(before) - dry.files_deleted
     verify_retained(paths)
 

@@ -10,18 +10,13 @@ from collections import Counter
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
+from orchestration.metadata import MIB, ident, md_table, mib
 from orchestration.partitions import streaming_job_partitions
 from orchestration.resources import CutlinePaths
 
 GROUP = "cutline_catalog"
-
-
-def _table(rows: list[dict], columns: list[str], limit: int = 10) -> MetadataValue:
-    """The last ``limit`` rows as a Markdown table."""
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for row in rows[-limit:]:
-        lines.append("| " + " | ".join(str(row.get(c, "")) for c in columns) + " |")
-    return MetadataValue.md("\n".join(lines))
+CHECKPOINT_COLUMNS = ["checkpoint_id", "attempt", "batch_id", "status", "full MiB",
+                      "uploaded MiB", "file_count"]  # fmt: skip
 
 
 @asset(
@@ -39,9 +34,9 @@ def streaming_jobs(
     return MaterializeResult(
         metadata={
             "attempts": len(rows),
-            "latest_attempt": latest.get("attempt", 0),
+            "latest_attempt": ident(latest.get("attempt")),
             "latest_status": latest.get("status", "NONE"),
-            "attempts_table": _table(
+            "attempts_table": md_table(
                 rows, ["attempt", "run_id", "status", "restored_from", "failure_reason"]
             ),
             "table": MetadataValue.path(catalog.path("streaming_jobs")),
@@ -72,19 +67,19 @@ def completed_checkpoints(
             "completed": by_status.get("COMPLETED", 0),
             "subsumed": by_status.get("SUBSUMED", 0),
             "corrupt": by_status.get("CORRUPT", 0),
-            "latest_checkpoint_id": latest.checkpoint_id if latest else -1,
-            "latest_full_size_bytes": latest.full_size if latest else 0,
-            "checkpoints_table": _table(
-                [r.to_dict() | {"status": r.status.value} for r in rows],
+            "latest_checkpoint_id": ident(latest.checkpoint_id if latest else None),
+            "latest_full_size_mib": mib(latest.full_size if latest else 0),
+            "checkpoints_table": md_table(
                 [
-                    "checkpoint_id",
-                    "attempt",
-                    "batch_id",
-                    "status",
-                    "full_size",
-                    "incremental_size",
-                    "file_count",
+                    r.to_dict()
+                    | {
+                        "status": r.status.value,
+                        "full MiB": f"{r.full_size / MIB:.3f}",
+                        "uploaded MiB": f"{r.incremental_size / MIB:.3f}",
+                    }
+                    for r in rows
                 ],
+                CHECKPOINT_COLUMNS,
             ),
             "table": MetadataValue.path(catalog.path("completed_checkpoints")),
         }
@@ -107,7 +102,7 @@ def shared_state_files(
     return MaterializeResult(
         metadata={
             "live_files": len(live),
-            "live_bytes": sum(r["size"] for r in live),
+            "live_mib": mib(sum(r["size"] for r in live)),
             "deleted_files": len(rows) - len(live),
             "table": MetadataValue.path(catalog.path("shared_state_files")),
         }

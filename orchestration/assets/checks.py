@@ -18,6 +18,7 @@ from dagster import (
 
 from orchestration.assets.catalog import completed_checkpoints, shared_state_files
 from orchestration.maintenance import RETENTION_INTERVAL_S
+from orchestration.metadata import MIB
 from orchestration.resources import CutlinePaths, S3Resource
 from spark_jobs.job_loader import get_job, job_names
 from state.catalog import CheckpointStatus, CompletedCheckpoint
@@ -140,9 +141,15 @@ def storage_bounded(cutline_paths: CutlinePaths, s3: S3Resource) -> AssetCheckRe
         if bound is None:
             continue
         used = sum(info.size for info in storage.list(name))
-        usage[name] = {"bytes": used, "bound": bound, "window_s": window}
+        usage[name] = {
+            "used_mib": round(used / MIB, 3),
+            "bound_mib": round(bound / MIB, 3),
+            "window_s": window,
+        }
         if used > bound:
-            problems[name] = f"{used:,} B in primary storage, bound {bound:,} B"
+            problems[name] = (
+                f"{used / MIB:,.1f} MiB in primary storage, bound {bound / MIB:,.1f} MiB"
+            )
     return _result(problems, len(jobs), usage=MetadataValue.json(usage))
 
 
