@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml requirements.lock examples/basics/pyproject.toml exampl
 install: $(STAMP)
 
 check-java:
-	@$(BIN)/python -m spark_jobs.java_check
+	@$(BIN)/python -m spark_jobs.deploy.java_check
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,5 +1,6 @@
 """Placement soak: ``clicks_per_user`` with parallelism 4 on the two-worker standalone cluster
-(spark_jobs/standalone.py, hosts 127.0.0.2 and 127.0.0.3) for ``--minutes``, checkpointing every
+(spark_jobs/deploy/standalone.py, hosts 127.0.0.2 and 127.0.0.3) for ``--minutes``, checkpointing
+every
 ``--interval-ms``, while input arrives at ``--rate`` records/s.
 
 Every micro-batch task of a subtask must run on the host that restored it, or it fails on missing
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from spark_jobs.catalog.tables import read_delta  # noqa: E402
-from spark_jobs.standalone import StandaloneCluster  # noqa: E402
+from spark_jobs.deploy.standalone import StandaloneCluster  # noqa: E402
 from tests.reference import check_clicks, read_log  # noqa: E402
 
 JOB = "clicks_per_user"
@@ -47,7 +48,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="cutline-soak-"))
     home = work / "home"
-    cli = [sys.executable, "-m", "spark_jobs.cli", "--home", str(home)]
+    cli = [sys.executable, "-m", "spark_jobs.commands", "--home", str(home)]
     total = int(args.rate * args.minutes * 60)
     with StandaloneCluster(work / "cluster") as cluster:
         generator = subprocess.Popen(

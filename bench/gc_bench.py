@@ -35,10 +35,10 @@ sys.path.insert(0, str(ROOT))
 
 from spark_jobs.catalog.delta_catalog import DeltaCatalog  # noqa: E402
 from spark_jobs.catalog.tables import now_ms  # noqa: E402
+from spark_jobs.deploy.session import build_spark  # noqa: E402
+from spark_jobs.deploy.settings import RuntimePaths  # noqa: E402
 from spark_jobs.job_loader import get_job  # noqa: E402
 from spark_jobs.maintenance.gc import collect_garbage  # noqa: E402
-from spark_jobs.session import build_spark  # noqa: E402
-from spark_jobs.settings import RuntimePaths  # noqa: E402
 from state.catalog import CheckpointStatus, CompletedCheckpoint  # noqa: E402
 from state.handles import StateFile, SubtaskStateHandle  # noqa: E402
 from state.keygroups import key_group_range  # noqa: E402

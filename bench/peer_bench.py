@@ -198,7 +198,7 @@ def start_driver(system: str, home: Path, batch_records: int) -> Driver:
     """Starts one driver of ``system`` on ``home`` in its own process group."""
     env = {**os.environ, "CUTLINE_EVENTS": "stdout", "PYTHONUNBUFFERED": "1"}
     if system == "cutline":
-        cmd = [sys.executable, "-m", "spark_jobs.cli", "--home", str(home), "run", JOB,
+        cmd = [sys.executable, "-m", "spark_jobs.commands", "--home", str(home), "run", JOB,
                "--master", "local[2]",
                "--max-records-per-partition", str(batch_records)]  # fmt: skip
     else:
@@ -251,7 +251,7 @@ def wait_until(predicate, deadline: float, driver: Driver, what: str) -> bool:
 
 def start_gc(home: Path, grace_s: float) -> subprocess.Popen:
     """One retention GC pass (``cutline gc``), as the retention schedule would launch it."""
-    cmd = [sys.executable, "-m", "spark_jobs.cli", "--home", str(home), "gc", JOB,
+    cmd = [sys.executable, "-m", "spark_jobs.commands", "--home", str(home), "gc", JOB,
            "--grace-s", str(grace_s), "--json"]  # fmt: skip
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -393,7 +393,7 @@ def spark_worker(system: str, home: Path, batch_records: int) -> None:
     """A Spark driver running ``system``'s query until killed; prints one line per batch."""
     from pyspark.sql import functions as F
 
-    from spark_jobs.session import build_spark
+    from spark_jobs.deploy.session import build_spark
     from spark_jobs.sources.local_log import register_data_source
 
     spark = build_spark(

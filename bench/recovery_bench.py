@@ -1,5 +1,5 @@
 """Recovery benchmark: restore time on the two-worker standalone cluster (hosts 127.0.0.2 and
-127.0.0.3, spark_jobs/standalone.py) with task-local recovery on and off.
+127.0.0.3, spark_jobs/deploy/standalone.py) with task-local recovery on and off.
 
 For each ``--state-mib`` size, a job with parallelism 4 whose state is the latest 100-byte payload
 of every user (an ``EnrichWithLatest`` table side, so the state is as large as the input says)
@@ -33,14 +33,14 @@ import boto3
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cutline.job import DeltaSink, JobDefinition, LogSource  # noqa: E402
+from cutline.operators import EnrichWithLatest  # noqa: E402
 from spark_jobs.catalog.tables import CatalogReader  # noqa: E402
-from spark_jobs.job import DeltaSink, JobDefinition, LogSource  # noqa: E402
-from spark_jobs.operators import EnrichWithLatest  # noqa: E402
-from spark_jobs.runtime.run import run_job  # noqa: E402
-from spark_jobs.session import build_spark  # noqa: E402
-from spark_jobs.settings import RuntimePaths  # noqa: E402
+from spark_jobs.deploy.session import build_spark  # noqa: E402
+from spark_jobs.deploy.settings import RuntimePaths  # noqa: E402
+from spark_jobs.deploy.standalone import StandaloneCluster  # noqa: E402
+from spark_jobs.driver.run import run_job  # noqa: E402
 from spark_jobs.sources.local_log import append_records  # noqa: E402
-from spark_jobs.standalone import StandaloneCluster  # noqa: E402
 from state.config import CheckpointConfig  # noqa: E402
 from tests.moto_server import MotoServer  # noqa: E402
 

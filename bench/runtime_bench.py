@@ -30,10 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from spark_jobs.catalog.tables import CatalogReader  # noqa: E402
+from spark_jobs.deploy.session import build_spark  # noqa: E402
+from spark_jobs.deploy.settings import RuntimePaths  # noqa: E402
+from spark_jobs.driver.run import run_job  # noqa: E402
 from spark_jobs.job_loader import get_job  # noqa: E402
-from spark_jobs.runtime.run import run_job  # noqa: E402
-from spark_jobs.session import build_spark  # noqa: E402
-from spark_jobs.settings import RuntimePaths  # noqa: E402
 from spark_jobs.sources.generate import generate  # noqa: E402
 
 # "warmup" runs first and is not reported: it absorbs JVM and Python worker warm-up.

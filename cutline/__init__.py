@@ -12,7 +12,7 @@ under the ``cutline.jobs`` entry-point group of your package, or run it as
 ``cutline run my_package.jobs:attr``.
 """
 
-from spark_jobs.job import (
+from cutline.job import (
     DeltaSink,
     JobDefinition,
     JobDefinitionError,
@@ -21,8 +21,8 @@ from spark_jobs.job import (
     LogSource,
     Transform,
 )
-from spark_jobs.keyed_process import SOURCE_COLUMN, KeyedContext, KeyedProcessFunction
-from spark_jobs.operators import EnrichWithLatest, KeyedAggregate, WindowedAggregate
+from cutline.keyed_process import SOURCE_COLUMN, KeyedContext, KeyedProcessFunction
+from cutline.operators import EnrichWithLatest, KeyedAggregate, WindowedAggregate
 from state.config import CheckpointConfig
 from state.state_types import (
     ListStateSpec,

@@ -30,10 +30,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.job import JobDefinition, KeyedProcess
-from spark_jobs.keyed_process import SOURCE_COLUMN, ProcessOperator, key_columns
-from spark_jobs.runtime.dataflow import rekey
-from spark_jobs.runtime.subtask import read_chunks
+from cutline.job import JobDefinition, KeyedProcess
+from cutline.keyed_process import SOURCE_COLUMN, ProcessOperator, key_columns
+from spark_jobs.executor.dataflow import rekey
+from spark_jobs.executor.subtask import read_chunks
 from spark_jobs.sources.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from state.handles import SubtaskStateHandle
 from state.keygroups import key_group_range
@@ -315,7 +315,7 @@ def _tagged(table: pa.Table, source: str) -> pa.Table:
 
 def _chain_job(stages: tuple[KeyedProcess, ...]) -> JobDefinition:
     """The smallest job around a chain of stages: what the runtime's routing reads."""
-    from spark_jobs.job import DeltaSink, LogSource
+    from cutline.job import DeltaSink, LogSource
     from state.config import CheckpointConfig
 
     sources = tuple(LogSource(name, name, "x string") for name in stages[0].inputs)

@@ -28,7 +28,7 @@ from orchestration.sensors.heartbeat import streaming_heartbeat
 from orchestration.sensors.partitions import register_streaming_jobs
 from orchestration.sensors.restore import restore_on_failure
 from orchestration.streaming import streaming_job
-from spark_jobs.session import session_conf
+from spark_jobs.deploy.session import session_conf
 
 defs = Definitions(
     assets=[streaming_jobs, completed_checkpoints, shared_state_files],

@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _generator(home: Path, kind: str, rate: float) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "spark_jobs.cli", "--home", str(home), "generate", kind,
+        [sys.executable, "-m", "spark_jobs.commands", "--home", str(home), "generate", kind,
          "--count", "20000000", "--rate", str(rate)],
         cwd=ROOT,
         start_new_session=True,

@@ -1,6 +1,7 @@
 """Resources: where jobs keep their files, how drivers are submitted to Spark, and S3.
 
-Every field defaults to the deployment's settings (spark_jobs/settings.py: the environment, or the
+Every field defaults to the deployment's settings (spark_jobs/deploy/settings.py: the environment,
+or the
 file ``$CUTLINE_CONFIG``), which the ``cutline`` command reads too; the embedded default puts
 everything under one home directory. A run's resource config overrides them, and a restore run
 carries the failed run's config (orchestration/sensors/restore.py). Credentials for S3 never pass
@@ -11,8 +12,8 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 from spark_jobs.catalog.tables import CatalogReader
-from spark_jobs.session import SubmitCommand, submit_command
-from spark_jobs.settings import RuntimePaths, Settings, load_settings
+from spark_jobs.deploy.session import SubmitCommand, submit_command
+from spark_jobs.deploy.settings import RuntimePaths, Settings, load_settings
 from state.storage import DurableStorage, open_storage
 
 

@@ -46,13 +46,13 @@ class BadRecordError(NonRetryableError):
 
 
 class UserCodeError(NonRetryableError):
-    """A user's stage function raised (spark_jobs/keyed_process.py): the message names the stage
+    """A user's stage function raised (cutline/keyed_process.py): the message names the stage
     and carries the user's traceback; a restore fails the same way until the code is fixed."""
 
 
 class IncompatibleStateError(NonRetryableError):
     """The checkpoint to restore holds state the job cannot take: a stage uid the job lacks, or
-    a state whose stored form changed (spark_jobs/evolution.py)."""
+    a state whose stored form changed (spark_jobs/driver/evolution.py)."""
 
 
 class AttemptFailedError(RuntimeError):

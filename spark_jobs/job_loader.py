@@ -1,12 +1,12 @@
 """Where jobs come from: ``cutline run NAME`` and Dagster find a job
 
 - named ``module:attr`` (``my_package.jobs:sessions``): the attribute is a
-  :class:`~spark_jobs.job.JobDefinition` or a function that returns one;
+  :class:`~cutline.job.JobDefinition` or a function that returns one;
 - registered by an installed package under the ``cutline.jobs`` entry-point group, the entry
   point's name being the job's name (``sessions = "my_package.jobs:sessions"``).
 
 A module that does not import, an attribute that is missing or not a job, and a name nobody
-registered each raise :class:`~spark_jobs.job.JobDefinitionError` saying which.
+registered each raise :class:`~cutline.job.JobDefinitionError` saying which.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import importlib
 import sys
 from importlib.metadata import entry_points
 
-from spark_jobs.job import JobDefinition, JobDefinitionError
+from cutline.job import JobDefinition, JobDefinitionError
 from state.config import ConfigError
 
 ENTRY_POINT_GROUP = "cutline.jobs"

@@ -55,7 +55,7 @@ class CheckpointManifest:
     epoch_ends: dict[int, dict[str, dict[str, int]]] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)  # e.g. bad records so far
     # every stateful stage's uid -> its states' fingerprints (state name -> stored form): what a
-    # restore checks the job against (spark_jobs/evolution.py)
+    # restore checks the job against (spark_jobs/driver/evolution.py)
     stages: dict[str, dict[str, str]] = field(default_factory=dict)
     # the planned processing time (ms) of each epoch in ``epoch_ends``: a replay runs it again
     # with the same clock (absent in older manifests)

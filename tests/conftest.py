@@ -73,7 +73,7 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> DurableStorage:
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session (Delta configured) for every test that needs Spark."""
-    from spark_jobs.session import build_spark
+    from spark_jobs.deploy.session import build_spark
 
     session = build_spark("local[2]", "cutline-tests", kafka=False)
     try:

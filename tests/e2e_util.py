@@ -33,7 +33,7 @@ def cutline(home: Path, *args: str, env: dict[str, str] | None = None, log: Path
     home.mkdir(parents=True, exist_ok=True)
     out = open(log or home / "driver.log", "ab")  # noqa: SIM115 - owned by the process
     return subprocess.Popen(
-        [sys.executable, "-m", "spark_jobs.cli", "--home", str(home), *args],
+        [sys.executable, "-m", "spark_jobs.commands", "--home", str(home), *args],
         cwd=ROOT,
         stdout=out,
         stderr=subprocess.STDOUT,

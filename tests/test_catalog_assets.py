@@ -12,9 +12,9 @@ import orchestration.assets.checks as checks
 from orchestration.assets.catalog import completed_checkpoints, shared_state_files, streaming_jobs
 from orchestration.resources import CutlinePaths, S3Resource
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
+from spark_jobs.deploy.settings import RuntimePaths
+from spark_jobs.driver.run import run_job
 from spark_jobs.job_loader import get_job
-from spark_jobs.runtime.run import run_job
-from spark_jobs.settings import RuntimePaths
 from spark_jobs.sources.generate import generate
 from state.restore import read_manifest
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from spark_jobs.cli import build_parser, main
-from spark_jobs.cli_commands import runtime_paths
+from spark_jobs.commands.handlers import runtime_paths
+from spark_jobs.commands.main import build_parser, main
 from spark_jobs.sources.generate import records_in
 
 REF = "tests.user_jobs:renamed"  # a job of one's own, registered nowhere; its name is "sessions"

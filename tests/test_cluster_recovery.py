@@ -1,4 +1,5 @@
-"""Task-local recovery across hosts, on a two-worker standalone cluster (spark_jobs/standalone.py)
+"""Task-local recovery across hosts, on a two-worker standalone cluster
+(spark_jobs/deploy/standalone.py)
 whose workers are hosts 127.0.0.2 and 127.0.0.3, each with its own local state root.
 
 ``clicks_per_user`` runs with parallelism 4: every micro-batch task of a subtask must run on the
@@ -17,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from spark_jobs.catalog.tables import read_delta
+from spark_jobs.deploy.standalone import StandaloneCluster
 from spark_jobs.sources.generate import generate
-from spark_jobs.standalone import StandaloneCluster
 from tests.e2e_util import (
     checkpoints_so_far,
     cutline,

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from spark_jobs.catalog.tables import CatalogReader
-from spark_jobs.settings import RuntimePaths
+from spark_jobs.deploy.settings import RuntimePaths
 from state.compaction import (
     COMPACT_REQUEST,
     CompactionRequest,
@@ -127,7 +127,7 @@ def test_a_running_job_compacts_when_asked_and_then_restores_from_fewer_files(tm
     job, home = "clicks_per_user", tmp_path / "home"
     (home / "log").mkdir(parents=True)
     generator = subprocess.Popen(
-        [sys.executable, "-m", "spark_jobs.cli", "--home", str(home), "generate", "clicks",
+        [sys.executable, "-m", "spark_jobs.commands", "--home", str(home), "generate", "clicks",
          "--count", "180000", "--rate", "3000", "--users", "5000"],
         cwd=ROOT,
     )  # fmt: skip
@@ -142,7 +142,7 @@ def test_a_running_job_compacts_when_asked_and_then_restores_from_fewer_files(tm
         proc = cutline(home, "run", job, "--idle-timeout", "10")
         wait_for(lambda: reader.recoveries(job), 300, "the first restore", proc)
         asked = subprocess.run(
-            [sys.executable, "-m", "spark_jobs.cli", "--home", str(home), "compact", job,
+            [sys.executable, "-m", "spark_jobs.commands", "--home", str(home), "compact", job,
              "--max-checkpoints", "1", "--json"],
             cwd=ROOT, capture_output=True, text=True, check=True,
         )  # fmt: skip

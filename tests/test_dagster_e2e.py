@@ -128,7 +128,7 @@ def test_dagster_restores_a_users_job_after_driver_kills_and_a_lost_run_process(
     resources = {"cutline_paths": {"checkpoint_root": root}, "s3": {"endpoint_url": s3_server}}
     (home / "log").mkdir(parents=True)
     generator = subprocess.Popen(
-        [sys.executable, "-m", "spark_jobs.cli", "--home", str(home), "generate", "clicks",
+        [sys.executable, "-m", "spark_jobs.commands", "--home", str(home), "generate", "clicks",
          "--count", str(CLICKS), "--partitions", "2", "--rate", str(RATE), "--users", "5000"],
         cwd=ROOT,
     )  # fmt: skip

@@ -10,12 +10,12 @@ import pyarrow as pa
 import pytest
 from cutline_examples.jobs import clicks_per_user
 
+from cutline.job import DeltaSink
+from cutline.keyed_process import SOURCE_COLUMN
+from cutline.operators import KeyedAggregate
 from spark_jobs.errors import ConfigurationError
-from spark_jobs.job import DeltaSink
-from spark_jobs.keyed_process import SOURCE_COLUMN
-from spark_jobs.operators import KeyedAggregate
-from spark_jobs.runtime.dataflow import empty_input, rekey, split_by_subtask
-from spark_jobs.runtime.subtask import KEY_GROUP_COLUMN, SUBTASK_COLUMN, read_chunks
+from spark_jobs.executor.dataflow import empty_input, rekey, split_by_subtask
+from spark_jobs.executor.subtask import KEY_GROUP_COLUMN, SUBTASK_COLUMN, read_chunks
 from spark_jobs.sources.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from state.keygroups import key_group_of, key_group_range, key_groups
 

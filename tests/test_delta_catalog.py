@@ -129,10 +129,10 @@ def test_a_start_is_planned_without_spark_while_the_session_starts(spark, tmp_pa
     and with nothing left to restore the start refuses to begin from nothing."""
     import dataclasses
 
+    from spark_jobs.deploy.settings import RuntimePaths
+    from spark_jobs.driver.attempt_start import plan_start
     from spark_jobs.errors import ConfigurationError, NoRestorableCheckpointError
     from spark_jobs.job_loader import get_job
-    from spark_jobs.runtime.start import plan_start
-    from spark_jobs.settings import RuntimePaths
     from state.handles import StateFile, SubtaskStateHandle
     from state.keygroups import KeyGroupRange
     from state.manifest import CheckpointManifest

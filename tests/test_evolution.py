@@ -1,4 +1,5 @@
-"""Which checkpoints a changed job may restore (spark_jobs/evolution.py), by stage uid and state
+"""Which checkpoints a changed job may restore (spark_jobs/driver/evolution.py), by stage uid and
+state
 fingerprint: nothing a checkpoint holds is dropped without --allow-non-restored-state."""
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ import pytest
 from cutline_examples.jobs import clicks_per_user
 from cutline_sessions.jobs import sessions
 
+from cutline.operators import KeyedAggregate
+from spark_jobs.driver.evolution import check_restorable
 from spark_jobs.errors import IncompatibleStateError, exit_code
-from spark_jobs.evolution import check_restorable
-from spark_jobs.operators import KeyedAggregate
 from state.handles import SubtaskStateHandle
 from state.keygroups import key_group_range
 from state.manifest import CheckpointManifest

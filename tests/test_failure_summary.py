@@ -16,7 +16,7 @@ _call_proxy
     raise e
   File "/work/main/.venv/lib/python3.11/site-packages/pyspark/sql/utils.py", line 162, in call
     self.func(DataFrame(jdf, wrapped_session_jdf), batch_id)
-  File "/work/main/spark_jobs/runtime/micro_batches.py", line 120, in __call__
+  File "/work/main/spark_jobs/driver/micro_batches.py", line 120, in __call__
     self._run_batch(df, batch_id)
   File "/work/main/state/local_copies.py", line 88, in _write_handle
     path.write_bytes(data)
@@ -46,7 +46,7 @@ py4j.protocol.Py4JJavaError: An error occurred while calling o412.collectToPytho
 : org.apache.spark.SparkException: Job aborted due to stage failure: Task 1 in stage 14.0 failed \
 1 times, most recent failure: Lost task 1.0 in stage 14.0 (TID 37) (127.0.0.1 executor driver): \
 org.apache.spark.api.python.PythonException: Traceback (most recent call last):
-  File "/work/main/spark_jobs/runtime/subtask.py", line 210, in run_subtask
+  File "/work/main/spark_jobs/executor/subtask.py", line 210, in run_subtask
     result = operator.apply(records, ctx)
   File "/work/main/state/rocksdb_store.py", line 301, in put
     self._db.put(key, value)

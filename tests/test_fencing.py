@@ -48,7 +48,7 @@ def attempts(home) -> list[dict]:
 def feed(home, count: int, rate: float) -> subprocess.Popen:
     """Append ``count`` clicks in all (2 partitions) at ``rate`` records/s, in the background."""
     return subprocess.Popen(
-        [sys.executable, "-m", "spark_jobs.cli", "--home", str(home), "generate", "clicks",
+        [sys.executable, "-m", "spark_jobs.commands", "--home", str(home), "generate", "clicks",
          "--count", str(count), "--rate", str(rate), "--users", "3000", "--seed", "7"],
         cwd=ROOT,
     )  # fmt: skip

@@ -19,6 +19,7 @@ from orchestration.definitions import defs
 from orchestration.resources import CutlinePaths
 from spark_jobs.catalog.shared_files import SUMMARY
 from spark_jobs.catalog.tables import TABLES, CatalogReader
+from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.job_loader import get_job
 from spark_jobs.maintenance.gc import (
     FAULT_PAUSE,
@@ -26,7 +27,6 @@ from spark_jobs.maintenance.gc import (
     FAULT_PLAN_DELAY_S,
     collect_garbage,
 )
-from spark_jobs.settings import RuntimePaths
 from spark_jobs.sources.generate import generate
 from state.catalog import CheckpointStatus
 from state.compaction import read_request

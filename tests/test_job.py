@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from spark_jobs.cli import build_parser
-from spark_jobs.cli_commands import job_for_run
-from spark_jobs.job import DeltaSink, JobDefinitionError, LogSource, Transform
+from cutline.job import DeltaSink, JobDefinitionError, LogSource, Transform
+from cutline.operators import KeyedAggregate, WindowedAggregate
+from spark_jobs.commands.handlers import job_for_run
+from spark_jobs.commands.main import build_parser
 from spark_jobs.job_loader import get_job, job_names
-from spark_jobs.operators import KeyedAggregate, WindowedAggregate
 
 
 def test_every_job_comes_from_an_installed_package():

@@ -9,10 +9,10 @@ import pyarrow as pa
 import pytest
 from cutline_sessions.jobs import Sessionize, sessions
 
+from cutline.job import KeyedProcess
+from cutline.keyed_process import KeyedProcessFunction, ProcessOperator, UserFunctionError
 from spark_jobs.errors import TaskError, UserCodeError, carry_to_driver, task_error
-from spark_jobs.job import KeyedProcess
-from spark_jobs.keyed_process import KeyedProcessFunction, ProcessOperator, UserFunctionError
-from spark_jobs.runtime.subtask import write_progress
+from spark_jobs.executor.subtask import write_progress
 from state.keygroups import KeyGroupRange
 from state.rocksdb_store import RocksDBStore
 from state.state_types import MapStateSpec, Ttl, ValueStateSpec

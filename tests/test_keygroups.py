@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_jobs.java_check import JavaMissingError, parse_java_version, require_java
+from spark_jobs.deploy.java_check import JavaMissingError, parse_java_version, require_java
 from state import keygroups as kg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -403,7 +403,7 @@ def test_composite_keys_hash_like_spark_hash_of_a_struct(spark, types: tuple[str
 
 def test_java_check_cli_succeeds_here() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "spark_jobs.java_check"],
+        [sys.executable, "-m", "spark_jobs.deploy.java_check"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -460,7 +460,7 @@ def test_java_check_cli_fails_with_old_java(tmp_path: Path) -> None:
     java_home = _fake_java(tmp_path / "jdk-8", 'java version "1.8.0_301"')
     env = {**os.environ, "JAVA_HOME": str(java_home), "PATH": str(tmp_path / "empty")}
     proc = subprocess.run(
-        [sys.executable, "-m", "spark_jobs.java_check"],
+        [sys.executable, "-m", "spark_jobs.deploy.java_check"],
         cwd=ROOT,
         env=env,
         capture_output=True,

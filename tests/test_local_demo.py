@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spark_jobs.cli import main
-from spark_jobs.local_demo import run_demo
+from spark_jobs.commands.local_demo import run_demo
+from spark_jobs.commands.main import main
 from state.catalog import CheckpointStatus
 
 

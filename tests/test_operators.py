@@ -1,4 +1,4 @@
-"""The library operators (spark_jobs/operators.py) on real RocksDB, against simple reference
+"""The library operators (cutline/operators.py) on real RocksDB, against simple reference
 computations, run the way the runtime runs every stage: records in log order, the stage's writes
 committed in one write batch."""
 
@@ -12,16 +12,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import spark_jobs.operators
+import cutline.operators
 from cutline import __all__ as PUBLIC_API
-from spark_jobs.job import KeyedProcess
-from spark_jobs.keyed_process import (
+from cutline.job import KeyedProcess
+from cutline.keyed_process import (
     EVENT_TIMERS,
     OperatorResult,
     ProcessOperator,
     UserFunctionError,
 )
-from spark_jobs.operators import EnrichWithLatest, KeyedAggregate, WindowedAggregate
+from cutline.operators import EnrichWithLatest, KeyedAggregate, WindowedAggregate
 from state.keygroups import KeyGroupRange, key_groups
 from state.rocksdb_store import RocksDBStore
 from state.write_buffer import BufferedTransaction
@@ -63,7 +63,7 @@ class Stage:
 
 
 def test_the_library_uses_only_the_public_api():
-    tree = ast.parse(inspect.getsource(spark_jobs.operators))
+    tree = ast.parse(inspect.getsource(cutline.operators))
     imported = {
         (node.module, alias.name)
         for node in ast.walk(tree)

@@ -3,7 +3,7 @@ host takes along."""
 
 from __future__ import annotations
 
-from spark_jobs.runtime.placement import lost_subtasks, preferred_hosts, spark_host_for
+from spark_jobs.driver.placement import lost_subtasks, preferred_hosts, spark_host_for
 
 
 def test_a_hinted_host_is_preferred_only_where_an_executor_runs():

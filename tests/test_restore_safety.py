@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from spark_jobs.driver.attempt_start import sink_writers
 from spark_jobs.job_loader import get_job
-from spark_jobs.runtime.start import sink_writers
 from spark_jobs.sources.generate import generate
 from state.manifest import CheckpointManifest
 from tests.e2e_util import completed_checkpoints, cutline, finish, last_line, report, run_to_end

@@ -1,5 +1,5 @@
-"""The driver's shared state hammered from many threads at once (spark_jobs/runtime/run_state.py,
-the compaction request in runtime/barrier.py, runtime/epoch_ends.py): the first failure stands
+"""The driver's shared state hammered from many threads at once (spark_jobs/driver/run_state.py,
+the compaction request in driver/barrier.py, driver/epoch_ends.py): the first failure stands
 whole, no count or checkpoint is lost, a compaction request is served by exactly one checkpoint,
 a sink's history is read once per checkpoint. The switch interval is cut to a microsecond, and
 in the code under test a thread gives up the interpreter between bytecodes at random
@@ -22,10 +22,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from spark_jobs.driver.barrier import CompactionRequests
+from spark_jobs.driver.epoch_ends import EpochEnds
+from spark_jobs.driver.run_state import RunState
 from spark_jobs.errors import IncompatibleStateError, exit_code, mark_task_error
-from spark_jobs.runtime.barrier import CompactionRequests
-from spark_jobs.runtime.epoch_ends import EpochEnds
-from spark_jobs.runtime.run_state import RunState
 from state.compaction import CompactionRequest, read_request, write_request
 from state.paths import JobLayout
 from state.storage import open_storage

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from spark_jobs.session import (
+from spark_jobs.deploy.session import (
     QUIET_LOG4J,
     delta_package,
     jvm_start_output_held,

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from orchestration.resources import CutlinePaths, S3Resource, SparkSubmit
-from spark_jobs.cli import build_parser
-from spark_jobs.cli_commands import runtime_paths
+from spark_jobs.commands.handlers import runtime_paths
+from spark_jobs.commands.main import build_parser
+from spark_jobs.deploy.settings import load_settings
 from spark_jobs.errors import ConfigurationError
-from spark_jobs.settings import load_settings
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from spark_jobs.standalone import StandaloneCluster
+from spark_jobs.deploy.standalone import StandaloneCluster
 from tests.e2e_util import ROOT, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.spark]
 # name and local state root does each of 8 tasks see?
 DRIVER = """
 import json, os, sys
-from spark_jobs.session import build_spark
+from spark_jobs.deploy.session import build_spark
 spark = build_spark(sys.argv[1], "cutline-standalone-test")
 seen = spark.sparkContext.parallelize(range(8), 8).map(
     lambda _: (os.environ.get("CUTLINE_HOST"), os.environ.get("CUTLINE_LOCAL_STATE_ROOT"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from spark_jobs.runtime.startup import StartupTimeline, process_started_monotonic
+from spark_jobs.driver.startup_phases import StartupTimeline, process_started_monotonic
 
 
 def test_the_process_started_before_this_test_ran():

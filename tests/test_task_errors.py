@@ -1,6 +1,6 @@
 """Errors raised inside Spark tasks that a restart cannot fix reach the driver typed
 (spark_jobs/errors.py): the marker round trip, the classification of a failure's text, and the
-restore task's key-group check (spark_jobs/runtime/subtask.py)."""
+restore task's key-group check (spark_jobs/executor/subtask.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import dataclasses
 import pytest
 from cutline_examples.jobs import clicks_per_user
 
+from cutline.keyed_process import UserFunctionError
+from spark_jobs.driver.run_state import RunState
 from spark_jobs.errors import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -21,9 +23,7 @@ from spark_jobs.errors import (
     mark_task_error,
     task_error,
 )
-from spark_jobs.keyed_process import UserFunctionError
-from spark_jobs.runtime.run_state import RunState
-from spark_jobs.runtime.subtask import RunContext, prepare_slot, prepare_subtask
+from spark_jobs.executor.subtask import RunContext, prepare_slot, prepare_subtask
 from state.handles import SubtaskStateHandle
 from state.keygroups import key_group_range
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_jobs.keyed_process import EVENT_TIMERS
+from cutline.keyed_process import EVENT_TIMERS
 from state.keygroups import KeyGroupRange, key_groups
 from state.rocksdb_store import RocksDBStore
 from state.state_types import (

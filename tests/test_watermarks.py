@@ -1,4 +1,4 @@
-"""Per-partition watermarks on the driver (spark_jobs/runtime/progress.py ``Progress.fold``), no
+"""Per-partition watermarks on the driver (spark_jobs/driver/progress.py ``Progress.fold``), no
 Spark: the minimum over the input partitions of their largest event time less the bound; a
 lagging partition holds it, an idle one stops holding it after ``idle_timeout_ms`` and rejoins
 with records; never backwards; a restore from a manifest folds on to the same watermarks; the
@@ -9,12 +9,12 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from spark_jobs.job import DeltaSink, JobDefinition, JobDefinitionError, LogSource
-from spark_jobs.keyed_process import partition_event_times
-from spark_jobs.operators import WindowedAggregate
-from spark_jobs.runtime.progress import Progress
-from spark_jobs.runtime.recovery import replay_epochs
-from spark_jobs.runtime.reports import SubtaskStats
+from cutline.job import DeltaSink, JobDefinition, JobDefinitionError, LogSource
+from cutline.keyed_process import partition_event_times
+from cutline.operators import WindowedAggregate
+from spark_jobs.driver.progress import Progress
+from spark_jobs.driver.restore_fallback import replay_epochs
+from spark_jobs.executor.reports import SubtaskStats
 from spark_jobs.sinks.delta_sink import DeltaSinkWriter
 from state.config import CheckpointConfig
 from state.manifest import CheckpointManifest, PartitionClock

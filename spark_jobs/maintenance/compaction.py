@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from spark_jobs.catalog.tables import CatalogReader, now_ms
+from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.job_loader import get_job
-from spark_jobs.settings import RuntimePaths
 from state.catalog import CheckpointStatus
 from state.compaction import (
     CompactionRequest,

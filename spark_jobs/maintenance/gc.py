@@ -25,8 +25,8 @@ from typing import Any
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.catalog.shared_files import RegistryChanges
 from spark_jobs.catalog.tables import now_ms
+from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.job_loader import get_job
-from spark_jobs.settings import RuntimePaths
 from state.acks import Ack, AckError, ack_location
 from state.gc import GcPlan, plan_gc, select_retention
 from state.manifest import ManifestError

@@ -16,7 +16,7 @@ starts (:meth:`DeltaSinkWriter.fence`, creating the table if it does not exist y
 Each commit also records, in its commit info (``cutline``), the source positions at the end of
 every epoch it commits, so the history says where each committed epoch ended. A restore from a
 checkpoint older than the committed epoch (a fallback past damaged checkpoints) replays those
-epochs exactly, producing no output for them (spark_jobs/runtime/recovery.py).
+epochs exactly, producing no output for them (spark_jobs/driver/restore_fallback.py).
 
 At-least-once: every micro-batch's output is appended right away (fenced the same way), so a
 replay after a restore appends it again: duplicates, never losses.

@@ -1,6 +1,6 @@
 """What the runtime asks of a sink (one attempt's writer of one output): :class:`Sink`.
 
-Subtasks stage each epoch's output (spark_jobs/runtime/subtask.py); the sink commits it.
+Subtasks stage each epoch's output (spark_jobs/executor/subtask.py); the sink commits it.
 Exactly once: when a checkpoint completes, :meth:`Sink.commit_through` commits every staged
 epoch up to the checkpoint's, once, recording where each epoch ended in the sources; at least
 once, :meth:`Sink.append_now` commits each epoch right away. Every commit is fenced: once a

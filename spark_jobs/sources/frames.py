@@ -12,10 +12,10 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
+from cutline.job import JobDefinition
+from cutline.keyed_process import SOURCE_COLUMN, key_columns
 from spark_jobs.errors import ConfigurationError, UserCodeError
-from spark_jobs.job import JobDefinition
-from spark_jobs.keyed_process import SOURCE_COLUMN, key_columns
-from spark_jobs.runtime.subtask import KEY_COLUMN
+from spark_jobs.executor.subtask import KEY_COLUMN
 from spark_jobs.sources.local_log import BAD_OFFSET, BAD_RAW, BAD_REASON, NEXT_OFFSET_COLUMN
 from spark_jobs.sources.readers import PartitionPositions, source_ddl
 

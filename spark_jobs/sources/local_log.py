@@ -14,7 +14,8 @@ columns set (:data:`BAD_COLUMNS`: the reason, the raw line, its offset), and the
 decides what happens to it (spark_jobs/sources/bad_records.py).
 
 The same data source reads a fixed range of offsets as a batch (``startingOffsets`` to
-``endingOffsets``): a restore replays committed epochs exactly (spark_jobs/runtime/recovery.py).
+``endingOffsets``): a restore replays committed epochs exactly
+(spark_jobs/driver/restore_fallback.py).
 """
 
 from __future__ import annotations

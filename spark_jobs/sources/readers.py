@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from spark_jobs.job import KafkaSource, LogSource
+from cutline.job import KafkaSource, LogSource
 from spark_jobs.sources.local_log import (
     BAD_DDL,
     BAD_OFFSET,

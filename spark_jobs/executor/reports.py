@@ -1,6 +1,6 @@
 """What a subtask's Spark task reports to the driver, one typed definition each: the statistics
 of one micro-batch (:class:`SubtaskStats`) and the report of a new attempt's restore
-(:class:`SubtaskRestoreReport`). The tasks create them (spark_jobs/runtime/subtask.py), Spark
+(:class:`SubtaskRestoreReport`). The tasks create them (spark_jobs/executor/subtask.py), Spark
 pickles them back to the driver, and the driver reads them by attribute; events and catalog rows
 take :meth:`SubtaskRestoreReport.to_dict`, whose keys are the fields' names.
 

@@ -6,7 +6,7 @@ watermarks and counters stood at the barrier); each subtask's :class:`~state.ack
 this attempt's inbox in durable storage once its upload is done. The :class:`AckPoller` thread
 hands both to the coordinator, which completes the checkpoint when it has all of them (writing
 the manifest, then committing the catalog row: state/coordinator.py) and notifies its listener
-(spark_jobs/runtime/completion.py). Completion commits Delta transactions, so it runs
+(spark_jobs/driver/completion.py). Completion commits Delta transactions, so it runs
 here, never on Spark's stream thread, which a stopping query interrupts.
 
 :class:`CompactionRequests` serves a compaction request
@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from spark_jobs.catalog.tables import now_ms
+from spark_jobs.driver.run_state import RunState, ServedCompaction
 from spark_jobs.events import EventChannel
-from spark_jobs.runtime.run_state import RunState, ServedCompaction
 from state.acks import Ack, ack_location, ack_path, inbox
 from state.compaction import (
     COMPACT_REQUEST,
@@ -145,7 +145,7 @@ class CompactionRequests:
     so whoever waits for it to go sees them). An aborted checkpoint leaves it to the next
     barrier.
 
-    The request being served is the run state's (runtime/run_state.py): the stream thread
+    The request being served is the run state's (driver/run_state.py): the stream thread
     serves it (:meth:`subtasks_at`, :meth:`compacted`), the ack thread completes or releases it
     (:meth:`on_complete`, :meth:`on_aborted`), each transition atomic, so a request is served by
     exactly one completed checkpoint."""

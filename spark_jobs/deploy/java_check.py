@@ -5,7 +5,8 @@ Spark's launcher (``spark-class``, which PySpark runs) uses ``$JAVA_HOME/bin/jav
 place, so what it reports is the Java Spark would run. Without a usable Java, PySpark fails late
 with a ``JAVA_GATEWAY_EXITED`` error that hides the cause; this check fails early and says why.
 
-``python -m spark_jobs.java_check`` prints the version found and exits 0, or prints the problem to
+``python -m spark_jobs.deploy.java_check`` prints the version found and exits 0, or prints the
+problem to
 stderr and exits 1. This module must not import Spark.
 """
 

@@ -70,7 +70,7 @@ def warm_up_workers(spark, parallelism: int, timeline: StartupTimeline, log) -> 
     they run, with a tiny job of the first micro-batch's shape, beside the restore: a cold start
     of them made the first micro-batch take about twice as long as the next ones. Best effort:
     a failure only costs the first micro-batch that time."""
-    from spark_jobs.runtime.subtask import warm_up_worker
+    from spark_jobs.executor.subtask import warm_up_worker
 
     started = time.perf_counter()
     try:

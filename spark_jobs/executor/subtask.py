@@ -1,4 +1,4 @@
-"""One subtask of one stage for one micro-batch, inside a Spark task (spark_jobs/runtime/
+"""One subtask of one stage for one micro-batch, inside a Spark task (spark_jobs/executor/
 dataflow.py routes the records to it), and the setup of a subtask's working state for a new
 attempt.
 
@@ -11,8 +11,8 @@ this attempt's staging directory; a replayed epoch stages nothing), and at a bar
 synchronous snapshot and leaves the upload to a background thread, whose
 :class:`~state.acks.Ack` lands in this attempt's inbox in durable storage for the driver's
 coordinator. Bad records are split off first (spark_jobs/sources/bad_records.py). It returns its
-:class:`~spark_jobs.runtime.reports.SubtaskStats`; a restore returns its
-:class:`~spark_jobs.runtime.reports.SubtaskRestoreReport`.
+:class:`~spark_jobs.executor.reports.SubtaskStats`; a restore returns its
+:class:`~spark_jobs.executor.reports.SubtaskRestoreReport`.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from cutline.job import DEAD_LETTER_SINK, JobDefinition
+from cutline.keyed_process import SOURCE_COLUMN, ProcessOperator
 from spark_jobs.errors import IncompatibleStateError, carry_to_driver
-from spark_jobs.job import DEAD_LETTER_SINK, JobDefinition
-from spark_jobs.keyed_process import SOURCE_COLUMN, ProcessOperator
-from spark_jobs.runtime.reports import SubtaskRestoreReport, SubtaskStats
+from spark_jobs.executor.reports import SubtaskRestoreReport, SubtaskStats
 from spark_jobs.sinks.delta_sink import EPOCH_COLUMN, staging_dir
 from spark_jobs.sources.bad_records import dead_letters, first_bad, split_bad
 from spark_jobs.sources.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
@@ -58,7 +58,7 @@ PROGRESS = "__progress__"
 
 def host_name() -> str:
     """The host this code runs on, as allocations and hints name it: ``CUTLINE_HOST`` where
-    several workers share a machine (spark_jobs/standalone.py), else the host name."""
+    several workers share a machine (spark_jobs/deploy/standalone.py), else the host name."""
     return os.environ.get("CUTLINE_HOST") or socket.gethostname()
 
 

@@ -1,4 +1,4 @@
-"""What the ``cutline`` subcommands do (spark_jobs/cli.py parses the command line): each
+"""What the ``cutline`` subcommands do (spark_jobs/commands/main.py parses the command line): each
 takes its job as ``run`` does, a registered name or ``module:attr``."""
 
 from __future__ import annotations
@@ -13,34 +13,34 @@ from typing import TYPE_CHECKING
 from spark_jobs.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from spark_jobs.job import JobDefinition
-    from spark_jobs.settings import RuntimePaths, Settings
+    from cutline.job import JobDefinition
+    from spark_jobs.deploy.settings import RuntimePaths, Settings
 
 
 def deployment_settings(args: argparse.Namespace) -> Settings:
-    """The deployment's settings (spark_jobs/settings.py); ``--home`` puts every path that no
+    """The deployment's settings (spark_jobs/deploy/settings.py); ``--home`` puts every path that no
     flag names under that home."""
-    from spark_jobs.settings import load_settings
+    from spark_jobs.deploy.settings import load_settings
 
     settings = load_settings()
     return settings.at_home(args.home) if args.home else settings
 
 
 def core_demo(args: argparse.Namespace) -> int:
-    from spark_jobs.local_demo import main_demo
+    from spark_jobs.commands.local_demo import main_demo
 
     return main_demo(Path(deployment_settings(args).home) / "core-demo")
 
 
 def checkpoints(args: argparse.Namespace) -> int:
-    from spark_jobs.checkpoint_listing import list_checkpoints
+    from spark_jobs.commands.checkpoint_listing import list_checkpoints
     from spark_jobs.job_loader import job_name_of
 
     return list_checkpoints(job_name_of(args.job), runtime_paths(args).warehouse, as_json=args.json)
 
 
 def verify(args: argparse.Namespace) -> int:
-    from spark_jobs.checkpoint_listing import verify_checkpoints
+    from spark_jobs.commands.checkpoint_listing import verify_checkpoints
     from spark_jobs.job_loader import job_name_of
 
     paths = runtime_paths(args)
@@ -49,7 +49,7 @@ def verify(args: argparse.Namespace) -> int:
 
 def demo(args: argparse.Namespace) -> int:
     """The main job on the embedded default: generate clicks, run clicks_per_user to the end."""
-    from spark_jobs.cli import build_parser
+    from spark_jobs.commands.main import build_parser
     from spark_jobs.sources.generate import generate, records_in
 
     paths = runtime_paths(args)
@@ -105,12 +105,12 @@ def job_for_run(args: argparse.Namespace) -> JobDefinition:
 
 
 def run(args: argparse.Namespace) -> int:
+    from spark_jobs.deploy.session import build_spark
+    from spark_jobs.driver.attempt_start import abandon_plan, plan_start_early
+    from spark_jobs.driver.run import run_job
+    from spark_jobs.driver.startup_phases import StartupTimeline
     from spark_jobs.events import open_events
     from spark_jobs.job_loader import ship_user_code
-    from spark_jobs.runtime.run import run_job
-    from spark_jobs.runtime.start import abandon_plan, plan_start_early
-    from spark_jobs.runtime.startup import StartupTimeline
-    from spark_jobs.session import build_spark
 
     timeline = StartupTimeline()
     job = job_for_run(args)
@@ -178,9 +178,9 @@ def run(args: argparse.Namespace) -> int:
 
 def gc(args: argparse.Namespace) -> int:
     """One retention GC pass over a job's checkpoints (see spark_jobs.maintenance.gc)."""
+    from spark_jobs.deploy.session import build_spark
     from spark_jobs.job_loader import job_name_of
     from spark_jobs.maintenance.gc import collect_garbage
-    from spark_jobs.session import build_spark
 
     master = args.master or deployment_settings(args).spark_master
     name = job_name_of(args.job)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from spark_jobs.keyed_process import Key, KeyedProcessFunction, key_columns
+from cutline.keyed_process import Key, KeyedProcessFunction, key_columns
 from state.config import CheckpointConfig
 from state.keygroups import (
     DEFAULT_MAX_PARALLELISM,
@@ -145,7 +145,7 @@ def _check_stage(stage) -> None:
 @dataclass(frozen=True)
 class KeyedProcess:
     """A keyed stage running a :class:`KeyedProcessFunction` instance
-    (spark_jobs/keyed_process.py), the user's own or the library's (spark_jobs/operators.py).
+    (cutline/keyed_process.py), the user's own or the library's (cutline/operators.py).
     ``inputs`` maps each input source to its key column (two inputs: both cut at the same
     barrier); a composite key is a tuple of columns, with ``key_type`` the tuple of their types
     (the function sees such keys as struct arrays: ``ctx.key_of(table)``). With ``event_time``,
@@ -223,7 +223,7 @@ class KeyedProcess:
 
     def state_schema(self) -> dict[str, str]:
         """Each state's fingerprint, and (under ``KEY_FINGERPRINT``) the key's types: what a
-        checkpoint records and a restore checks (spark_jobs/evolution.py)."""
+        checkpoint records and a restore checks (spark_jobs/driver/evolution.py)."""
         key = f"key<{','.join(key_types_of(self.key_type))}>"
         return {KEY_FINGERPRINT: key, **{s.name: s.fingerprint() for s in self.function.states}}
 
@@ -232,7 +232,7 @@ class KeyedProcess:
         return self.out_of_orderness_ms if self.event_time else None
 
 
-Operator = KeyedProcess  # every stage; the library's are built by spark_jobs/operators.py
+Operator = KeyedProcess  # every stage; the library's are built by cutline/operators.py
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cutline.job import JobDefinition, Operator
+from cutline.keyed_process import SOURCE_COLUMN, Key, key_columns
+from spark_jobs.driver.placement import pin_to_anchor, subtask_partition
 from spark_jobs.errors import ConfigurationError, carry_to_driver
-from spark_jobs.job import JobDefinition, Operator
-from spark_jobs.keyed_process import SOURCE_COLUMN, Key, key_columns
-from spark_jobs.runtime.placement import pin_to_anchor, subtask_partition
-from spark_jobs.runtime.reports import SubtaskStats
-from spark_jobs.runtime.subtask import (
+from spark_jobs.executor.reports import SubtaskStats
+from spark_jobs.executor.subtask import (
     KEY_COLUMN,
     KEY_GROUP_COLUMN,
     SUBTASK_COLUMN,

@@ -1,6 +1,6 @@
 """An attempt's restore step, on its own thread beside the streaming query's start: every
 subtask's working state restored local-first on the host its hint names, falling back past
-checkpoints with positive evidence against them (spark_jobs/runtime/recovery.py); the
+checkpoints with positive evidence against them (spark_jobs/driver/restore_fallback.py); the
 micro-batch tasks anchored to where each subtask now lives (placement.py); the epochs the sinks
 committed after the restored checkpoint replayed without output; the recovery recorded in the
 catalog."""
@@ -12,18 +12,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
-from spark_jobs.runtime.epoch_ends import EpochEnds
-from spark_jobs.runtime.micro_batches import MicroBatches
-from spark_jobs.runtime.placement import anchor_rdd, executor_hosts, preferred_hosts
-from spark_jobs.runtime.progress import Progress
-from spark_jobs.runtime.recovery import (
+from spark_jobs.driver.epoch_ends import EpochEnds
+from spark_jobs.driver.micro_batches import MicroBatches
+from spark_jobs.driver.placement import anchor_rdd, executor_hosts, preferred_hosts
+from spark_jobs.driver.progress import Progress
+from spark_jobs.driver.restore_fallback import (
     Restored,
     recovery_row,
     replay_epochs,
     restore_with_fallback,
 )
-from spark_jobs.runtime.run_state import RunState
-from spark_jobs.runtime.startup import StartupTimeline
+from spark_jobs.driver.run_state import RunState
+from spark_jobs.driver.startup_phases import StartupTimeline
 from spark_jobs.sinks.sink import Sink
 from state.manifest import CheckpointManifest
 from state.storage import DurableStorage

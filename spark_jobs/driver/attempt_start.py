@@ -10,7 +10,8 @@
      a wrong root is a :class:`ConfigurationError`, never a reason to mark anything CORRUPT;
    - a checkpoint is marked CORRUPT only on positive evidence: its manifest is there and
      unreadable, or a file it names is missing or has the wrong size (a restore that finds a
-     checksum mismatch marks it too, spark_jobs/runtime/recovery.py); a missing manifest is skipped;
+     checksum mismatch marks it too, spark_jobs/driver/restore_fallback.py); a missing manifest is
+     skipped;
    - a job that has made progress (completed or corrupt checkpoints, output in its sink) never
      starts over silently: when nothing can be restored the start fails
      (:class:`NoRestorableCheckpointError`);
@@ -31,11 +32,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cutline.job import JobDefinition
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
+from spark_jobs.deploy.settings import RuntimePaths
+from spark_jobs.driver.evolution import check_restorable
 from spark_jobs.errors import ConfigurationError, NoRestorableCheckpointError
-from spark_jobs.evolution import check_restorable
-from spark_jobs.job import JobDefinition
-from spark_jobs.settings import RuntimePaths
 from spark_jobs.sinks.delta_sink import DeltaSinkWriter
 from spark_jobs.sinks.sink import Sink
 from state.catalog import CheckpointStatus, FencedError

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from spark_jobs import cli_commands as commands
+from spark_jobs.commands import handlers as commands
 from state.storage import StorageError
 
 JOB_HELP = "a job's name (registered by an installed package), or module:attribute of your own"
@@ -65,7 +65,7 @@ def _restore_choice(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from spark_jobs.job import BAD_RECORD_POLICIES
+    from cutline.job import BAD_RECORD_POLICIES
     from spark_jobs.sources.generate import KINDS
 
     parser = argparse.ArgumentParser(prog="cutline", description=__doc__)

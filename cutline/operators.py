@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.job import JobDefinitionError, KeyedProcess
-from spark_jobs.keyed_process import SOURCE_COLUMN, KeyedContext, KeyedProcessFunction
+from cutline.job import JobDefinitionError, KeyedProcess
+from cutline.keyed_process import SOURCE_COLUMN, KeyedContext, KeyedProcessFunction
 from state.state_types import MapStateSpec, ValueStateSpec
 
 AGGREGATES = ("count", "sum", "min", "max", "last")

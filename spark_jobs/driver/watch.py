@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from spark_jobs.runtime.placement import executor_hosts, lost_subtasks
-from spark_jobs.runtime.run_state import RunState
+from spark_jobs.driver.placement import executor_hosts, lost_subtasks
+from spark_jobs.driver.run_state import RunState
 
 HOST_CHECK_S = 2.0  # how often a run on a cluster checks that its subtasks' hosts have executors
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 
+from cutline.job import JobDefinition
 from spark_jobs.errors import NoRestorableCheckpointError
-from spark_jobs.job import JobDefinition
 from spark_jobs.sinks.sink import Sink
 from state.manifest import CheckpointManifest, Positions
 

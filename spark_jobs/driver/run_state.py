@@ -1,25 +1,25 @@
 """What the threads of one attempt's driver share: :class:`RunState`, every part under a lock.
 
-The threads (spark_jobs/runtime/run.py) and what each does here:
+The threads (spark_jobs/driver/run.py) and what each does here:
 
-- *main*: starts the query, watches it (runtime/watch.py: reads the batch count, may fail the
+- *main*: starts the query, watches it (driver/watch.py: reads the batch count, may fail the
   run or stop it), takes the final checkpoint and waits for it, builds the report.
 - *restore* (``cutline-restore``): records the restored checkpoint, the subtasks' restore
   reports and the epochs replayed.
-- *stream* (Spark's ``foreachBatch`` thread, runtime/micro_batches.py): counts and times the
+- *stream* (Spark's ``foreachBatch`` thread, driver/micro_batches.py): counts and times the
   micro-batches; at a barrier serves a compaction request.
-- *acks* (``cutline-acks``, runtime/barrier.py and completion.py): records completed and aborted
+- *acks* (``cutline-acks``, driver/barrier.py and completion.py): records completed and aborted
   checkpoints; clears a served compaction request, or releases it when its checkpoint aborts.
-- *heartbeat* (``cutline-heartbeat``, runtime/liveness.py): may fail the run.
+- *heartbeat* (``cutline-heartbeat``, driver/liveness.py): may fail the run.
 
 Any of them may fail the run: the first failure stands, its reason and error set together, and
 failing sets ``stop``. Readers get copies (:meth:`RunState.summary`, the properties), never the
 lists the writers append to.
 
-Not here: the :class:`~spark_jobs.runtime.progress.Progress`, which is handed on rather than
+Not here: the :class:`~spark_jobs.driver.progress.Progress`, which is handed on rather than
 shared (the restore's replay, then the stream thread, then the main thread once the query has
 stopped: the first micro-batch waits for the restore, the final checkpoint for the query's
-stop); the epochs' ends, which :class:`~spark_jobs.runtime.epoch_ends.EpochEnds` locks itself.
+stop); the epochs' ends, which :class:`~spark_jobs.driver.epoch_ends.EpochEnds` locks itself.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from spark_jobs.errors import NonRetryableError, task_error
-from spark_jobs.runtime.reports import SubtaskRestoreReport
+from spark_jobs.executor.reports import SubtaskRestoreReport
 from state.catalog import FencedError
 from state.compaction import CompactionRequest
 from state.manifest import Positions
@@ -218,7 +218,7 @@ class RunState:
     @contextmanager
     def compaction(self) -> Iterator[CompactionSlot]:
         """The compaction request being served, for one transition
-        (runtime/barrier.py ``CompactionRequests``): one thread at a time, from reading the
+        (driver/barrier.py ``CompactionRequests``): one thread at a time, from reading the
         request to setting the slot, or from completing it to clearing the request, so no
         request is read while it is being cleared and none is served by two checkpoints."""
         with self._compaction_lock:

@@ -1,10 +1,10 @@
 """An attempt's micro-batches: each is one Spark job through every stage
-(spark_jobs/runtime/dataflow.py), planned with its barrier when the coordinator triggers a
+(spark_jobs/executor/dataflow.py), planned with its barrier when the coordinator triggers a
 checkpoint.
 
 After a micro-batch the subtasks' statistics are folded into the attempt's
-:class:`~spark_jobs.runtime.progress.Progress`, its end is recorded
-(spark_jobs/runtime/epoch_ends.py), and at a barrier its :class:`~spark_jobs.runtime.barrier.Cut`
+:class:`~spark_jobs.driver.progress.Progress`, its end is recorded
+(spark_jobs/driver/epoch_ends.py), and at a barrier its :class:`~spark_jobs.driver.barrier.Cut`
 goes to the ack poller, which completes the checkpoint once every subtask acked. At least once,
 the output is appended at once. The final checkpoint is a barrier with no records (Flink's
 stop-with-checkpoint); a replay runs committed epochs again, exactly as they ran, without output.
@@ -16,14 +16,14 @@ import time
 from collections.abc import Callable, Sequence
 
 from spark_jobs.catalog.tables import now_ms
-from spark_jobs.runtime.barrier import AckPoller, CompactionRequests, Cut
-from spark_jobs.runtime.dataflow import execute
-from spark_jobs.runtime.epoch_ends import EpochEnds
-from spark_jobs.runtime.progress import Progress
-from spark_jobs.runtime.recovery import ReplayEpoch
-from spark_jobs.runtime.reports import SubtaskStats
-from spark_jobs.runtime.run_state import RunState
-from spark_jobs.runtime.subtask import BatchPlan, RunContext
+from spark_jobs.driver.barrier import AckPoller, CompactionRequests, Cut
+from spark_jobs.driver.epoch_ends import EpochEnds
+from spark_jobs.driver.progress import Progress
+from spark_jobs.driver.restore_fallback import ReplayEpoch
+from spark_jobs.driver.run_state import RunState
+from spark_jobs.executor.dataflow import execute
+from spark_jobs.executor.reports import SubtaskStats
+from spark_jobs.executor.subtask import BatchPlan, RunContext
 from spark_jobs.sinks.sink import Sink
 from spark_jobs.sources.bad_records import bad_record_error
 from spark_jobs.sources.frames import empty_frame, range_frame, tag_and_union

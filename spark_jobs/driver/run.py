@@ -1,29 +1,30 @@
 """The driver of a checkpointed streaming job: one attempt, from its start to its stop.
 
-1. Start (spark_jobs/runtime/start.py, on a thread while the JVM starts): a new attempt that
+1. Start (spark_jobs/driver/attempt_start.py, on a thread while the JVM starts): a new attempt that
    fences every older one, the sinks fenced, the checkpoint to restore chosen and its sink commit
    redone.
-2. Restore (spark_jobs/runtime/recovery.py), on a thread beside the streaming query's start: every
+2. Restore (spark_jobs/driver/restore_fallback.py), on a thread beside the streaming query's start:
+   every
    subtask's working state local-first, placed on the host its executor hint names, falling back
    past checkpoints that fail their checksums; then the epochs the sinks committed after the
    restored checkpoint are replayed without output. The first micro-batch waits for it.
-3. Run the streaming query from the positions the restore ends at (runtime/epoch_ends.py). Each
-   micro-batch (in ``foreachBatch``, runtime/micro_batches.py) is one Spark job through every
+3. Run the streaming query from the positions the restore ends at (driver/epoch_ends.py). Each
+   micro-batch (in ``foreachBatch``, driver/micro_batches.py) is one Spark job through every
    stage, each subtask on the host that holds its working state (placement.py); at a barrier each
-   takes its synchronous snapshot. The ack poller (runtime/barrier.py) delivers the cut and the
+   takes its synchronous snapshot. The ack poller (driver/barrier.py) delivers the cut and the
    subtasks' acks to the coordinator, so uploads never hold up the next micro-batch; a completed
-   checkpoint commits the sinks (runtime/completion.py).
+   checkpoint commits the sinks (driver/completion.py).
 4. Stop (max batches or idle): take a final checkpoint, wait for it, commit, mark FINISHED.
 
 An attempt that learns that a newer one has started (its checkpoint or sink commit is fenced, or
-its heartbeat sees the newer attempt: runtime/liveness.py) stops at once (exit 3); it could not
+its heartbeat sees the newer attempt: driver/liveness.py) stops at once (exit 3); it could not
 commit anything anyway.
 
 Threads: Spark's stream thread runs the micro-batches, the restore thread runs before the first
 (which waits for it), the ack poller completes checkpoints, the heartbeat watches liveness; the
-main thread watches the query and stops the run (runtime/watch.py). What they share (the
+main thread watches the query and stops the run (driver/watch.py). What they share (the
 failure, the stop event, the run's report, the compaction request being served) is the
-:class:`~spark_jobs.runtime.run_state.RunState`, which says who does what; the progress is
+:class:`~spark_jobs.driver.run_state.RunState`, which says who does what; the progress is
 handed on, never shared.
 
 A failure a Spark task marked as not retryable (spark_jobs/errors.py) is raised as its typed
@@ -39,24 +40,24 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from cutline.job import JobDefinition
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.catalog.tables import now_ms
+from spark_jobs.deploy.settings import RuntimePaths
+from spark_jobs.driver.attempt_start import StartPlan, plan_start, sink_writers
+from spark_jobs.driver.barrier import AckPoller, CompactionRequests
+from spark_jobs.driver.completion import Completion
+from spark_jobs.driver.epoch_ends import EpochEnds, starting_point
+from spark_jobs.driver.liveness import heartbeat
+from spark_jobs.driver.micro_batches import MicroBatches
+from spark_jobs.driver.progress import Progress
+from spark_jobs.driver.restore_step import AttemptRestore
+from spark_jobs.driver.run_state import RunState, RunSummary
+from spark_jobs.driver.startup_phases import StartupTimeline, warm_up_workers
+from spark_jobs.driver.watch import QueryWatch
 from spark_jobs.errors import AttemptFailedError, NonRetryableError
 from spark_jobs.events import EventChannel
-from spark_jobs.job import JobDefinition
-from spark_jobs.runtime.barrier import AckPoller, CompactionRequests
-from spark_jobs.runtime.completion import Completion
-from spark_jobs.runtime.epoch_ends import EpochEnds, starting_point
-from spark_jobs.runtime.liveness import heartbeat
-from spark_jobs.runtime.micro_batches import MicroBatches
-from spark_jobs.runtime.progress import Progress
-from spark_jobs.runtime.restore import AttemptRestore
-from spark_jobs.runtime.run_state import RunState, RunSummary
-from spark_jobs.runtime.start import StartPlan, plan_start, sink_writers
-from spark_jobs.runtime.startup import StartupTimeline, warm_up_workers
-from spark_jobs.runtime.subtask import RunContext
-from spark_jobs.runtime.watch import QueryWatch
-from spark_jobs.settings import RuntimePaths
+from spark_jobs.executor.subtask import RunContext
 from spark_jobs.sources.frames import stream_frame, tag_and_union
 from state.catalog import FencedError
 from state.config import EXACTLY_ONCE

@@ -1,15 +1,15 @@
 """What one attempt's micro-batches have reached: :class:`Progress` (the epoch, the sources'
 positions, the stages' watermarks and the counters, folded from every micro-batch's
-:class:`~spark_jobs.runtime.reports.SubtaskStats`). The attempt's report is
-spark_jobs/runtime/run_state.py's ``RunSummary``."""
+:class:`~spark_jobs.executor.reports.SubtaskStats`). The attempt's report is
+spark_jobs/driver/run_state.py's ``RunSummary``."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from spark_jobs.job import JobDefinition
-from spark_jobs.runtime.reports import SubtaskStats
+from cutline.job import JobDefinition
+from spark_jobs.executor.reports import SubtaskStats
 from state.manifest import CheckpointManifest, PartitionClock, PartitionClocks, Positions
 
 
@@ -18,7 +18,7 @@ class Progress:
     """Where the attempt's micro-batches stand. Written by the micro-batches alone, one thread
     at a time: the restore's replay (before the query's first micro-batch may run), then Spark's
     stream thread, then the final checkpoint on the main thread (after the query stopped); cuts
-    carry copies. Not shared, so not locked (runtime/run_state.py)."""
+    carry copies. Not shared, so not locked (driver/run_state.py)."""
 
     job: JobDefinition
     epoch: int = 0

@@ -21,8 +21,8 @@ never silently starts a state over.
 
 from __future__ import annotations
 
+from cutline.job import KEY_FINGERPRINT, JobDefinition
 from spark_jobs.errors import IncompatibleStateError
-from spark_jobs.job import KEY_FINGERPRINT, JobDefinition
 from state.keygroups import key_group_range
 from state.manifest import CheckpointManifest
 

@@ -4,7 +4,7 @@ committed) or aborted: Flink's notifyCheckpointComplete on the driver's side.
 Exactly once, the sinks commit their staged epochs through the checkpoint's (a failed commit
 fails the attempt; the restore redoes it); the committed epochs' ends are forgotten; the
 checkpoint's new shared files are registered in the catalog; a compaction request it served is
-cleared; it is reported. Runs on the ack poller's thread (spark_jobs/runtime/barrier.py).
+cleared; it is reported. Runs on the ack poller's thread (spark_jobs/driver/barrier.py).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
+from spark_jobs.driver.barrier import CompactionRequests
+from spark_jobs.driver.epoch_ends import EpochEnds
+from spark_jobs.driver.run_state import RunState
 from spark_jobs.events import EventChannel
-from spark_jobs.runtime.barrier import CompactionRequests
-from spark_jobs.runtime.epoch_ends import EpochEnds
-from spark_jobs.runtime.run_state import RunState
 from spark_jobs.sinks.sink import Sink
 from state.faults import kill_point
 from state.manifest import CheckpointManifest

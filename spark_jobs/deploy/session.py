@@ -25,7 +25,7 @@ from pathlib import Path
 import pyspark
 from pyspark.sql import SparkSession
 
-from spark_jobs.java_check import require_java
+from spark_jobs.deploy.java_check import require_java
 
 SCALA = "2.13"
 DELTA_VERSION = "4.4.0"
@@ -300,7 +300,7 @@ def submit_command(
     """``spark-submit`` of the ``cutline`` CLI with ``app_args``, configured by
     :func:`session_conf` (the same master, packages and conf as :func:`build_spark`), using the
     installed PySpark's own Spark distribution."""
-    from spark_jobs import cli
+    from spark_jobs.commands import main as cli
 
     home = spark_home()
     argv = [str(home / "bin" / "spark-submit")]

@@ -193,7 +193,7 @@ class KeyedContext:
 
 class ProcessOperator:
     """Runs a stage's function for one subtask and micro-batch: every stage, the library's
-    (spark_jobs/operators.py) and the user's, runs through here."""
+    (cutline/operators.py) and the user's, runs through here."""
 
     def __init__(self, spec, max_parallelism: int) -> None:
         self.spec = spec

@@ -22,11 +22,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from spark_jobs.driver.attempt_start import select_checkpoint
+from spark_jobs.driver.placement import executor_hosts, placed_rdd, preferred_hosts, wait_for_hosts
 from spark_jobs.errors import NoRestorableCheckpointError
-from spark_jobs.runtime.placement import executor_hosts, placed_rdd, preferred_hosts, wait_for_hosts
-from spark_jobs.runtime.reports import SubtaskRestoreReport
-from spark_jobs.runtime.start import select_checkpoint
-from spark_jobs.runtime.subtask import RunContext, prepare_slot
+from spark_jobs.executor.reports import SubtaskRestoreReport
+from spark_jobs.executor.subtask import RunContext, prepare_slot
 from state.manifest import CheckpointManifest, Positions
 
 

@@ -21,7 +21,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spark_jobs.session import spark_home
+from spark_jobs.deploy.session import spark_home
 
 ROOT = Path(__file__).resolve().parent.parent
 MASTER_HOST = "127.0.0.1"
