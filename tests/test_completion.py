@@ -1,0 +1,282 @@
+"""The driver's side of a completed or aborted checkpoint (spark_jobs/driver/completion.py),
+without Spark: fake sinks and a fake catalog writer, real run state, epoch ends, compaction
+requests and local storage."""
+
+from __future__ import annotations
+
+from spark_jobs.driver.barrier import CompactionRequests
+from spark_jobs.driver.completion import Completion
+from spark_jobs.driver.epoch_ends import EpochEnds
+from spark_jobs.driver.run_state import RunState
+from state.catalog import CompletedCheckpoint
+from state.compaction import CompactionRequest, read_request, write_request
+from state.handles import StateFile, SubtaskStateHandle
+from state.keygroups import KeyGroupRange
+from state.manifest import CheckpointManifest
+from state.paths import JobLayout
+from state.storage import LocalFileStorage
+
+JOB = "clicks"
+
+
+class FakeSink:
+    """Records each commit; ``fail`` makes the next one raise."""
+
+    def __init__(self, name: str, rows: int = 5) -> None:
+        self.sink, self.rows = name, rows
+        self.commits: list[tuple[int, dict, dict | None]] = []
+        self.fail: Exception | None = None
+
+    def commit_through(self, epoch, ends, *, staged_by=None, times=None) -> int:
+        if self.fail is not None:
+            raise self.fail
+        self.commits.append((epoch, dict(ends), times))
+        return self.rows
+
+
+class FakeCatalogWriter:
+    """The one writer method completion uses of the Delta catalog."""
+
+    def __init__(self) -> None:
+        self.shared: list[list[dict]] = []
+
+    def record_shared_files(self, rows: list[dict]) -> None:
+        self.shared.append(rows)
+
+
+class Events:
+    def __init__(self) -> None:
+        self.emitted: list[tuple[str, dict]] = []
+
+    def emit(self, kind: str, payload: dict) -> None:
+        self.emitted.append((kind, payload))
+
+    def kinds(self) -> list[str]:
+        return [k for k, _ in self.emitted]
+
+
+def handle(cid: int, subtask: int, shared: list[str], private: int = 1) -> SubtaskStateHandle:
+    files = tuple(
+        StateFile(f"{name}.sst", f"shared/count/{subtask}/{name}.sst", 100, "crc32:00000001")
+        for name in shared
+    ) + tuple(
+        StateFile(f"MANIFEST-{i}", f"chk-{cid}/count/{subtask}/MANIFEST-{i}", 7, "crc32:00000002")
+        for i in range(private)
+    )
+    return SubtaskStateHandle(
+        operator="count",
+        subtask=subtask,
+        key_group_range=KeyGroupRange(subtask * 64, subtask * 64 + 63),
+        checkpoint_id=cid,
+        files=files,
+        uploaded_bytes=7,
+    )
+
+
+def manifest(cid: int, batch: int, shared: dict[int, list[str]], **fields) -> CheckpointManifest:
+    return CheckpointManifest(
+        job_id=JOB,
+        checkpoint_id=cid,
+        batch_id=batch,
+        attempt=1,
+        trigger_time_ms=1_700_000_000_000,
+        source_positions={"log": {"0": batch * 10}},
+        subtasks=tuple(handle(cid, s, names) for s, names in sorted(shared.items())),
+        **fields,
+    )
+
+
+def record(m: CheckpointManifest) -> CompletedCheckpoint:
+    return CompletedCheckpoint.from_manifest(m, 1_700_000_000_500)
+
+
+class Rig:
+    def __init__(self, tmp_path, *, exactly_once=True, restored=None, sinks=None) -> None:
+        self.storage = LocalFileStorage(str(tmp_path / "root"))
+        self.layout = JobLayout(JOB)
+        self.state, self.events, self.lines = RunState(), Events(), []
+        self.ends, self.catalog = EpochEnds(), FakeCatalogWriter()
+        self.sinks = sinks if sinks is not None else [FakeSink("main", 5), FakeSink("audit", 3)]
+        self.compaction = CompactionRequests(
+            self.storage, self.layout, 2, self.state, self.lines.append, self.events
+        )
+        self.completion = Completion(
+            JOB,
+            self.sinks,
+            self.catalog,
+            self.ends,
+            self.compaction,
+            self.state,
+            restored,
+            exactly_once=exactly_once,
+            log=self.lines.append,
+            events=self.events,
+        )
+
+    def complete(self, m: CheckpointManifest) -> None:
+        self.completion.on_checkpoint_complete(record(m), m)
+
+
+def uncommitted(ends: EpochEnds) -> set[int]:
+    return set(ends.record(10_000, {})) - {10_000}
+
+
+def test_exactly_once_sinks_commit_their_epochs_and_the_ends_are_forgotten(tmp_path):
+    rig = Rig(tmp_path)
+    for epoch in (5, 6, 7, 8):
+        rig.ends.record(epoch, {"log": {"0": epoch * 10}}, processing_time=epoch * 1000)
+    ends = {6: {"log": {"0": 60}}, 7: {"log": {"0": 70}}}
+    m = manifest(
+        3,
+        7,
+        {0: ["a-t3"]},
+        sink_epochs={"main": 7},  # "audit" staged nothing in this checkpoint
+        epoch_ends=ends,
+        epoch_times={6: 6000, 7: 7000},
+    )
+    rig.complete(m)
+    main, audit = rig.sinks
+    assert main.commits == [(7, ends, {6: 6000, 7: 7000})]
+    assert audit.commits == []
+    assert uncommitted(rig.ends) == {8}, "the epochs through the checkpoint's batch forgotten"
+    assert rig.state.checkpoints == [3] and not rig.state.failed
+    assert "sink rows committed 5" in rig.lines[-1]
+    [(kind, payload)] = rig.events.emitted
+    assert kind == "checkpoint" and payload["checkpoint_id"] == 3
+
+
+def test_only_the_first_sinks_rows_are_reported(tmp_path):
+    rig = Rig(tmp_path)
+    rig.complete(manifest(1, 2, {0: []}, sink_epochs={"main": 2, "audit": 2}))
+    assert [len(s.commits) for s in rig.sinks] == [1, 1]
+    assert "sink rows committed 5" in rig.lines[-1]
+
+
+def test_a_failed_sink_commit_fails_the_attempt_and_nothing_after_it_happens(tmp_path):
+    rig = Rig(tmp_path)
+    rig.ends.record(4, {"log": {"0": 40}})
+    write_request(rig.storage, rig.layout, CompactionRequest((), 1, None, "test"))
+    assert rig.compaction.subtasks_at(2) == frozenset({0, 1})
+    boom = OSError("delta commit conflict")
+    rig.sinks[1].fail = boom
+    rig.complete(manifest(2, 4, {0: ["a-t2"]}, sink_epochs={"main": 4, "audit": 4}))
+    assert rig.state.failed and rig.state.error is boom
+    assert rig.state.failure == "sink commit of checkpoint 2: delta commit conflict"
+    assert rig.state.stop.is_set()
+    assert uncommitted(rig.ends) == {4}, "its epochs' ends kept for the restore's redo"
+    assert rig.catalog.shared == [], "no shared files registered"
+    assert read_request(rig.storage, rig.layout) is not None, "the compaction request stays"
+    assert rig.events.emitted == [] and rig.state.checkpoints == []
+
+
+def test_at_least_once_commits_nothing_and_forgets_nothing(tmp_path):
+    rig = Rig(tmp_path, exactly_once=False)
+    rig.ends.record(3, {"log": {"0": 30}})
+    rig.complete(manifest(1, 3, {0: ["a-t1"]}, sink_epochs={"main": 3}))
+    assert all(s.commits == [] for s in rig.sinks)
+    assert uncommitted(rig.ends) == {3}
+    assert rig.state.checkpoints == [1]
+    assert "sink rows committed 0" in rig.lines[-1]
+
+
+def test_only_new_shared_files_are_registered(tmp_path):
+    restored = manifest(1, 1, {0: ["a-t1"], 1: ["b-t1"]})
+    rig = Rig(tmp_path, restored=restored)
+    rig.complete(manifest(2, 2, {0: ["a-t1", "c-t2"], 1: ["b-t1"]}))
+    rig.complete(manifest(3, 3, {0: ["a-t1", "c-t2"], 1: ["b-t1"]}))  # nothing new
+    rig.complete(manifest(4, 4, {0: ["c-t2"], 1: ["d-t4", "e-t4"]}))
+    assert rig.catalog.shared == [
+        [
+            {
+                "job_id": JOB,
+                "path": "shared/count/0/c-t2.sst",
+                "operator": "count",
+                "subtask": 0,
+                "size": 100,
+                "created_by": 2,
+                "last_used": 2,
+                "refcount": 1,
+                "status": "LIVE",
+            }
+        ],
+        [
+            {
+                "job_id": JOB,
+                "path": f"shared/count/1/{name}.sst",
+                "operator": "count",
+                "subtask": 1,
+                "size": 100,
+                "created_by": 4,
+                "last_used": 4,
+                "refcount": 1,
+                "status": "LIVE",
+            }
+            for name in ("d-t4", "e-t4")
+        ],
+    ]
+    assert rig.state.checkpoints == [2, 3, 4]
+
+
+def test_without_a_restore_the_first_checkpoint_registers_every_shared_file(tmp_path):
+    rig = Rig(tmp_path)
+    rig.complete(manifest(1, 1, {0: ["a-t1"], 1: ["b-t1"]}))
+    assert [r["path"] for r in rig.catalog.shared[0]] == [
+        "shared/count/0/a-t1.sst",
+        "shared/count/1/b-t1.sst",
+    ]
+
+
+def test_a_served_compaction_request_is_cleared_by_its_checkpoint(tmp_path):
+    restored = manifest(1, 1, {0: ["a-t1", "b-t1"], 1: ["c-t1"]})  # 5 files
+    rig = Rig(tmp_path, restored=restored)
+    write_request(rig.storage, rig.layout, CompactionRequest((1,), 1, 1, "too many files"))
+    assert rig.compaction.subtasks_at(2) == frozenset({1})
+    rig.compaction.compacted(2, 12.0)
+    rig.complete(manifest(2, 2, {0: ["z-t2"]}))  # 2 files
+    assert read_request(rig.storage, rig.layout) is None
+    compacted = [p for k, p in rig.events.emitted if k == "compacted"]
+    assert compacted == [
+        {
+            "checkpoint_id": 2,
+            "subtasks": [1],
+            "files_before": 5,
+            "files_after": 2,
+            "compact_ms": 12.0,
+        }
+    ]
+    assert rig.events.kinds() == ["compacted", "checkpoint"]
+    with rig.state.compaction() as slot:
+        assert slot.serving is None
+
+
+def test_an_aborted_checkpoint_releases_the_request_for_the_next_barrier(tmp_path):
+    rig = Rig(tmp_path)
+    write_request(rig.storage, rig.layout, CompactionRequest((), 1, None, "test"))
+    assert rig.compaction.subtasks_at(2)
+    assert rig.compaction.subtasks_at(3) == frozenset(), "served by checkpoint 2 already"
+    rig.completion.on_checkpoint_aborted(2, "expired")
+    assert rig.lines[-1] == "checkpoint 2 aborted: expired"
+    assert rig.state.summary(JOB, 1, {}).aborted == [2]
+    assert rig.state.wait_for_checkpoint(2, 0) is False
+    assert read_request(rig.storage, rig.layout) is not None
+    assert rig.compaction.subtasks_at(4) == frozenset({0, 1}), "served again"
+    rig.complete(manifest(4, 4, {0: ["a-t4"]}))
+    assert read_request(rig.storage, rig.layout) is None
+    assert rig.state.checkpoints == [4]
+
+
+def test_a_checkpoint_before_the_serving_one_leaves_the_request(tmp_path):
+    rig = Rig(tmp_path)
+    write_request(rig.storage, rig.layout, CompactionRequest((), 1, None, "test"))
+    rig.compaction.subtasks_at(5)
+    rig.complete(manifest(4, 4, {0: ["a-t4"]}))
+    assert read_request(rig.storage, rig.layout) is not None
+    assert "compacted" not in rig.events.kinds()
+
+
+def test_a_checkpointing_failure_fails_the_attempt(tmp_path):
+    rig = Rig(tmp_path)
+    error = RuntimeError("too many declined checkpoints")
+    rig.completion.on_job_failed(error)
+    assert rig.state.failure == "checkpointing failed: too many declined checkpoints"
+    assert rig.state.error is error and rig.state.stop.is_set()
