@@ -197,13 +197,11 @@ class Harness:
             candidate = min(seen.values()) - stage.out_of_orderness_ms
             self.watermarks[stage.uid] = max(self.watermarks.get(stage.uid, candidate), candidate)
 
-    def _rekeyed(self, output: pa.Table, i: int) -> pa.Table:
-        """Stage ``i - 1``'s output as stage ``i`` reads it, routed by the runtime's code."""
+    def _rekeyed(self, output: pa.Table, i: int) -> pa.Table | None:
+        """Stage ``i - 1``'s output as stage ``i`` reads it, routed by the runtime's code (None:
+        no records)."""
         chunks = [chunk for _, chunk in rekey(output, self.job, i, 0)]
-        if chunks:
-            return read_chunks(chunks, None)
-        stage = self.stages[i]
-        return pa.table({c: pa.array([], pa.string()) for c in key_columns(stage.key_column)})
+        return read_chunks(chunks, None) if chunks else None
 
     # -- state -----------------------------------------------------------------------------
 
