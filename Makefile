@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.cutline-installed
 
-.PHONY: install test test-fast lint format demo screenshots bench clean
+.PHONY: install class-archive test test-fast lint format demo screenshots bench clean
 
 $(STAMP): pyproject.toml requirements.lock examples/basics/pyproject.toml examples/sessions/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,13 +28,17 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: $(STAMP) lint check-java
+# The driver JVM's class-data archive, made once per Java and Spark (spark_jobs/deploy/class_archive.py)
+class-archive: $(STAMP) check-java
+	@$(BIN)/python -m spark_jobs.deploy.class_archive
+
+test: $(STAMP) lint check-java class-archive
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
-demo: $(STAMP) check-java
+demo: $(STAMP) check-java class-archive
 	$(BIN)/python -m orchestration.demo
 
 # Screenshots of the UI of a running `make demo` (needs Chromium: apt-get install chromium).

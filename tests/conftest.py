@@ -14,6 +14,11 @@ import pytest
 from state.storage import DurableStorage, LocalFileStorage, S3Storage
 from tests.moto_server import MotoServer, MotoServerError
 
+# Every Spark driver a test starts (in-process, ``cutline`` subprocesses, Dagster runs) lives
+# seconds to minutes: the JVM's quick compiler alone starts it sooner. A long-running job keeps
+# the JVM's default tiered compilation.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
+
 
 @functools.cache
 def _admin_client(endpoint: str) -> Any:

@@ -28,6 +28,16 @@ def test_global_options_go_before_or_after_the_subcommand(argv, tmp_path, monkey
     assert paths.warehouse == "W" and paths.log_root == str(tmp_path / "H" / "log")
 
 
+def test_run_takes_spark_conf_as_spark_submit_does(capsys):
+    args = build_parser().parse_args(
+        ["run", "j", "--conf", "spark.a=1", "--conf", "spark.b=x=y", "--conf", "spark.c="]
+    )
+    assert args.conf == [("spark.a", "1"), ("spark.b", "x=y"), ("spark.c", "")]
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["run", "j", "--conf", "spark.a"])
+    assert exit_.value.code == 2 and "expected KEY=VALUE, got 'spark.a'" in capsys.readouterr().err
+
+
 def test_verbose_before_or_after_the_subcommand():
     assert build_parser().parse_args(["--verbose", "gc", "j"]).verbose
     assert build_parser().parse_args(["gc", "j", "--verbose"]).verbose

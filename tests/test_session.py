@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from spark_jobs.deploy import class_archive
 from spark_jobs.deploy.session import (
     QUIET_LOG4J,
     delta_package,
@@ -68,10 +69,33 @@ def test_a_configuration_with_jars_of_its_own_always_resolves(tmp_path, monkeypa
     assert not (tmp_path / "ivy" / "resolved").exists()
 
 
-def test_quiet_sessions_log_through_cutlines_log4j_configuration():
+def test_quiet_sessions_log_through_cutlines_log4j_configuration(monkeypatch):
+    monkeypatch.setenv("CUTLINE_CLASS_ARCHIVE", "off")
     conf = session_conf("local[1]", quiet=True)
     assert conf["spark.driver.extraJavaOptions"] == f"-Dlog4j2.configurationFile={QUIET_LOG4J}"
     assert QUIET_LOG4J.is_file() and "spark.driver.extraJavaOptions" not in session_conf()
+
+
+def test_drivers_use_the_class_archive_made_for_their_java_and_spark(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUTLINE_CLASS_ARCHIVE_DIR", str(tmp_path))
+    monkeypatch.delenv("CUTLINE_CLASS_ARCHIVE", raising=False)
+    monkeypatch.delenv(class_archive.DUMP_TO, raising=False)
+    assert "spark.driver.extraJavaOptions" not in session_conf(), "no archive yet"
+    path = class_archive.archive_path()
+    assert path is not None and path.parent == tmp_path
+    path.write_bytes(b"archive")
+    options = session_conf(quiet=True)["spark.driver.extraJavaOptions"].split()
+    assert options == [
+        "-Xshare:auto",
+        f"-XX:SharedArchiveFile={path}",
+        f"-Dlog4j2.configurationFile={QUIET_LOG4J}",
+    ]
+    monkeypatch.setenv("CUTLINE_CLASS_ARCHIVE", "off")
+    assert "spark.driver.extraJavaOptions" not in session_conf()
+    # the process making the archive dumps it instead
+    monkeypatch.setenv(class_archive.DUMP_TO, str(tmp_path / "new.jsa"))
+    options = session_conf()["spark.driver.extraJavaOptions"].split()
+    assert options == [f"-XX:ArchiveClassesAtExit={tmp_path / 'new.jsa'}"]
 
 
 def _child_writes(text: str) -> subprocess.Popen:

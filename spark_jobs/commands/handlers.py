@@ -136,7 +136,13 @@ def run(args: argparse.Namespace) -> int:
             allow_non_restored=args.allow_non_restored_state,
         )
         try:
-            spark = build_spark(master, f"cutline-{job.name}", kafka=kafka, quiet=not args.verbose)
+            spark = build_spark(
+                master,
+                f"cutline-{job.name}",
+                kafka=kafka,
+                extra=dict(args.conf),
+                quiet=not args.verbose,
+            )
         except BaseException as e:
             abandon_plan(plan, paths, job.name, f"the Spark session did not start: {e}")
             raise

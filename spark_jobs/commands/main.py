@@ -58,6 +58,13 @@ def _positive(kind: type) -> Callable[[str], Any]:
     return parse
 
 
+def _spark_conf(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
 def _restore_choice(text: str) -> str:
     if text in ("latest", "none") or (text.isdigit() and int(text) > 0):
         return text
@@ -126,6 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long a restore on a cluster waits for executors on the hinted hosts (60)",
     )
     run.add_argument("--run-id", default="", help="orchestrator run id, recorded in the catalog")
+    run.add_argument(
+        "--conf",
+        action="append",
+        type=_spark_conf,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark configuration property of the driver's session, as spark-submit's --conf",
+    )
     run.set_defaults(func=commands.run)
     gc = add("gc", help="retention GC of a job: subsume, delete what nothing needs")
     gc.add_argument("job", help=JOB_HELP)

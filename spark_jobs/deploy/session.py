@@ -25,6 +25,7 @@ from pathlib import Path
 import pyspark
 from pyspark.sql import SparkSession
 
+from spark_jobs.deploy.class_archive import driver_java_options
 from spark_jobs.deploy.java_check import require_java
 
 SCALA = "2.13"
@@ -106,6 +107,8 @@ def session_conf(
         # 10,000, made VACUUM of a small catalog table take 30 s on 2 cores instead of 3 s)
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(2 * shuffle_partitions),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # Python workers fork from a daemon that imported the runtime's modules already
+        "spark.python.daemon.module": "spark_jobs.executor.worker_daemon",
         # A failed task fails the attempt; recovery is a restore from the latest checkpoint
         # (Flink's full restart), never a retry that could apply a micro-batch twice.
         "spark.task.maxFailures": "1",
@@ -133,8 +136,11 @@ def session_conf(
     repo = os.environ.get("CUTLINE_MAVEN_REPO")
     if repo:
         conf["spark.jars.repositories"] = repo
+    java_options = driver_java_options()
     if quiet:
-        conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={QUIET_LOG4J}"
+        java_options.append(f"-Dlog4j2.configurationFile={QUIET_LOG4J}")
+    if java_options:
+        conf["spark.driver.extraJavaOptions"] = " ".join(java_options)
     conf.update(extra or {})
     jars = resolved_jars(conf)
     if jars:  # resolved before: the same jars, without Ivy's resolution at every start
