@@ -145,7 +145,7 @@ def main() -> None:
         print("setup", json.dumps(setup), flush=True)
         results = {"setup": setup}
         for name, dry in (("dry_run", True), ("catch_up", False), ("steady", False)):
-            report = collect_garbage(spark, JOB, paths, dry_run=dry, grace_s=0, log=lambda *_: None)
+            report = collect_garbage(JOB, paths, dry_run=dry, grace_s=0, log=lambda *_: None)
             results[name] = {
                 "duration_s": round(report.duration_ms / 1000, 2),
                 "files_deleted": report.files_deleted,

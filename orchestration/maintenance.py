@@ -67,14 +67,12 @@ class RetentionConfig(Config):
 def retention_gc(
     context: OpExecutionContext,
     config: RetentionConfig,
-    pyspark: PySparkResource,
     cutline_paths: CutlinePaths,
 ) -> None:
     reader = cutline_paths.catalog()
     names = config.jobs or [n for n in job_names() if reader.jobs(n)]
     for name in names:
         report = collect_garbage(
-            pyspark.spark_session,
             name,
             cutline_paths.paths(),
             dry_run=config.dry_run,

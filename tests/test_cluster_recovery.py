@@ -65,7 +65,7 @@ def latest_allocation(home: Path) -> dict[str, str]:
 
 def start_and_wait_for_checkpoints(cluster, home: Path, n: int) -> subprocess.Popen:
     home.mkdir(parents=True)
-    generate(home / "log", "clicks", "clicks", count=150_000, seed=7, users=20_000)
+    generate(home / "log", "clicks", "clicks", count=100_000, seed=7, users=20_000)
     driver = cutline(home, *job_args(cluster, home, SPREAD, "--idle-timeout", "30"))
     wait_for(lambda: len(checkpoints_so_far(home, JOB)) >= n, 400, "checkpoints", driver)
     first = latest_allocation(home)

@@ -20,6 +20,7 @@ from orchestration.resources import CutlinePaths
 from spark_jobs.catalog.shared_files import SUMMARY
 from spark_jobs.catalog.tables import TABLES, CatalogReader
 from spark_jobs.deploy.settings import RuntimePaths
+from spark_jobs.errors import ConfigurationError
 from spark_jobs.job_loader import get_job
 from spark_jobs.maintenance.gc import (
     FAULT_PAUSE,
@@ -96,7 +97,7 @@ def test_gc_while_the_job_runs_and_restores_keeps_storage_bounded_and_output_exa
         nonlocal passes, deleted, worst
         time.sleep(2)
         started = time.time()
-        report = collect_garbage(spark, JOB, paths, grace_s=GRACE_S, log=lambda *_: None)
+        report = collect_garbage(JOB, paths, grace_s=GRACE_S, log=lambda *_: None)
         passes += 1
         deleted += report.files_deleted
         old, limit = settled_bytes(paths, started - GRACE_S)
@@ -192,7 +193,7 @@ def test_dry_run_deletes_nothing_and_the_dagster_job_reports_what_it_reclaimed(s
     paths = RuntimePaths.under(home)
     storage = open_storage(paths.checkpoint_root)
     before = sorted(i.path for i in storage.list(JOB))
-    dry = collect_garbage(spark, JOB, paths, dry_run=True, grace_s=0, log=lambda *_: None)
+    dry = collect_garbage(JOB, paths, dry_run=True, grace_s=0, log=lambda *_: None)
     assert dry.files_deleted > 0
     assert sorted(i.path for i in storage.list(JOB)) == before
 
@@ -328,7 +329,11 @@ def test_gc_passes_back_to_back_beside_a_job_checkpointing_every_second_all_exit
         first = len(completed_checkpoints(home, JOB))
         while len(passes) < BESIDE_PASSES:
             assert job.poll() is None, "the job ended before the GC passes beside it did"
+            # the next pass once the job registered new files since the last one began (a pass
+            # takes seconds, shorter than a checkpoint here): every pass has changes to commit
+            seen = len(checkpoints_so_far(home, JOB))
             passes.append(_cutline_gc(home, paths, f"beside-{len(passes)}", PLAN_DELAY_S))
+            wait_for(lambda n=seen: len(checkpoints_so_far(home, JOB)) > n, 60, "a checkpoint", job)
         during = len(completed_checkpoints(home, JOB)) - first
     except BaseException:
         kill_driver(job)
@@ -414,3 +419,14 @@ def _cutline_gc(home: Path, paths: RuntimePaths, name: str, plan_delay_s: float 
         "retried": gc["conflicts_retried"],
         "rewrite_ms": gc["phase_ms"].get("update registry"),
     }
+
+
+def test_gc_without_the_catalog_refuses_and_deletes_nothing(tmp_path):
+    """A wrong warehouse would make every stored file look unreferenced: GC refuses instead."""
+    paths = RuntimePaths.under(tmp_path)
+    stored = Path(paths.checkpoint_root) / JOB / "shared" / "0" / "000001.sst"
+    stored.parent.mkdir(parents=True)
+    stored.write_bytes(b"state")
+    with pytest.raises(ConfigurationError, match=r"no catalog under .*deletes nothing"):
+        collect_garbage(JOB, paths, grace_s=0, log=lambda *_: None)
+    assert stored.read_bytes() == b"state"

@@ -184,15 +184,10 @@ def run(args: argparse.Namespace) -> int:
 
 def gc(args: argparse.Namespace) -> int:
     """One retention GC pass over a job's checkpoints (see spark_jobs.maintenance.gc)."""
-    from spark_jobs.deploy.session import build_spark
-    from spark_jobs.job_loader import job_name_of
     from spark_jobs.maintenance.gc import collect_garbage
 
-    master = args.master or deployment_settings(args).spark_master
-    name = job_name_of(args.job)
-    spark = build_spark(master, f"cutline-gc-{name}", quiet=not args.verbose)
     report = collect_garbage(
-        spark, args.job, runtime_paths(args), dry_run=args.dry_run, grace_s=args.grace_s
+        args.job, runtime_paths(args), dry_run=args.dry_run, grace_s=args.grace_s
     )
     if args.json:
         print(json.dumps(report.to_dict()))

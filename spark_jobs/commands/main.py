@@ -146,7 +146,6 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("job", help=JOB_HELP)
     gc.add_argument("--dry-run", action="store_true", help="report what would go; delete nothing")
     gc.add_argument("--grace-s", type=float, help="default: the job's checkpoint timeout")
-    gc.add_argument("--master", help="Spark master (default: the settings, or local[*])")
     gc.add_argument("--json", action="store_true")
     gc.set_defaults(func=commands.gc)
     comp = add("compact", help="ask a job to compact its RocksDB state at its next barrier")

@@ -26,6 +26,7 @@ from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.catalog.shared_files import RegistryChanges
 from spark_jobs.catalog.tables import now_ms
 from spark_jobs.deploy.settings import RuntimePaths
+from spark_jobs.errors import ConfigurationError
 from spark_jobs.job_loader import get_job
 from state.acks import Ack, AckError, ack_location
 from state.gc import GcPlan, plan_gc, select_retention
@@ -66,7 +67,6 @@ class GcReport:
 
 
 def collect_garbage(
-    spark,
     job_ref: str,
     paths: RuntimePaths,
     *,
@@ -81,7 +81,13 @@ def collect_garbage(
     job = get_job(job_ref)
     job_name = job.name
     grace = job.checkpoint.timeout_ms / 1000 if grace_s is None else grace_s
-    catalog = DeltaCatalog(spark, paths.warehouse)
+    if not DeltaCatalog.tables_exist(paths.warehouse):
+        # without the catalog every stored file would look unreferenced: refuse, delete nothing
+        raise ConfigurationError(
+            f"{job_name}: no catalog under {paths.warehouse} (is the warehouse right?); GC "
+            "needs the catalog's checkpoints to know what is referenced, and deletes nothing"
+        )
+    catalog = DeltaCatalog(None, paths.warehouse)  # reads and commits through delta-rs: no Spark
     storage = open_storage(paths.checkpoint_root)
     layout = JobLayout(job_name)
     report = GcReport(job_name, dry_run)
