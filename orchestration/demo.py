@@ -51,6 +51,11 @@ class DagsterProcesses:
         bin_dir = Path(sys.executable).parent
         workspace = ["-w", str(ROOT / "workspace.yaml")]
         logs = self.home / "dagster"
+        # The instance's SQLite storage is created here, once, before the webserver and the
+        # daemon open it: processes creating it at the same moment can stamp its schema twice
+        # (alembic: "more than one head present"), and then no process can open it.
+        with instance(self.home):
+            pass
         for name, argv in (
             (
                 "webserver",

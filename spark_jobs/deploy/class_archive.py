@@ -134,7 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"class archive: {path} (present)")
         return 0
     started = time.monotonic()
-    path = build(force=args.force)
+    try:
+        path = build(force=args.force)
+    except RuntimeError as e:  # drivers start without it, only slower
+        print(f"class archive: not made, drivers start without it: {e}", file=sys.stderr)
+        return 0
     size = path.stat().st_size / 2**20
     print(f"class archive: {path} ({size:.0f} MiB, made in {time.monotonic() - started:.0f} s)")
     return 0
