@@ -30,19 +30,21 @@ from spark_jobs.deploy.class_archive import archive_path, build  # noqa: E402
 from spark_jobs.sources.generate import generate  # noqa: E402
 
 RUN = ["run", "clicks_per_user", "--interval-ms", "500", "--idle-timeout", "1", "--max-batches"]
-VARIANTS: dict[str, dict[str, str]] = {
-    "plain JVM, PySpark's daemon": {"CUTLINE_CLASS_ARCHIVE": "off", "DAEMON": "pyspark"},
-    "plain JVM": {"CUTLINE_CLASS_ARCHIVE": "off"},
-    "class archive": {},
-    "class archive, quick compiler only": {"SPARK_SUBMIT_OPTS": "-XX:TieredStopAtLevel=1"},
+PYSPARK_DAEMON = ["--conf", "spark.python.daemon.module=pyspark.daemon"]
+# name -> (environment of the driver, extra arguments of ``cutline run``)
+VARIANTS: dict[str, tuple[dict[str, str], list[str]]] = {
+    "plain JVM, PySpark's daemon": ({"CUTLINE_CLASS_ARCHIVE": "off"}, PYSPARK_DAEMON),
+    "plain JVM": ({"CUTLINE_CLASS_ARCHIVE": "off"}, []),
+    "class archive": ({}, []),
+    "class archive, quick compiler only": ({"SPARK_SUBMIT_OPTS": "-XX:TieredStopAtLevel=1"}, []),
 }
 STARTUP = re.compile(r"^startup: ([0-9.]+) s from the process start", re.M)
 
 
-def restore_once(home: Path, variant: dict[str, str]) -> tuple[float, float]:
+def restore_once(home: Path, variant: tuple[dict[str, str], list[str]]) -> tuple[float, float]:
+    variant_env, conf = variant
     env = {k: v for k, v in os.environ.items() if k != "SPARK_SUBMIT_OPTS"}
-    env.update({k: v for k, v in variant.items() if k != "DAEMON"})
-    conf = ["--conf", "spark.python.daemon.module=pyspark.daemon"] if "DAEMON" in variant else []
+    env.update(variant_env)
     started = time.monotonic()
     out = subprocess.run(
         [sys.executable, "-m", "spark_jobs.commands", "--home", str(home), *RUN, "2", *conf],

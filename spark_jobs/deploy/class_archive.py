@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -126,11 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.workload:
         _workload(Path(args.workload))
         return 0
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+    path = archive_path()
+    if path is None:
         print("class archive: no java, nothing to make")
         return 0
-    path = archive_path()
-    if path is not None and path.is_file() and not args.force:
+    if path.is_file() and not args.force:
         print(f"class archive: {path} (present)")
         return 0
     started = time.monotonic()
