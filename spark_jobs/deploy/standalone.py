@@ -125,7 +125,7 @@ class StandaloneCluster:
                 f"http://{MASTER_HOST}:{self.ui_port}/json/", timeout=2
             ) as r:
                 return json.loads(r.read())
-        except OSError:
+        except (OSError, ValueError):  # not listening yet, or an empty page while it starts
             return None
 
     def alive_hosts(self) -> set[str]:
