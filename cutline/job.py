@@ -7,7 +7,6 @@ definition time: a bad value raises :class:`JobDefinitionError` naming the field
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 from collections.abc import Callable
@@ -252,11 +251,13 @@ class DeltaSink:
 @dataclass(frozen=True)
 class JobDefinition:
     """A streaming job: ``sources``, optional stateless ``transforms`` of them, then ``operator``:
-    one keyed stage, or a tuple of stages chained in order. The first stage reads the sources;
-    every later stage reads the output of the one before it, re-partitioned by its own key
-    column. ``sink``: one Delta sink or several, each taking one stage's output. Every stage's
-    subtasks snapshot at the same micro-batch cut; a checkpoint completes only with all of
-    them."""
+    one keyed stage, or a tuple of stages chained in order. The first stage reads sources;
+    every later stage reads the output of the one before it, and may read sources and the
+    outputs of earlier stages besides (a two-input stage anywhere in the chain: enrich a stage's
+    totals with a profiles source), every input re-partitioned by the stage's key for it. Each
+    source has one reader. ``sink``: one Delta sink or several, each taking one stage's output.
+    Every stage's subtasks snapshot at the same micro-batch cut, after applying all their
+    inputs' records of it; a checkpoint completes only with all of them."""
 
     name: str
     sources: tuple[Source, ...]
@@ -306,8 +307,19 @@ class JobDefinition:
 
     @property
     def source_inputs(self) -> dict[str, Key]:
-        """Each source the job reads -> the first stage's key for it (a column, or several)."""
-        return self.stages[0].inputs
+        """Each source the job reads -> the key of the stage that reads it (a column, or
+        several), in chain order."""
+        names = {s.name for s in self.sources}
+        return {n: k for stage in self.stages for n, k in stage.inputs.items() if n in names}
+
+    def reader_of(self, input_name: str) -> int:
+        """The index of the stage that reads source ``input_name``."""
+        return next(i for i, s in enumerate(self.stages) if input_name in s.inputs)
+
+    def readers_of(self, stage: int) -> list[int]:
+        """The indexes of the later stages that read stage ``stage``'s output."""
+        name = self.stages[stage].name
+        return [i for i, s in enumerate(self.stages) if i > stage and name in s.inputs]
 
     def source(self, name: str) -> Source:
         return next(s for s in self.sources if s.name == name)
@@ -326,24 +338,45 @@ class JobDefinition:
 
 
 def _check_chain(stages: tuple[Operator, ...], sources: list[str]) -> None:
-    """The first stage reads sources; each later one reads the stage before it, by one key."""
+    """The first stage reads sources; each later one reads the stage before it, and may read
+    sources and earlier stages besides. A source has one reader; a stage name is not a
+    source's."""
     if not stages:
         raise JobDefinitionError("job.operator must name at least one stage")
     for what in ("name", "uid"):
         values = [getattr(s, what) for s in stages]
         if len(set(values)) != len(values):
             raise JobDefinitionError(f"job stages' {what}s must be unique, got {values}")
+    clash = sorted({s.name for s in stages} & set(sources))
+    if clash:
+        raise JobDefinitionError(f"stages and sources must have different names, got {clash}")
     for source in stages[0].inputs:
         if source not in sources:
             raise JobDefinitionError(
                 f"stage {stages[0].name!r}: input {source!r} is not one of the job's sources "
                 f"{sources}"
             )
-    for before, stage in itertools.pairwise(stages):
-        if list(stage.inputs) != [before.name]:
+    read_by: dict[str, str] = {}
+    for i, stage in enumerate(stages):
+        earlier = [s.name for s in stages[:i]]
+        for name in stage.inputs:
+            if name in sources:
+                if name in read_by:
+                    raise JobDefinitionError(
+                        f"source {name!r} is read by stages {read_by[name]!r} and "
+                        f"{stage.name!r}: a source has one reader"
+                    )
+                read_by[name] = stage.name
+            elif name not in earlier:
+                raise JobDefinitionError(
+                    f"stage {stage.name!r}: input {name!r} is neither a source {sources} nor an "
+                    f"earlier stage {earlier}"
+                )
+        if i and stages[i - 1].name not in stage.inputs:
+            before = stages[i - 1].name
             raise JobDefinitionError(
                 f"stage {stage.name!r} must read the output of the stage before it, "
-                f"{before.name!r}, keyed by its own key (inputs={{{before.name!r}: <key>}}); "
+                f"{before!r}, keyed by its own key (inputs={{{before!r}: <key>, ...}}); "
                 f"got inputs {sorted(stage.inputs)}"
             )
 

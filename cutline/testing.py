@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 from cutline.job import JobDefinition, KeyedProcess
 from cutline.keyed_process import SOURCE_COLUMN, ProcessOperator, key_columns
 from spark_jobs.executor.dataflow import rekey
-from spark_jobs.executor.subtask import read_chunks
+from spark_jobs.executor.subtask import read_chunks, sort_in_log_order
 from spark_jobs.sources.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from state.handles import SubtaskStateHandle
 from state.keygroups import key_group_range
@@ -114,30 +114,22 @@ class Harness:
     def process(
         self, records: Rows | Mapping[str, Rows], *, processing_time: int | None = None
     ) -> pa.Table:
-        """One micro-batch of ``records`` (for a two-input first stage: a dict by input name)
-        through every stage; returns the last stage's output (every stage's is in
-        :attr:`outputs`). ``processing_time`` moves the processing clock first."""
+        """One micro-batch of ``records`` (for a job that reads several sources: a dict by
+        source name, whichever stage reads it) through every stage; returns the last stage's
+        output (every stage's is in :attr:`outputs`). ``processing_time`` moves the processing
+        clock first."""
         if processing_time is not None:
             self.set_processing_time(processing_time, fire=False)
-        first = self.stages[0]
+        sources = list(self.job.source_inputs)
         if not isinstance(records, Mapping):
-            if len(first.inputs) != 1:
-                raise ValueError(
-                    f"stage {first.name!r} has inputs {list(first.inputs)}: pass a dict of "
-                    "records by input name"
-                )
-            records = {next(iter(first.inputs)): records}
-        unknown = sorted(set(records) - set(first.inputs))
+            if len(sources) != 1:
+                raise ValueError(f"the job reads sources {sources}: pass a dict of records by name")
+            records = {sources[0]: records}
+        unknown = sorted(set(records) - set(sources))
         if unknown:
-            raise ValueError(f"stage {first.name!r} has no input(s) {unknown}")
-        tables = [_tagged(as_table(rows), name) for name, rows in records.items()]
-        tables = [t for t in tables if t.num_rows]
-        table = None
-        if tables:  # in the runtime's order: by input, then as given
-            table = pa.concat_tables(tables, promote_options="permissive")
-            table = table.sort_by([(SOURCE_COLUMN, "ascending"), (NEXT_OFFSET_COLUMN, "ascending")])
-        return self._run(table)
-
+            raise ValueError(f"the job reads no source(s) {unknown}; its sources are {sources}")
+        tables = {name: _tagged(as_table(rows), name) for name, rows in records.items()}
+        return self._run({name: t for name, t in tables.items() if t.num_rows})
     def advance_watermark(self, watermark: int, stage: str | None = None) -> pa.Table:
         """Move the watermark of every stage (or of ``stage``, by name) to ``watermark`` (it
         never goes back) and run a micro-batch without records: the event-time timers due by
@@ -145,7 +137,7 @@ class Harness:
         for s in self.stages:
             if stage is None or s.name == stage:
                 self.watermarks[s.uid] = max(self.watermarks.get(s.uid, watermark), watermark)
-        return self._run(None)
+        return self._run({})
 
     def set_processing_time(self, ms: int, *, fire: bool = True) -> pa.Table:
         """Move the processing clock to ``ms`` (never back); with ``fire``, run a micro-batch
@@ -154,21 +146,28 @@ class Harness:
         if ms < self.processing_time:
             raise ValueError(f"processing time goes back: {ms} < {self.processing_time}")
         self.processing_time = ms
-        return self._run(None) if fire else pa.table({})
+        return self._run({}) if fire else pa.table({})
 
-    def _run(self, table: pa.Table | None) -> pa.Table:
+    def _run(self, sources: Mapping[str, pa.Table]) -> pa.Table:
+        """One micro-batch: each stage's input, as the runtime routes it (the sources it reads,
+        the outputs of the stages it reads), in the runtime's order."""
         output = pa.table({})
         for i, stage in enumerate(self.stages):
-            if i > 0:
-                table = self._rekeyed(output, i)
-            if table is None:
+            tables = []
+            for name in stage.inputs:
+                if name in sources:
+                    tables.append(sources[name])
+                elif name in self.outputs and i > 0:
+                    tables.extend(self._rekeyed(self.outputs[name], i, name))
+            if tables:
+                table = sort_in_log_order(pa.concat_tables(tables, promote_options="permissive"))
+            else:
                 table = pa.table(
                     {c: pa.array([], pa.string()) for c in key_columns(stage.key_column)}
                 )
             output = self._apply(stage, table)
             self.outputs[stage.name] = output
         return output
-
     def _apply(self, stage: KeyedProcess, table: pa.Table) -> pa.Table:
         store = self._stores[stage.uid]
         result = self._operators[stage.uid].apply(
@@ -197,11 +196,11 @@ class Harness:
             candidate = min(seen.values()) - stage.out_of_orderness_ms
             self.watermarks[stage.uid] = max(self.watermarks.get(stage.uid, candidate), candidate)
 
-    def _rekeyed(self, output: pa.Table, i: int) -> pa.Table | None:
-        """Stage ``i - 1``'s output as stage ``i`` reads it, routed by the runtime's code (None:
-        no records)."""
-        chunks = [chunk for _, chunk in rekey(output, self.job, i, 0)]
-        return read_chunks(chunks, None) if chunks else None
+    def _rekeyed(self, output: pa.Table, i: int, producer: str) -> list[pa.Table]:
+        """Stage ``producer``'s output as stage ``i`` reads it, routed by the runtime's code."""
+        index = next(j for j, s in enumerate(self.stages) if s.name == producer)
+        chunks = [chunk for _, chunk in rekey(output, self.job, i, 0, producer=index)]
+        return [read_chunks(chunks, None)] if chunks else []
 
     # -- state -----------------------------------------------------------------------------
 
@@ -316,7 +315,9 @@ def _chain_job(stages: tuple[KeyedProcess, ...]) -> JobDefinition:
     from cutline.job import DeltaSink, LogSource
     from state.config import CheckpointConfig
 
-    sources = tuple(LogSource(name, name, "x string") for name in stages[0].inputs)
+    stage_names = {s.name for s in stages}
+    names = dict.fromkeys(n for s in stages for n in s.inputs if n not in stage_names)
+    sources = tuple(LogSource(name, name, "x string") for name in names)
     return JobDefinition(
         name=_JOB,
         sources=sources,

@@ -24,7 +24,10 @@ job's expected rows follow from the records of the epochs up to theirs:
   its end by the gap, numbered per user;
 - ``enriched_orders``: each order once, in its own epoch, with the fields of its user's latest
   profile by event time (ties: the later epoch, then the later log position) among the profiles of
-  the epochs up to the order's.
+  the epochs up to the order's;
+- ``profiled_clicks`` (examples/sessions, a two-input second stage): in each epoch, one row per
+  user with clicks in it: the running count and latest click time, with the fields of the user's
+  latest profile as ``enriched_orders`` picks it.
 
 Output is compared row by row, (key, epoch) by (key, epoch) (tests/row_check.py), so an epoch
 lost, emitted twice, recomputed or reordered fails the check, naming key and epoch.
@@ -232,19 +235,34 @@ def expect_sessions(
     return {"sessions": Expected(sessions, ["user", "session_start"], values)}
 
 
-def expect_enriched_orders(inputs: dict[str, pd.DataFrame], epochs: list[int]) -> dict:
-    orders, profiles = inputs["orders"], inputs["profiles"]
+def with_latest_profile(rows: pd.DataFrame, profiles: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` (with ``user`` and ``_epoch``) with ``country`` and ``tier`` of the user's latest
+    profile by event time (ties: the later epoch, then the later log position) among the
+    profiles of the epochs up to the row's; none: null."""
     # the order in which a profile supersedes another: event time, then arrival
     ranked = profiles.sort_values(["ts", EPOCH, "partition", "offset"]).reset_index(drop=True)
     ranked["rank"] = np.arange(len(ranked), dtype=np.float64)
     best = ranked.groupby(["user", EPOCH])["rank"].max().reset_index().sort_values(EPOCH)
     best["rank"] = best.groupby("user")["rank"].cummax()
-    rows = pd.merge_asof(orders.sort_values(EPOCH), best, on=EPOCH, by="user", direction="backward")
+    rows = pd.merge_asof(rows.sort_values(EPOCH), best, on=EPOCH, by="user", direction="backward")
     chosen = ranked.reindex(rows["rank"].fillna(-1).astype(int))
     rows["country"] = chosen["country"].to_numpy()
     rows["tier"] = pd.array(chosen["tier"].to_numpy(), dtype="Int64")
+    return rows.drop(columns=["rank"])
+
+
+def expect_enriched_orders(inputs: dict[str, pd.DataFrame], epochs: list[int]) -> dict:
+    rows = with_latest_profile(inputs["orders"], inputs["profiles"])
     values = ["user", "amount", "ts", "country", "tier"]
     return {"enriched_orders": Expected(rows, ["order_id"], values)}
+
+
+def expect_profiled_clicks(inputs: dict[str, pd.DataFrame], epochs: list[int]) -> dict:
+    clicks = inputs["clicks"]
+    per = clicks.groupby(["user", EPOCH]).agg(clicks=("ts", "size"), ts=("ts", "max"))
+    rows = _running(per.reset_index(), ["user"], ["clicks"], ["ts"])
+    rows = with_latest_profile(rows, inputs["profiles"])
+    return {"profiled_clicks": Expected(rows, ["user"], ["clicks", "ts", "country", "tier"])}
 
 
 @dataclass(frozen=True)
@@ -271,6 +289,9 @@ REFERENCES = {
     ),
     "page_visits": JobReference(
         ("clicks",), ("page_visits", "page_bucket_visits"), expect_page_visits
+    ),
+    "profiled_clicks": JobReference(
+        ("clicks", "profiles"), ("profiled_clicks",), expect_profiled_clicks
     ),
 }
 

@@ -26,7 +26,7 @@ from spark_jobs.executor.reports import SubtaskStats
 from spark_jobs.executor.subtask import BatchPlan, RunContext
 from spark_jobs.sinks.sink import Sink
 from spark_jobs.sources.bad_records import bad_record_error
-from spark_jobs.sources.frames import empty_frame, range_frame, tag_and_union
+from spark_jobs.sources.frames import empty_frame, range_frame, source_columns, tag_and_union
 from state.coordinator import CheckpointCoordinator
 
 
@@ -55,6 +55,7 @@ class MicroBatches:
         self.anchor = None
         self.coordinator: CheckpointCoordinator | None = None
         self.acks: AckPoller | None = None
+        self.source_columns = source_columns(spark, self.job)
 
     def tasks(self) -> list[tuple[str, int]]:
         """Every (stage uid, subtask) of the job: the coordinator's tasks."""
@@ -108,7 +109,7 @@ class MicroBatches:
             plan = self._plan(r.epoch, None, emit=False, processing_time=r.processing_time)
             stats = self._execute(tag_and_union(self.job, frames), plan)
             self.progress.fold(stats, plan.processing_time)
-            records += sum(s.records for s in stats)
+            records += sum(s.source_records for s in stats)
         self.state.replayed(len(epochs))
         self.log(
             f"replayed epochs {epochs[0].epoch}..{epochs[-1].epoch} ({records:,} records) "
@@ -139,6 +140,7 @@ class MicroBatches:
             compact=self.compaction.subtasks_at(checkpoint_id),
             emit=emit,
             processing_time=now_ms() if processing_time is None else processing_time,
+            source_columns=self.source_columns,
         )
 
     def _execute(self, df, plan: BatchPlan) -> list[SubtaskStats]:
@@ -149,7 +151,7 @@ class MicroBatches:
     def _after(self, plan: BatchPlan, stats: list[SubtaskStats]) -> int:
         """Fold the statistics into the progress, record the epoch's end (and planned
         processing time) and a barrier's cut, append at-least-once output; returns the records
-        the first stage read."""
+        read from the sources."""
         epoch, checkpoint_id, clock = plan.epoch, plan.checkpoint_id, plan.processing_time
         found = [r.first_bad for r in stats if r.first_bad]
         bad = sum(r.bad_records for r in stats)
@@ -157,8 +159,7 @@ class MicroBatches:
             error = bad_record_error(found, bad)
             self.state.fail(str(error), error)
             return 0
-        first = self.job.stages[0].uid
-        records = sum(r.records for r in stats if r.stage == first)
+        records = sum(r.source_records for r in stats)
         progress = self.progress
         progress.fold(stats, clock)
         ends = progress.position_copy()

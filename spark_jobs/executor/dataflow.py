@@ -11,12 +11,19 @@ statistics from the last stage in one ``collect``.
 
 A re-keyed record carries the upstream subtask as ``_partition`` and its row number as
 ``_next_offset``: the next stage reads its records in that order, the same on every replay.
+
+A stage later in the chain may read sources, and earlier stages' outputs, besides the stage
+before it. Their records travel as :class:`Forwarded` chunks: routed at the map side (or by the
+producing stage) by the reading stage's key, they stay in the partition of the subtask that
+reads them, passed through by the stages between, and the reading stage applies them in the
+same micro-batch as its upstream records, so both inputs are cut at the same barrier.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -30,15 +37,17 @@ from spark_jobs.executor.reports import SubtaskStats
 from spark_jobs.executor.subtask import (
     KEY_COLUMN,
     KEY_GROUP_COLUMN,
+    STAGE_COLUMN,
     SUBTASK_COLUMN,
     BatchPlan,
     read_chunks,
     run_subtask,
+    sort_in_log_order,
 )
 from spark_jobs.sources.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from state.keygroups import key_groups, key_types_of, spark_key_group_sql, subtask_for_key_group
 
-CHUNKS_SCHEMA = "subtask int, chunk binary"  # split_by_subtask's output
+CHUNKS_SCHEMA = "subtask int, stage int, chunk binary"  # split_by_subtask's output
 _KEY_ARROW_TYPES = {
     "string": pa.string(),
     "binary": pa.binary(),
@@ -47,8 +56,17 @@ _KEY_ARROW_TYPES = {
 }
 
 
+class Forwarded(NamedTuple):
+    """Records for stage ``stage``, beyond the next one: from the map side (``origin`` None:
+    sources that stage reads) or from the output of the stage named ``origin``."""
+
+    stage: int
+    chunk: bytes
+    origin: str | None = None
+
+
 def execute(df, plan: BatchPlan, anchor) -> list[SubtaskStats]:
-    """Run one micro-batch of ``df`` (the first stage's tagged input) through every stage;
+    """Run one micro-batch of ``df`` (every source's tagged records) through every stage;
     returns every subtask's statistics, all stages'."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -60,7 +78,7 @@ def execute(df, plan: BatchPlan, anchor) -> list[SubtaskStats]:
         SUBTASK_COLUMN, F.expr(f"CAST({KEY_GROUP_COLUMN} * {p} DIV {m} AS INT)")
     )
     plan = replace(plan, schema=to_arrow_schema(keyed.schema))
-    routed = keyed.mapInArrow(split_by_subtask, CHUNKS_SCHEMA).rdd
+    routed = keyed.mapInArrow(split_by_subtask, CHUNKS_SCHEMA).rdd.map(_routed)
     for stage in range(len(job.stages)):
         routed = pin_to_anchor(routed.partitionBy(p, subtask_partition), anchor)
         routed = routed.mapPartitionsWithIndex(
@@ -69,38 +87,92 @@ def execute(df, plan: BatchPlan, anchor) -> list[SubtaskStats]:
     return routed.collect()
 
 
+def _routed(row) -> tuple:
+    """A map-side chunk as a shuffle item: the first stage's records, or forwarded ones."""
+    chunk = bytes(row.chunk)
+    return (row.subtask, chunk if row.stage == 0 else Forwarded(row.stage, chunk))
+
+
 def run_stage(plan: BatchPlan, stage: int, subtask: int, items: Iterable) -> Iterator:
     """The task of subtask ``subtask`` of stage ``stage``. ``items`` are ``(subtask, value)``
-    pairs: an Arrow IPC chunk of records, the :class:`SubtaskStats` of an upstream subtask, or
-    the anchor's ``None``. Yields the statistics (the last stage) or ``(subtask, value)`` pairs
-    for the next stage: its record chunks, and the statistics so far. A
-    :class:`~spark_jobs.errors.NonRetryableError` reaches the driver typed (``carry_to_driver``)."""
+    pairs: an Arrow IPC chunk of records, a :class:`Forwarded` chunk, the
+    :class:`SubtaskStats` of an upstream subtask, or the anchor's ``None``. Yields the
+    statistics (the last stage) or ``(subtask, value)`` pairs for the next stage: the record
+    chunks of the stages after it, forwarded chunks passed through, and the statistics so far.
+    A :class:`~spark_jobs.errors.NonRetryableError` reaches the driver typed
+    (``carry_to_driver``)."""
     with carry_to_driver():
         job = plan.ctx.job
-        chunks, passed = [], []
+        chunks, forwarded, passed, later = [], [], [], []
         for _, value in items:
             if isinstance(value, SubtaskStats):
                 passed.append(value)
+            elif isinstance(value, Forwarded):
+                (forwarded if value.stage == stage else later).append(value)
             elif value is not None:
                 chunks.append(value)
         schema = plan.schema if stage == 0 else empty_input(job.stages[stage]).schema
-        stats, output = run_subtask(plan, stage, subtask, read_chunks(chunks, schema))
+        table = read_chunks(chunks, schema)
+        if forwarded:
+            table = stage_input(table, forwarded, plan.source_columns)
+        stats, output = run_subtask(plan, stage, subtask, table)
         passed.append(stats)
         if stage == len(job.stages) - 1:
             yield from passed
             return
         yield from ((subtask, s) for s in passed)
-        yield from rekey(output, job, stage + 1, subtask)
+        yield from ((subtask, f) for f in later)
+        origin = job.stages[stage].name
+        for reader in job.readers_of(stage):
+            for target, chunk in rekey(output, job, reader, subtask, producer=stage):
+                item = chunk if reader == stage + 1 else Forwarded(reader, chunk, origin)
+                yield target, item
 
 
-def rekey(output: pa.Table, job: JobDefinition, stage: int, upstream: int) -> list[tuple]:
-    """Stage ``stage - 1``'s output rows of subtask ``upstream``, cut into one Arrow IPC chunk
-    per subtask of ``stage`` by that stage's key. Output without the key's columns is a
-    :class:`~spark_jobs.errors.ConfigurationError` (the job's stages do not fit together)."""
-    output = output.select([c for c in output.column_names if not c.startswith("_")])
+def stage_input(
+    upstream: pa.Table, forwarded: list[Forwarded], source_columns: Mapping[str, tuple[str, ...]]
+) -> pa.Table:
+    """A stage's records: the stage before it's (``upstream``) and the forwarded ones, each
+    input with its own columns (a source's as its transforms left them, without the other
+    sources' that the map side's union carries), in log order."""
+    tables = [upstream] if upstream.num_rows else []
+    origins = sorted({f.origin or "" for f in forwarded})
+    for origin in origins:
+        part = read_chunks([f.chunk for f in forwarded if (f.origin or "") == origin], None)
+        if origin:  # an earlier stage's output
+            tables.append(part)
+            continue
+        names = part.column(SOURCE_COLUMN)
+        for name in pc.unique(names).to_pylist():
+            rows = part.filter(pc.equal(names, name))
+            keep = set(source_columns.get(name, rows.column_names))
+            tables.append(rows.select([c for c in rows.column_names if c in keep or _runtime(c)]))
+    if not tables:
+        return upstream
+    try:
+        return sort_in_log_order(pa.concat_tables(tables, promote_options="permissive"))
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise ConfigurationError(
+            f"the inputs of a stage have a column of the same name with different types: {e}"
+        ) from e
+
+
+def _runtime(column: str) -> bool:
+    return column.startswith("_")
+
+
+def rekey(
+    output: pa.Table, job: JobDefinition, stage: int, upstream: int, producer: int | None = None
+) -> list[tuple]:
+    """Stage ``producer``'s (default: the stage before ``stage``) output rows of subtask
+    ``upstream``, cut into one Arrow IPC chunk per subtask of ``stage`` by that stage's key.
+    Output without the key's columns is a :class:`~spark_jobs.errors.ConfigurationError` (the
+    job's stages do not fit together)."""
+    output = output.select([c for c in output.column_names if not _runtime(c)])
     if output.num_rows == 0:
         return []
-    spec, before = job.stages[stage], job.stages[stage - 1].name
+    producer = stage - 1 if producer is None else producer
+    spec, before = job.stages[stage], job.stages[producer].name
     key = spec.inputs[before]
     missing = [c for c in key_columns(key) if c not in output.column_names]
     if missing:
@@ -150,26 +222,45 @@ def empty_input(spec: Operator) -> pa.Table:
 
 def cut_by_subtask(table: pa.Table) -> list[tuple[int, bytes]]:
     """``table`` (with ``_subtask``) as one Arrow IPC stream per subtask it has records for."""
-    table = table.sort_by(SUBTASK_COLUMN).combine_chunks()
-    counts = pc.value_counts(table.column(SUBTASK_COLUMN)).flatten()
-    out, offset = [], 0
-    for subtask, count in zip(counts[0].to_pylist(), counts[1].to_pylist(), strict=True):
+    return [(subtask, chunk) for (subtask,), chunk in _cut(table, [SUBTASK_COLUMN])]
+
+
+def _cut(table: pa.Table, columns: list[str]) -> list[tuple[tuple[int, ...], bytes]]:
+    """``table`` as one Arrow IPC stream per distinct value of ``columns`` (integers)."""
+    table = table.sort_by([(c, "ascending") for c in columns]).combine_chunks()
+    values = [table.column(c).to_numpy() for c in columns]
+    change = np.zeros(max(table.num_rows - 1, 0), bool)
+    for v in values:
+        change |= v[1:] != v[:-1]
+    starts = [0, *(np.flatnonzero(change) + 1).tolist()]
+    ends = [*starts[1:], table.num_rows]
+    out = []
+    for start, end in zip(starts, ends, strict=True):
+        if end == start:
+            continue
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table.slice(offset, count))
-        out.append((subtask, sink.getvalue().to_pybytes()))
-        offset += count
+            writer.write_table(table.slice(start, end - start))
+        out.append((tuple(int(v[start]) for v in values), sink.getvalue().to_pybytes()))
     return out
 
 
 def split_by_subtask(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The mapInArrow body of a micro-batch's map side: this partition's records, cut into one
-    Arrow IPC stream per subtask (``CHUNKS_SCHEMA``), ready for the subtask shuffle."""
+    Arrow IPC stream per reading stage and subtask (``CHUNKS_SCHEMA``), ready for the subtask
+    shuffle."""
     batches = [b for b in batches if b.num_rows]
     if not batches:
         return
-    pairs = cut_by_subtask(pa.Table.from_batches(batches))
+    table = pa.Table.from_batches(batches)
+    if STAGE_COLUMN not in table.column_names:
+        table = table.append_column(STAGE_COLUMN, pa.array(np.zeros(table.num_rows, np.int32)))
+    groups = _cut(table, [STAGE_COLUMN, SUBTASK_COLUMN])
     yield pa.RecordBatch.from_arrays(
-        [pa.array([s for s, _ in pairs], pa.int32()), pa.array([c for _, c in pairs], pa.binary())],
-        ["subtask", "chunk"],
+        [
+            pa.array([subtask for (_, subtask), _ in groups], pa.int32()),
+            pa.array([stage for (stage, _), _ in groups], pa.int32()),
+            pa.array([chunk for _, chunk in groups], pa.binary()),
+        ],
+        ["subtask", "stage", "chunk"],
     )

@@ -22,9 +22,9 @@ class SubtaskStats:
     stage: str  # the stage's uid
     subtask: int
     host: str
-    records: int  # well-formed records applied
+    records: int  # well-formed records applied (from sources and upstream stages)
     output_rows: int
-    positions: Positions  # the first stage's: per source and partition, after the last read
+    positions: Positions  # of the sources it reads: per source and partition, after the last read
     sync_ms: float  # the synchronous part of the snapshot (0 without a barrier)
     compact_ms: float  # compaction before the snapshot (0 unless requested)
     late_records: int
@@ -34,6 +34,7 @@ class SubtaskStats:
     # per input (source, or upstream stage) and partition (or upstream subtask): the largest
     # event time of the well-formed records applied; empty without event time or records
     event_times: Positions = field(default_factory=dict)
+    source_records: int = 0  # of ``records``, those read from sources
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cutline.job import DEAD_LETTER_SINK, JobDefinition
 from cutline.keyed_process import SOURCE_COLUMN, ProcessOperator
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 # rocksdict loaded beside deltalake's runtime aborts the interpreter at exit.
 
 SUBTASK_COLUMN = "_subtask"
+STAGE_COLUMN = "_stage"  # at the map side: the index of the stage that reads the record's source
 KEY_GROUP_COLUMN = "_kg"
 KEY_COLUMN = "_key"
 PROGRESS = "__progress__"
@@ -100,6 +102,8 @@ class BatchPlan:
     schema: pa.Schema | None = None  # of the first stage's routed records (for an idle subtask)
     emit: bool = True  # False: a replayed epoch whose output the sinks already committed
     processing_time: int = 0  # ms since the epoch, as the driver planned the micro-batch
+    # the columns of each source a later stage reads, after its transforms (dataflow.py)
+    source_columns: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def read_progress(store: RocksDBStore) -> dict | None:
@@ -129,6 +133,15 @@ def _positions(table: pa.Table) -> Positions:
     ):
         out.setdefault(src, {})[str(part)] = int(end)
     return out
+
+
+def _from(table: pa.Table, sources: list[str]) -> pa.Table:
+    """The rows of ``table`` read from ``sources`` (not from an upstream stage)."""
+    if not sources or table.num_rows == 0:
+        return table.slice(0, 0)
+    if SOURCE_COLUMN not in table.column_names:
+        return table
+    return table.filter(pc.is_in(table.column(SOURCE_COLUMN), pa.array(sources, pa.string())))
 
 
 def _stage_output(plan: BatchPlan, subtask: int, sink: str, output: pa.Table) -> None:
@@ -203,7 +216,12 @@ def read_chunks(chunks: Iterable[bytes], schema: pa.Schema | None) -> pa.Table:
         if schema is None:
             raise ValueError("a micro-batch plan needs the schema of the routed records")
         return schema.empty_table()
-    table = pa.concat_tables(tables)
+    return sort_in_log_order(pa.concat_tables(tables, promote_options="permissive"))
+
+
+def sort_in_log_order(table: pa.Table) -> pa.Table:
+    """``table`` by input, partition (or upstream subtask) and position, as far as it has
+    those columns."""
     order = [(c, "ascending") for c in (SOURCE_COLUMN, PARTITION_COLUMN, NEXT_OFFSET_COLUMN)]
     order = [o for o in order if o[0] in table.column_names]
     return table.sort_by(order) if order else table
@@ -221,7 +239,8 @@ def run_subtask(
 
     ctx = plan.ctx
     op = ctx.job.stages[stage]
-    table, bad = split_bad(table) if stage == 0 else (table, table.schema.empty_table())
+    sources = [n for n in op.inputs if n in ctx.job.source_inputs]
+    table, bad = split_bad(table) if sources else (table, table.schema.empty_table())
     copies = ctx.copies(op.uid, subtask)
     if plan.confirmed_checkpoint is not None:
         copies.confirm(plan.confirmed_checkpoint)
@@ -273,14 +292,16 @@ def run_subtask(
             kill_point("snapshot-taken")
     finally:
         store.close()
-    read = pa.concat_tables([table, bad]) if bad.num_rows else table
+    from_sources = _from(table, sources)
+    read = pa.concat_tables([from_sources, bad]) if bad.num_rows else from_sources
     stats = SubtaskStats(
         stage=op.uid,
         subtask=subtask,
         host=host_name(),
         records=table.num_rows,
+        source_records=from_sources.num_rows,
         output_rows=output.num_rows,
-        positions=_positions(read) if stage == 0 else {},
+        positions=_positions(read),
         sync_ms=sync_ms,
         compact_ms=compact_ms,
         late_records=result.late_records,

@@ -1,6 +1,7 @@
 """A job's inputs as Spark DataFrames: streaming from recorded positions, or one exact range,
 each source read by its own reader (spark_jobs/sources/readers.py); then each source's
-transforms, and one tagged union of them all, the first stage's input.
+transforms, and one tagged union of them all, routed at the map side to the stages that read
+them.
 
 Every record carries its partition and the position after it (``_partition``,
 ``_next_offset``: the runtime takes the position at each cut from them) and the bad-record
@@ -15,7 +16,7 @@ from typing import Any
 from cutline.job import JobDefinition
 from cutline.keyed_process import SOURCE_COLUMN, key_columns
 from spark_jobs.errors import ConfigurationError, UserCodeError
-from spark_jobs.executor.subtask import KEY_COLUMN
+from spark_jobs.executor.subtask import KEY_COLUMN, STAGE_COLUMN
 from spark_jobs.sources.local_log import BAD_OFFSET, BAD_RAW, BAD_REASON, NEXT_OFFSET_COLUMN
 from spark_jobs.sources.readers import PartitionPositions, source_ddl
 
@@ -76,27 +77,41 @@ def empty_frame(spark, job: JobDefinition, name: str):
 
 
 def tag_and_union(job: JobDefinition, frames: dict[str, Any]):
-    """One DataFrame of the first stage's input: each source's records through its transforms,
-    tagged with the source's name and the record's key."""
+    """One DataFrame of every source's records, each through its transforms, tagged with the
+    source's name, the index of the stage that reads it and the record's key for that stage."""
     from pyspark.sql import functions as F
 
     tagged = []
     for name, df in frames.items():
-        key = job.source_inputs[name]
+        key, stage = job.source_inputs[name], job.reader_of(name)
         df = _transformed(job, name, df)
         missing = [c for c in key_columns(key) if c not in df.columns]
         if missing:
             raise ConfigurationError(
-                f"stage {job.stages[0].name!r} is keyed by {key!r}, but source {name!r} (after "
-                f"its transforms) has no {missing}: its columns are {df.columns}"
+                f"stage {job.stages[stage].name!r} is keyed by {key!r}, but source {name!r} "
+                f"(after its transforms) has no {missing}: its columns are {df.columns}"
             )
         # a composite key routes as Spark's hash(struct(...)), which is hash(a, b, ...)
         value = F.col(key) if isinstance(key, str) else F.struct(*key)
-        tagged.append(df.withColumn(SOURCE_COLUMN, F.lit(name)).withColumn(KEY_COLUMN, value))
+        tagged.append(
+            df.withColumn(SOURCE_COLUMN, F.lit(name))
+            .withColumn(STAGE_COLUMN, F.lit(stage).cast("int"))
+            .withColumn(KEY_COLUMN, value)
+        )
     union = tagged[0]
     for df in tagged[1:]:
         union = union.unionByName(df, allowMissingColumns=True)
     return union
+
+
+def source_columns(spark, job: JobDefinition) -> dict[str, tuple[str, ...]]:
+    """The columns of each source a later stage reads, after its transforms: that stage keeps
+    them of the map side's union, which carries every source's."""
+    return {
+        name: tuple(_transformed(job, name, empty_frame(spark, job, name)).columns)
+        for name in job.source_inputs
+        if job.reader_of(name) > 0
+    }
 
 
 def _transformed(job: JobDefinition, name: str, df):

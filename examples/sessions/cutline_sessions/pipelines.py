@@ -1,9 +1,11 @@
-"""A pipeline of two keyed stages, written only against Cutline's public API.
+"""Pipelines of two keyed stages, written only against Cutline's public API.
 
-Clicks are parsed and filtered by a stateless transform (pages ``/p/N`` with ``N`` a multiple
-of 5 are dropped; a country is derived from the user), counted per user, and the users' latest
-counts re-keyed by country into per-country totals. Two sinks: the per-user counts and the
-per-country totals. Both stages snapshot at the same micro-batch cut.
+``country_clicks``: clicks are parsed and filtered by a stateless transform (pages ``/p/N`` with
+``N`` a multiple of 5 are dropped; a country is derived from the user), counted per user, and
+the users' latest counts re-keyed by country into per-country totals. Two sinks: the per-user
+counts and the per-country totals. Both stages snapshot at the same micro-batch cut.
+``page_visits``: the same shape with composite keys. ``profiled_clicks``: a two-input stage
+after a keyed one, the per-user counts joined with a second source.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pyarrow.compute as pc
 
 from cutline import (
     DeltaSink,
+    EnrichWithLatest,
     JobDefinition,
     KeyedAggregate,
     KeyedContext,
@@ -26,6 +29,8 @@ from cutline import (
     ValueStateSpec,
 )
 from cutline_sessions.jobs import CHECKPOINTS, CLICKS_SCHEMA
+
+PROFILES_SCHEMA = "user string, country string, tier int, ts long"
 
 DROPPED_PAGE_MULTIPLE = 5
 
@@ -174,4 +179,39 @@ def page_visits() -> JobDefinition:
             DeltaSink("visits_out", "page_visits", stage="visits_by_user_page"),
             DeltaSink("totals_out", "page_bucket_visits"),
         ),
+    )
+
+
+def profiled_clicks() -> JobDefinition:
+    """Clicks per user, each update with the user's latest profile: a two-input stage after a
+    keyed stage. The second stage reads the first's output and the ``profiles`` source, both
+    cut at the same barrier. Run it as
+    ``cutline run cutline_sessions.pipelines:profiled_clicks``."""
+    per_user = KeyedAggregate(
+        name="clicks_by_user",
+        source="clicks",
+        key="user",
+        key_type="string",
+        aggregates={"clicks": ("count", None), "ts": ("max", "ts")},  # ts: the latest click's
+    )
+    with_profile = EnrichWithLatest(
+        name="with_profile",
+        stream="clicks_by_user",
+        table="profiles",
+        key="user",
+        key_type="string",
+        fields=("country", "tier"),
+        table_time="ts",
+    )
+    return JobDefinition(
+        name="profiled_clicks",
+        description="Clicks per user, with the user's latest profile (a two-input later stage)",
+        sources=(
+            LogSource("clicks", "clicks", CLICKS_SCHEMA, max_records_per_partition=20_000),
+            LogSource("profiles", "profiles", PROFILES_SCHEMA, max_records_per_partition=5_000),
+        ),
+        operator=(per_user, with_profile),
+        sink=DeltaSink("profiled_out", "profiled_clicks"),
+        checkpoint=CHECKPOINTS,
+        parallelism=2,
     )
