@@ -14,8 +14,19 @@ from cutline.job import DeltaSink
 from cutline.keyed_process import SOURCE_COLUMN
 from cutline.operators import KeyedAggregate
 from spark_jobs.errors import ConfigurationError
-from spark_jobs.executor.dataflow import empty_input, rekey, split_by_subtask
-from spark_jobs.executor.subtask import KEY_GROUP_COLUMN, SUBTASK_COLUMN, read_chunks
+from spark_jobs.executor.dataflow import (
+    Forwarded,
+    empty_input,
+    rekey,
+    split_by_subtask,
+    stage_input,
+)
+from spark_jobs.executor.subtask import (
+    KEY_GROUP_COLUMN,
+    STAGE_COLUMN,
+    SUBTASK_COLUMN,
+    read_chunks,
+)
 from spark_jobs.sources.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from state.keygroups import key_group_of, key_group_range, key_groups
 
@@ -150,3 +161,65 @@ def test_a_composite_key_routes_each_column_combination_to_its_owner():
     assert sorted(pairs, key=str) == sorted(expected, key=str)
     empty = empty_input(by_pair).schema
     assert (empty.field("country").type, empty.field("clicks").type) == (pa.string(), pa.int64())
+
+
+def test_records_of_a_source_a_later_stage_reads_are_cut_apart_for_that_stage():
+    batch = pa.record_batch(
+        {
+            "user": ["a", "b", "c", "d"],
+            STAGE_COLUMN: pa.array([0, 1, 0, 1], pa.int32()),
+            SUBTASK_COLUMN: pa.array([1, 1, 1, 0], pa.int32()),
+        }
+    )
+    (out,) = list(split_by_subtask(iter([batch])))
+    stages, subtasks = out.column("stage").to_pylist(), out.column("subtask").to_pylist()
+    routes = list(zip(stages, subtasks, strict=True))
+    assert routes == [(0, 1), (1, 0), (1, 1)]
+    users = [
+        read_chunks([c], None).column("user").to_pylist() for c in out.column("chunk").to_pylist()
+    ]
+    assert users == [["a", "c"], ["d"], ["b"]]
+
+
+def _source_chunk(source: str, columns: dict, offsets: list[int]) -> bytes:
+    n = len(offsets)
+    table = pa.table(
+        {
+            **columns,
+            SOURCE_COLUMN: [source] * n,
+            PARTITION_COLUMN: pa.array([0] * n, pa.int32()),
+            NEXT_OFFSET_COLUMN: pa.array(offsets, pa.int64()),
+        }
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def test_a_later_stage_reads_each_forwarded_source_with_its_own_columns_in_log_order():
+    """The map side's union carries every source's columns; the stage keeps its source's (as
+    its transforms left them) beside the upstream stage's records, sorted by input."""
+    upstream = pa.table(
+        {
+            "user": ["u2", "u1"],
+            "clicks": pa.array([3, 1], pa.int64()),
+            SOURCE_COLUMN: ["counts", "counts"],
+            PARTITION_COLUMN: pa.array([0, 0], pa.int32()),
+            NEXT_OFFSET_COLUMN: pa.array([1, 2], pa.int64()),
+        }
+    )
+    union = {"user": ["u1", "u2"], "country": ["FR", "IT"], "amount": [None, None]}
+    chunk = _source_chunk("profiles", union, [9, 4])
+    table = stage_input(upstream, [Forwarded(1, chunk)], {"profiles": ("user", "country")})
+    assert "amount" not in table.column_names  # another source's column
+    assert table.column(SOURCE_COLUMN).to_pylist() == ["counts", "counts", "profiles", "profiles"]
+    assert table.column("country").to_pylist() == [None, None, "IT", "FR"]
+    assert table.column("clicks").to_pylist() == [3, 1, None, None]
+
+
+def test_inputs_with_a_column_of_one_name_and_two_types_are_a_clear_error():
+    upstream = read_chunks([_source_chunk("counts", {"tier": ["gold"]}, [1])], None)
+    chunk = _source_chunk("profiles", {"tier": pa.array([1], pa.int32())}, [1])
+    with pytest.raises(ConfigurationError, match="same name with different types"):
+        stage_input(upstream, [Forwarded(1, chunk)], {"profiles": ("tier",)})

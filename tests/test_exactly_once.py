@@ -35,7 +35,13 @@ KILLS = int(os.environ.get("CUTLINE_TEST_KILLS", "10"))
 RUN = ["--idle-timeout", "3", "--interval-ms", "1000", "--max-records-per-partition", "4000"]
 # per job: (kind, records per partition at first, records per partition appended per attempt)
 INPUTS = {
-    "clicks_per_user": [("clicks", 16_000, 4_000)],
+    # clicks_per_user's count, then a two-input stage joining its output with a second source
+    # (clicks_per_user itself is killed at chosen points in test_fencing, test_restore_safety,
+    # test_gc and the at-least-once test below)
+    "cutline_sessions.pipelines:profiled_clicks": [
+        ("clicks", 16_000, 4_000),
+        ("profiles", 3_000, 1_000),
+    ],
     "windowed_revenue": [("orders", 16_000, 4_000)],
     "enriched_orders": [("orders", 12_000, 3_000), ("profiles", 3_000, 1_000)],
     # a user's job from its own package (examples/sessions), run as module:attr

@@ -67,9 +67,9 @@ def test_a_snapshot_restores_into_a_new_harness_with_its_clocks():
 def test_bad_calls_are_refused_naming_what_is_wrong():
     two = KeyedProcess("two", {"left": "k", "right": "k"}, "string", Reminders())
     with Harness(two) as h:
-        with pytest.raises(ValueError, match="pass a dict of records by input name"):
+        with pytest.raises(ValueError, match="pass a dict of records by name"):
             h.process([{"k": "a", "v": 1}])
-        with pytest.raises(ValueError, match=r"no input\(s\) \['middle'\]"):
+        with pytest.raises(ValueError, match=r"reads no source\(s\) \[.middle.\]"):
             h.process({"middle": [{"k": "a", "v": 1}]})
         with pytest.raises(KeyError, match="'nope'"):
             h.state("nope")

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from cutline.job import DeltaSink, JobDefinitionError, LogSource, Transform
-from cutline.operators import KeyedAggregate, WindowedAggregate
+from cutline.job import DeltaSink, JobDefinitionError, KeyedProcess, LogSource, Transform
+from cutline.operators import EnrichWithLatest, KeyedAggregate, WindowedAggregate
 from spark_jobs.commands.handlers import job_for_run
 from spark_jobs.commands.main import build_parser
 from spark_jobs.job_loader import get_job, job_names
@@ -88,8 +88,21 @@ def test_a_pipeline_chains_stages_and_sends_each_sink_the_output_of_its_stage():
             dataclasses.replace(chained, **change)
 
     bad(
-        r"stage 'per_count' must read the output of the stage before it, 'count_by_user'",
+        r"source 'clicks' is read by stages 'count_by_user' and 'per_count'",
         operator=(first, dataclasses.replace(second, inputs={"clicks": "clicks"})),
+    )
+    bad(
+        r"stage 'per_count': input 'nope' is neither a source \['clicks'\] nor an earlier stage",
+        operator=(first, dataclasses.replace(second, inputs={first.name: "clicks", "nope": "x"})),
+    )
+    third = KeyedAggregate("third", first.name, "user", "string", {"n": ("count", None)})
+    bad(
+        r"stage 'third' must read the output of the stage before it, 'per_count'",
+        operator=(first, second, third),
+    )
+    bad(
+        r"stages and sources must have different names, got \['clicks'\]",
+        operator=(first, dataclasses.replace(second, name="clicks")),
     )
     bad(
         r"stages' names must be unique",
@@ -122,3 +135,23 @@ def test_run_overrides_apply_to_the_registered_job():
     assert job_for_run(build_parser().parse_args(["run", "enriched_orders"])) == get_job(
         "enriched_orders"
     )
+
+
+def test_a_later_stage_may_read_sources_and_earlier_stages_besides_the_stage_before_it():
+    """A two-input stage anywhere: the second stage joins the first's output with a source, the
+    third reads the second and the first; each source has the key of the stage reading it."""
+    job = get_job("clicks_per_user")
+    first = job.operator
+    profiles = LogSource("profiles", "profiles", "user string, country string, ts long")
+    enrich = EnrichWithLatest(
+        "with_profile", first.name, "profiles", "user", "string", ("country",), "ts"
+    )
+    third = KeyedProcess(
+        "both", {"with_profile": "user", first.name: "user"}, "string", enrich.function
+    )
+    chained = dataclasses.replace(
+        job, sources=(*job.sources, profiles), operator=(first, enrich, third)
+    )
+    assert chained.source_inputs == {"clicks": "user", "profiles": "user"}
+    assert [chained.reader_of(s) for s in ("clicks", "profiles")] == [0, 1]
+    assert [chained.readers_of(i) for i in range(3)] == [[1, 2], [2], []]

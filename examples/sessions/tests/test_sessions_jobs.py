@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 from cutline_sessions.jobs import sessions
-from cutline_sessions.pipelines import country_clicks, page_visits
+from cutline_sessions.pipelines import country_clicks, page_visits, profiled_clicks
 
 from cutline.testing import Harness
 
@@ -103,3 +103,26 @@ def test_page_visits_sum_per_composite_key():
             latest.update({(r["url"], r["bucket"]): r["visits"] for r in out.to_pylist()})
     expected = df.groupby(["url", "bucket"]).size()
     assert latest == {k: int(v) for k, v in expected.items()}
+
+
+def test_per_user_counts_carry_the_latest_profile_across_a_restore():
+    """A two-input second stage: each user's count update carries the latest profile (by its
+    own event time) seen up to that micro-batch, also after a restore from a snapshot taken
+    between the profile and the clicks."""
+    profiles = [
+        {"user": "u1", "country": "FR", "tier": 1, "ts": 5},
+        {"user": "u1", "country": "DE", "tier": 2, "ts": 3},  # older: does not replace FR
+        {"user": "u2", "country": "IT", "tier": 3, "ts": 1},
+    ]
+    with Harness(profiled_clicks()) as h:
+        first = h.process({"clicks": clicks(100, users=3), "profiles": profiles})
+        snapshot = h.snapshot()
+        h.process({"clicks": clicks(10, users=3, seed=8)})  # lost in the failure
+        h.restore(snapshot)
+        later = h.process({"clicks": clicks(50, users=3, seed=9)})
+    seen = {r["user"]: (r["country"], r["tier"]) for r in first.to_pylist()}
+    assert seen == {"u0": (None, None), "u1": ("FR", 1), "u2": ("IT", 3)}
+    counts = {r["user"]: r["clicks"] for r in later.to_pylist()}
+    both = pd.concat([clicks(100, users=3), clicks(50, users=3, seed=9)])
+    assert counts == both.groupby("user").size().to_dict()
+    assert {r["user"]: r["country"] for r in later.to_pylist()}["u1"] == "FR"
