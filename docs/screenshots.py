@@ -1,12 +1,15 @@
 """Screenshots of the Dagster UI of a running Cutline demo, for the docs.
 
-Start the demo (``make demo``), let it run a few minutes so there are checkpoints to plot, then::
+Start the demo (``make demo``), let it run a few minutes so there are checkpoints to plot, kill
+its driver once (``kill -9``, the pid the demo prints) so that ``restore_on_failure`` launches a
+restore, then::
 
     python docs/screenshots.py --url http://127.0.0.1:3000 --out docs
 
 It drives the system's headless Chromium (Debian: ``apt-get install chromium``) with Playwright
 (``pip install playwright==1.65.2``; no ``playwright install`` needed). Writes ``lineage.png``,
-``checkpoint_history.png``, ``runs.png`` and ``automation.png``, laid out at 1440x900.
+``checkpoint_history.png``, ``restore.png`` (what the latest attempt restored), ``runs.png`` and
+``automation.png``, laid out at 1440x900.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ SHOTS = (
         ready_selector="canvas",
         full_height=True,
     ),
+    Shot("restore.png", "/assets/streaming_jobs", "restored_from", full_height=True),
     Shot("runs.png", "/runs", "streaming_job"),
     Shot("automation.png", "/automation", "restore_on_failure"),
 )

@@ -43,6 +43,7 @@ from orchestration.partitions import (
     streaming_job_partitions,
 )
 from orchestration.resources import CutlinePaths, S3Resource, SparkSubmit
+from spark_jobs.executor.reports import SubtaskRestoreReport
 from spark_jobs.job_loader import get_job
 
 
@@ -78,26 +79,24 @@ def checkpoint_metadata(event: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-RESTORE_COLUMNS = ["stage", "subtask", "from", "local files", "local MiB", "remote files",
-                   "remote MiB", "seconds"]  # fmt: skip
+RESTORE_COLUMNS = ["stage", "subtask", "host", "from", "local MiB", "remote MiB", "seconds"]
 
 
 def started_metadata(
     event: dict[str, Any], first_batch_ms: int, driver_started_ms: int
 ) -> dict[str, Any]:
-    """What an attempt restored: the checkpoint, each subtask's local and remote files and
-    bytes (a table), the time from the driver's start to its first micro-batch."""
-    reports = event.get("restore_reports", [])
+    """What an attempt restored: the checkpoint, each subtask's host, local and remote bytes
+    (a table), the time from the driver's start to its first micro-batch."""
+    reports = [SubtaskRestoreReport.from_dict(r) for r in event.get("restore_reports", [])]
     rows = [
         {
-            "stage": r.get("operator", ""),
-            "subtask": r.get("subtask", ""),
-            "from": r.get("source", ""),
-            "local files": r.get("files_local", 0),
-            "local MiB": f"{r.get('bytes_local', 0) / MIB:.3f}",
-            "remote files": r.get("files_remote", 0),
-            "remote MiB": f"{r.get('bytes_remote', 0) / MIB:.3f}",
-            "seconds": f"{r.get('duration_s', 0.0):.2f}",
+            "stage": r.stage,
+            "subtask": r.subtask,
+            "host": r.host,
+            "from": r.source,
+            "local MiB": f"{r.bytes_local / MIB:.3f}",
+            "remote MiB": f"{r.bytes_remote / MIB:.3f}",
+            "seconds": f"{r.duration_ms / 1000:.2f}",
         }
         for r in reports
     ]
@@ -105,10 +104,10 @@ def started_metadata(
     return {
         "attempt": ident(event["attempt"]),
         "restored_from": ident(None if restored is None else f"chk-{restored}"),
-        "subtasks_restored_locally": sum(r.get("source") == "local" for r in reports),
-        "subtasks_restored_remotely": sum(r.get("source") == "remote" for r in reports),
-        "restored_local_mib": mib(sum(r.get("bytes_local", 0) for r in reports)),
-        "restored_remote_mib": mib(sum(r.get("bytes_remote", 0) for r in reports)),
+        "subtasks_restored_locally": sum(r.source == "local" for r in reports),
+        "subtasks_restored_remotely": sum(r.source == "remote" for r in reports),
+        "restored_local_mib": mib(sum(r.bytes_local for r in reports)),
+        "restored_remote_mib": mib(sum(r.bytes_remote for r in reports)),
         "restore": md_table(rows, RESTORE_COLUMNS, limit=len(rows)),
         "time_to_first_batch_s": MetadataValue.float(
             round((first_batch_ms - driver_started_ms) / 1000, 2)

@@ -9,6 +9,7 @@ from orchestration.definitions import defs
 from orchestration.partitions import JOB_TAG
 from orchestration.resources import CutlinePaths
 from orchestration.streaming import checkpoint_metadata, started_metadata, streaming_job
+from spark_jobs.executor.reports import SubtaskRestoreReport
 
 JOB = "clicks_per_user"
 
@@ -54,11 +55,11 @@ def test_checkpoint_metadata_plots_measurements_in_mib_and_ms_and_not_identifier
 
 
 def test_a_restore_shows_its_checkpoint_each_subtasks_bytes_and_the_time_to_its_first_batch():
-    reports = [
-        {"operator": "count", "subtask": 0, "checkpoint_id": 9, "source": "local",
-         "files_local": 4, "bytes_local": 2**20, "duration_s": 0.25},
-        {"operator": "count", "subtask": 1, "checkpoint_id": 9, "source": "remote",
-         "files_remote": 5, "bytes_remote": 2**21, "duration_s": 1.5},
+    reports = [  # as the driver's "started" event carries them: the executors' typed reports
+        SubtaskRestoreReport("count", 0, "h1", "local", bytes_local=2**20, files_local=4,
+                             duration_ms=250.0).to_dict(),
+        SubtaskRestoreReport("count", 1, "h2", "remote", bytes_remote=2**21, files_remote=5,
+                             duration_ms=1500.0).to_dict(),
     ]  # fmt: skip
     event = {"attempt": 3, "restored_from": 9, "allocation": {}, "restore_reports": reports}
     metadata = started_metadata(event, first_batch_ms=61_500, driver_started_ms=40_000)
@@ -66,8 +67,8 @@ def test_a_restore_shows_its_checkpoint_each_subtasks_bytes_and_the_time_to_its_
     assert metadata["time_to_first_batch_s"].value == 21.5
     assert (metadata["restored_local_mib"].value, metadata["restored_remote_mib"].value) == (1, 2)
     table = metadata["restore"].value.splitlines()
-    assert table[2] == "| count | 0 | local | 4 | 1.000 | 0 | 0.000 | 0.25 |"
-    assert table[3] == "| count | 1 | remote | 0 | 0.000 | 5 | 2.000 | 1.50 |"
+    assert table[2] == "| count | 0 | h1 | local | 1.000 | 0.000 | 0.25 |"
+    assert table[3] == "| count | 1 | h2 | remote | 0.000 | 2.000 | 1.50 |"
     assert "attempt" not in _plotted(metadata)
     fresh = started_metadata({"attempt": 1, "restored_from": None}, 2_000, 1_000)
     assert fresh["restored_from"].value == "none" and fresh["restore"].value.count("\n") == 1

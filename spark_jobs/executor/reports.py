@@ -62,3 +62,8 @@ class SubtaskRestoreReport:
     def to_dict(self) -> dict[str, Any]:
         """The report as events and catalog rows carry it (JSON-ready)."""
         return {**asdict(self), "fallbacks": list(self.fallbacks)}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> SubtaskRestoreReport:
+        """A report from :meth:`to_dict`'s form; a key it does not know is a ``TypeError``."""
+        return cls(**{**raw, "fallbacks": tuple(raw.get("fallbacks", ()))})
