@@ -9,7 +9,7 @@ restore, then::
 It drives the system's headless Chromium (Debian: ``apt-get install chromium``) with Playwright
 (``pip install playwright==1.65.2``; no ``playwright install`` needed). Writes ``lineage.png``,
 ``checkpoint_history.png``, ``restore.png`` (what the latest attempt restored), ``runs.png`` and
-``automation.png``, laid out at 1440x900.
+``automation.png``, laid out at 1440x900 (the restore's table at 1800 wide).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class Shot:
     ready_selector: str | None = None  # shown once the clicks have taken effect
     full_height: bool = False  # grow the viewport so the whole scrolled pane is in the PNG
     settle_ms: int = 2000  # for charts and the graph's layout
+    width: int = WIDTH  # wider for a metadata table the side panel would cut off
 
 
 SHOTS = (
@@ -59,7 +60,7 @@ SHOTS = (
         ready_selector="canvas",
         full_height=True,
     ),
-    Shot("restore.png", "/assets/streaming_jobs", "restored_from", full_height=True),
+    Shot("restore.png", "/assets/streaming_jobs", "restored_from", full_height=True, width=1800),
     Shot("runs.png", "/runs", "streaming_job"),
     Shot("automation.png", "/automation", "restore_on_failure"),
 )
@@ -78,7 +79,7 @@ def find_chromium() -> str:
 
 def shoot(page: Page, base_url: str, shot: Shot, out: Path) -> Path:
     """Open ``shot``'s page, wait until it has rendered and save its screenshot in ``out``."""
-    page.set_viewport_size({"width": WIDTH, "height": HEIGHT})
+    page.set_viewport_size({"width": shot.width, "height": HEIGHT})
     page.goto(base_url + shot.path, wait_until="domcontentloaded")
     page.get_by_text(shot.ready_text).first.wait_for()
     for name in shot.clicks:
@@ -89,7 +90,7 @@ def shoot(page: Page, base_url: str, shot: Shot, out: Path) -> Path:
     if shot.full_height:
         overflow = int(page.evaluate(OVERFLOW_JS))
         if overflow > 0:
-            page.set_viewport_size({"width": WIDTH, "height": HEIGHT + min(overflow, 4000)})
+            page.set_viewport_size({"width": shot.width, "height": HEIGHT + min(overflow, 4000)})
             page.wait_for_timeout(1000)
     path = out / shot.file
     page.screenshot(path=path)
