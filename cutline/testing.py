@@ -130,6 +130,7 @@ class Harness:
             raise ValueError(f"the job reads no source(s) {unknown}; its sources are {sources}")
         tables = {name: _tagged(as_table(rows), name) for name, rows in records.items()}
         return self._run({name: t for name, t in tables.items() if t.num_rows})
+
     def advance_watermark(self, watermark: int, stage: str | None = None) -> pa.Table:
         """Move the watermark of every stage (or of ``stage``, by name) to ``watermark`` (it
         never goes back) and run a micro-batch without records: the event-time timers due by
@@ -168,6 +169,7 @@ class Harness:
             output = self._apply(stage, table)
             self.outputs[stage.name] = output
         return output
+
     def _apply(self, stage: KeyedProcess, table: pa.Table) -> pa.Table:
         store = self._stores[stage.uid]
         result = self._operators[stage.uid].apply(

@@ -27,7 +27,10 @@ job's expected rows follow from the records of the epochs up to theirs:
   the epochs up to the order's;
 - ``profiled_clicks`` (examples/sessions, a two-input second stage): in each epoch, one row per
   user with clicks in it: the running count and latest click time, with the fields of the user's
-  latest profile as ``enriched_orders`` picks it.
+  latest profile as ``enriched_orders`` picks it;
+- ``skip_chain`` (tests/chain_jobs.py, a third stage reading the first past the second): in each
+  epoch, one row per user with clicks in it: the number of epochs with clicks so far and the
+  running count.
 
 Output is compared row by row, (key, epoch) by (key, epoch) (tests/row_check.py), so an epoch
 lost, emitted twice, recomputed or reordered fails the check, naming key and epoch.
@@ -265,6 +268,12 @@ def expect_profiled_clicks(inputs: dict[str, pd.DataFrame], epochs: list[int]) -
     return {"profiled_clicks": Expected(rows, ["user"], ["clicks", "ts", "country", "tier"])}
 
 
+def expect_skip_chain(inputs: dict[str, pd.DataFrame], epochs: list[int]) -> dict:
+    per = inputs["clicks"].groupby(["user", EPOCH]).agg(clicks=("ts", "size")).reset_index()
+    rows = _running(per.assign(updates=1), ["user"], ["clicks", "updates"])
+    return {"skip_chain": Expected(rows, ["user"], ["updates", "clicks"])}
+
+
 @dataclass(frozen=True)
 class JobReference:
     """A job's input topics (its sources' names), its sink tables, and their expected rows."""
@@ -293,6 +302,7 @@ REFERENCES = {
     "profiled_clicks": JobReference(
         ("clicks", "profiles"), ("profiled_clicks",), expect_profiled_clicks
     ),
+    "skip_chain": JobReference(("clicks",), ("skip_chain",), expect_skip_chain),
 }
 
 
