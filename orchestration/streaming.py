@@ -45,6 +45,7 @@ from orchestration.partitions import (
 from orchestration.resources import CutlinePaths, S3Resource, SparkSubmit
 from spark_jobs.executor.reports import SubtaskRestoreReport
 from spark_jobs.job_loader import get_job
+from state.redaction import redact_argv
 
 
 class StreamingRunConfig(Config):
@@ -218,7 +219,7 @@ def streaming_driver(
                 **submit.env,
                 "CUTLINE_WATCH_PID": str(os.getpid()),  # the driver stops if this worker dies
             }
-            context.log.info("submitting: " + " ".join(submit.argv))
+            context.log.info("submitting: " + " ".join(redact_argv(submit.argv)))
             driver = subprocess.Popen(submit.argv, env=env)
             context.instance.add_run_tags(
                 context.run_id, {WORKER_PID_TAG: str(os.getpid()), SUBMIT_PID_TAG: str(driver.pid)}

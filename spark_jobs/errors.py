@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from state.catalog import FencedError
+from state.redaction import redact
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -137,7 +138,13 @@ _DISK_FULL = re.compile(r"\[Errno 28\] No space left on device(?:: '([^']*)')?")
 
 
 def failure_summary(text: str, limit: int = 1000) -> str:
-    """One line a person reads for a failure's text (``failure_reason`` in the catalog, the
+    """One line a person reads for a failure's text, secrets masked (state/redaction.py): see
+    :func:`_summary`."""
+    return redact(_summary(text, limit))
+
+
+def _summary(text: str, limit: int) -> str:
+    """The line for a failure's text (``failure_reason`` in the catalog, the
     driver's last line): a clean first line (a bad record, a user function that raised) as it
     is; a py4j or Spark trace as what failed, the task and stage, the exception and where the
     innermost Python frame raised it; a full disk as the path that could not be written."""

@@ -17,22 +17,26 @@ from typing import Any
 
 from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR, PipesContext, open_dagster_pipes
 
+from state.redaction import redact
+
 
 class EventChannel:
-    """``emit(kind, payload)`` for structured events, ``log(message)`` for text."""
+    """``emit(kind, payload)`` for structured events, ``log(message)`` for text; both redacted
+    (state/redaction.py) before they leave the process."""
 
     def __init__(self, pipes: PipesContext | None = None) -> None:
         self.pipes = pipes
         self.stdout = os.environ.get("CUTLINE_EVENTS") == "stdout"
 
     def emit(self, kind: str, payload: dict[str, Any]) -> None:
-        event = {"kind": kind, **payload}
+        text = redact(json.dumps({"kind": kind, **payload}, default=str))
         if self.pipes is not None:
-            self.pipes.report_custom_message(json.loads(json.dumps(event, default=str)))
+            self.pipes.report_custom_message(json.loads(text))
         if self.stdout:
-            print("CUTLINE_EVENT " + json.dumps(event, default=str), flush=True)
+            print("CUTLINE_EVENT " + text, flush=True)
 
     def log(self, message: str) -> None:
+        message = redact(message)
         print(message, flush=True)
         if self.pipes is not None:
             self.pipes.log.info(message)

@@ -64,6 +64,7 @@ from state.config import EXACTLY_ONCE
 from state.coordinator import CheckpointCoordinator
 from state.manifest import CheckpointManifest, Positions
 from state.paths import JobLayout
+from state.redaction import redact
 from state.storage import open_storage
 
 HEARTBEAT_S = 10.0
@@ -332,7 +333,8 @@ class StreamingRun:
         elif summary.failure:
             status = "FAILED"
         try:
-            self.catalog.set_job_status(self.job.name, self.attempt, status, summary.failure or "")
+            reason = redact(summary.failure or "")
+            self.catalog.set_job_status(self.job.name, self.attempt, status, reason)
         except Exception as e:  # the run's own error matters more; the sensor sees the rest
             self.log(f"could not record the attempt's end: {type(e).__name__}: {e}")
         return summary

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote, urlsplit
 
+from state.redaction import redact
 from state.storage.base import (
     AlreadyExistsError,
     CorruptFileError,
@@ -51,20 +52,22 @@ def open_storage(url: str, *, endpoint_url: str | None = None) -> DurableStorage
     ``AWS_ENDPOINT_URL``, config files). Any other url raises ValueError naming it.
     """
     if not isinstance(url, str) or not url.strip():
-        raise ValueError(f"invalid storage url {url!r}")
+        raise ValueError(f"invalid storage url {redact(url)!r}")
     if not _SCHEME_RE.match(url):
         return LocalFileStorage(url)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if not url[len(scheme) + 1 :].startswith("//") or parts.query or parts.fragment:
-        raise ValueError(f"unsupported storage url {url!r}")
+        raise ValueError(f"unsupported storage url {redact(url)!r}")
     if scheme == "file":
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
-            raise ValueError(f"unsupported file url {url!r}: use file:///absolute/path")
+            raise ValueError(f"unsupported file url {redact(url)!r}: use file:///absolute/path")
         return LocalFileStorage(unquote(parts.path))
     if scheme == "s3":
         bucket = parts.netloc
         if not _BUCKET_RE.match(bucket):
-            raise ValueError(f"invalid S3 url {url!r}: use s3://bucket[/prefix]")
+            raise ValueError(f"invalid S3 url {redact(url)!r}: use s3://bucket[/prefix]")
         return S3Storage(bucket, parts.path.strip("/"), endpoint_url=endpoint_url)
-    raise ValueError(f"unsupported storage url {url!r} (use file://, a local path or s3://)")
+    raise ValueError(
+        f"unsupported storage url {redact(url)!r} (use file://, a local path or s3://)"
+    )
