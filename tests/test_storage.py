@@ -18,6 +18,7 @@ import pytest
 import state.storage.local as storage_mod
 from state.paths import PathEscapeError
 from state.storage import (
+    AlreadyExistsError,
     CorruptFileError,
     DurableStorage,
     LocalFileStorage,
@@ -432,11 +433,12 @@ _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "expect", "prox
 
 
 class _FaultyProxy:
-    """Loopback HTTP proxy that answers the first ``fail_first`` requests with 503 SlowDown."""
+    """Loopback HTTP proxy that answers the first ``fail_first`` requests with 503 SlowDown;
+    with ``lose_answers``, it first passes them on (so they take effect) and loses the answer."""
 
-    def __init__(self, upstream: str, fail_first: int) -> None:
+    def __init__(self, upstream: str, fail_first: int, lose_answers: bool = False) -> None:
         target = urlsplit(upstream)
-        self.fail_first = fail_first
+        self.fail_first, self.lose_answers = fail_first, lose_answers
         self.seen: list[tuple[str, str, int]] = []
         lock = threading.Lock()
         proxy = self
@@ -464,6 +466,15 @@ class _FaultyProxy:
                 with lock:
                     fail = len(proxy.seen) < proxy.fail_first
                     proxy.seen.append((self.command, self.path, 503 if fail else 0))
+                if fail and proxy.lose_answers:
+                    forward = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+                    headers = {
+                        k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS
+                    }
+                    headers["Content-Length"] = str(len(body))
+                    forward.request(self.command, self.path, body=body, headers=headers)
+                    forward.getresponse().read()
+                    forward.close()
                 if fail:
                     self.send_response_only(503, "Slow Down")
                     self.send_header("Content-Type", "application/xml")
@@ -526,6 +537,25 @@ def test_s3_retries_transient_errors(faulty_proxy: _FaultyProxy, s3_bucket: str)
         ("PUT", f"/{s3_bucket}/p/chk-1/_metadata")
     }
     assert len(faulty_proxy.seen) == 4  # 3 PUT attempts + 1 GET
+
+
+@pytest.mark.s3
+def test_an_exclusive_put_whose_answer_was_lost_is_its_own_on_the_retry(
+    s3_server: str, s3_bucket: str
+) -> None:
+    """The first PUT stores the claim but its answer is lost (503); botocore's retry finds the
+    object (412): the same bytes are this writer's own, so the claim succeeded. Another
+    writer's bytes at the path stay a refusal."""
+    proxy = _FaultyProxy(s3_server, fail_first=1, lose_answers=True)
+    try:
+        s3 = S3Storage(s3_bucket, "p", endpoint_url=proxy.url)
+        s3.put_bytes("job/claims/chk-7", b'{"attempt": 3}', exclusive=True)
+        assert [status for m, _, status in proxy.seen if m == "PUT"] == [503, 0]
+        assert s3.get_bytes("job/claims/chk-7") == b'{"attempt": 3}'
+        with pytest.raises(AlreadyExistsError, match="chk-7"):
+            s3.put_bytes("job/claims/chk-7", b'{"attempt": 4}', exclusive=True)
+    finally:
+        proxy.close()
 
 
 @pytest.mark.s3
@@ -611,4 +641,6 @@ def test_exclusive_put_refuses_to_replace(storage):
     with pytest.raises(AlreadyExistsError, match="chk-1/_metadata"):
         storage.put_bytes("job/chk-1/_metadata", b"second", exclusive=True)
     assert storage.get_bytes("job/chk-1/_metadata") == b"first"
+    # the same bytes again: the writer's own earlier try (its answer lost), not another's
+    storage.put_bytes("job/chk-1/_metadata", b"first", exclusive=True)
     assert [i.path for i in storage.list("job")] == ["job/chk-1/_metadata"], "no temp file left"

@@ -62,7 +62,10 @@ class DurableStorage(ABC):
         """Store ``data`` at ``path`` atomically.
 
         With ``exclusive``, the write happens only if ``path`` does not exist yet (atomically
-        with respect to other writers), else :class:`AlreadyExistsError` is raised.
+        with respect to other writers), else :class:`AlreadyExistsError` is raised, unless
+        ``path`` already holds exactly ``data``: that is this writer's own earlier try (a
+        retried request whose first try took effect before its answer was lost), so an
+        exclusive writer must write content no other writer would (its attempt, its id).
         """
 
     @abstractmethod

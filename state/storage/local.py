@@ -12,6 +12,7 @@ from state.paths import check_relative
 from state.storage.base import (
     AlreadyExistsError,
     DurableStorage,
+    MissingFileError,
     ObjectInfo,
     remove_quietly,
     tmp_name,
@@ -131,11 +132,20 @@ class LocalFileStorage(DurableStorage):
         try:
             _atomic_local_write(target, write, fsync=True, exclusive=exclusive)
         except FileExistsError as exc:
+            if self._holds(path, payload):
+                return
             raise AlreadyExistsError(
                 f"{path!r} already exists in {self.url}", path=path, url=self.url
             ) from exc
         except OSError as exc:
             raise self._failed("store", path, str(exc)) from exc
+
+    def _holds(self, path: str, data: bytes) -> bool:
+        """Whether ``path`` exists and holds exactly ``data``."""
+        try:
+            return self.get_bytes(path) == data
+        except MissingFileError:
+            return False
 
     def _open_for_read(self, path: str) -> IO[bytes]:
         target = self._target(path)

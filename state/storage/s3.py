@@ -135,10 +135,19 @@ class S3Storage(DurableStorage):
                 "PreconditionFailed",
                 "ConditionalRequestConflict",
             ):
+                if self._holds(path, data):  # a retry found its own first try's object
+                    return
                 raise AlreadyExistsError(
                     f"{path!r} already exists in {self.url}", path=path, url=self.url
                 ) from exc
             raise self._error(exc, "store", path) from exc
+
+    def _holds(self, path: str, data: bytes) -> bool:
+        """Whether ``path`` exists and holds exactly ``data``."""
+        try:
+            return self.get_bytes(path) == bytes(data)
+        except MissingFileError:
+            return False
 
     def get_file(self, path: str, local_path: str | Path, expected_size: int | None = None) -> int:
         key = self._key(path)
