@@ -3,6 +3,8 @@ runs, sensors, schedules and checks) and the drivers read the same settings."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from orchestration.resources import CutlinePaths, S3Resource, SparkSubmit
@@ -60,3 +62,31 @@ def test_a_bad_settings_file_is_a_clear_error(tmp_path, monkeypatch, text, messa
         load_settings({"CUTLINE_CONFIG": str(config)})
     with pytest.raises(ConfigurationError, match="cannot read it"):
         load_settings({"CUTLINE_CONFIG": str(tmp_path / "missing.toml")})
+
+
+def test_config_explains_each_setting_and_where_it_came_from(tmp_path, capsys, monkeypatch):
+    """``cutline config``: a flag beats the environment, which beats the file, which beats the
+    default under home; ``--home`` puts every path no flag names under it; secrets masked."""
+    from spark_jobs.commands.main import main
+
+    config = tmp_path / "cutline.toml"
+    config.write_text('spark_master = "spark://10.0.0.1:7077"\nlog_root = "/from/file/log"\n')
+    for var in ("CUTLINE_HOME", "CUTLINE_WAREHOUSE", "CUTLINE_LOG_ROOT", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("CUTLINE_CONFIG", str(config))
+    monkeypatch.setenv("CUTLINE_CHECKPOINT_ROOT", "s3://bucket/chk")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://key:PLANTED@127.0.0.1:9000")
+    assert main(["config", "--json", "--warehouse", str(tmp_path / "wh")]) == 0
+    rows = {r["name"]: (r["value"], r["source"]) for r in json.loads(capsys.readouterr().out)}
+    assert rows["checkpoint_root"] == ("s3://bucket/chk", "environment $CUTLINE_CHECKPOINT_ROOT")
+    assert rows["warehouse"] == (str(tmp_path / "wh"), "flag --warehouse")
+    assert rows["log_root"] == ("/from/file/log", f"file {config} ($CUTLINE_CONFIG)")
+    assert rows["spark_master"][1].startswith("file ")
+    assert rows["s3_endpoint"] == ("http://***@127.0.0.1:9000", "environment $AWS_ENDPOINT_URL_S3")
+    assert rows["s3_region"] == (None, "not set")
+    home = str((tmp_path / "h").resolve())
+    assert main(["--home", home, "config", "--json"]) == 0
+    rows = {r["name"]: (r["value"], r["source"]) for r in json.loads(capsys.readouterr().out)}
+    assert rows["home"] == (home, "flag --home")
+    assert rows["checkpoint_root"] == (f"{home}/checkpoints", "default, under home")
+    assert rows["spark_master"][1].startswith("file "), "not a path: --home leaves it"

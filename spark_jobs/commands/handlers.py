@@ -67,6 +67,26 @@ def demo(args: argparse.Namespace) -> int:
     return rc
 
 
+def config(args: argparse.Namespace) -> int:
+    """``cutline config``: this process's effective settings, each with where it came from,
+    secrets masked (state/redaction.py)."""
+    from spark_jobs.deploy.settings import explain_settings
+    from state.redaction import redact
+
+    names = ("home", "checkpoint_root", "warehouse", "local_state_root", "log_root")
+    flags = {name: getattr(args, name, None) for name in names}
+    settings = explain_settings(flags)
+    if args.json:
+        rows = [{"name": s.name, "value": s.value, "source": s.source} for s in settings]
+        print(redact(json.dumps(rows, indent=2)))
+        return 0
+    width = max(len(s.name) for s in settings)
+    for s in settings:
+        print(redact(f"{s.name:<{width}}  {s.value or '-'}  ({s.source})"))
+    print("credentials: never settings; boto3's and Hadoop's standard chains find them")
+    return 0
+
+
 def runtime_paths(args: argparse.Namespace) -> RuntimePaths:
     """The settings' paths, with any of them overridden by a flag."""
     paths = deployment_settings(args).paths()

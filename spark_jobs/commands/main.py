@@ -183,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("job", help=JOB_HELP)
     ver.add_argument("checkpoint_id", nargs="?", type=int)
     ver.set_defaults(func=commands.verify)
+    cfg = add("config", help="the effective settings and where each came from")
+    cfg.add_argument("--json", action="store_true")
+    cfg.set_defaults(func=commands.config)
     return parser
 
 

@@ -89,14 +89,64 @@ class Settings:
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     """The settings of this process (see the module docstring for where they come from)."""
-    env = os.environ if environ is None else environ
-    values: dict[str, str] = {}
-    config = env.get(CONFIG_ENV)
-    if config:
-        values.update(_read_file(Path(config)))
-    values.update({name: env[var] for name, var in _ENV.items() if env.get(var)})
+    values = {name: s.value for name, s in _sourced(environ).items()}
     home = Path(values.pop("home", ".cutline")).resolve()
     return Settings(home=str(home), **values)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One effective setting of this process and where its value came from."""
+
+    name: str
+    value: str | None  # None: not set (boto3's chain, Spark's default)
+    source: str  # "flag --x", "environment $X", "file <path>", "default ..."
+
+
+def explain_settings(
+    flags: Mapping[str, str | None] | None = None, environ: Mapping[str, str] | None = None
+) -> list[Setting]:
+    """Every setting's effective value and its source, in the module docstring's precedence;
+    ``flags``: values given on the command line, by setting name."""
+    found = _sourced(environ)
+    flags = flags or {}
+    if flags.get("home"):  # as Settings.at_home: every path no flag names lives under it
+        for f in dataclasses.fields(RuntimePaths):
+            found.pop(f.name, None)
+    for name, value in flags.items():
+        if value:
+            found[name] = Setting(name, value, f"flag --{name.replace('_', '-')}")
+    home = found.get("home") or Setting("home", ".cutline", "default")
+    home = dataclasses.replace(home, value=str(Path(home.value or ".cutline").resolve()))
+    under = RuntimePaths.under(home.value)
+    defaults = {f.name: getattr(under, f.name) for f in dataclasses.fields(RuntimePaths)}
+    defaults["spark_master"] = "local[*]"
+    out = [home]
+    for name in _ENV:
+        if name == "home":
+            continue
+        if name in found:
+            out.append(found[name])
+        elif name in defaults:
+            where = "default, under home" if name != "spark_master" else "default"
+            out.append(Setting(name, defaults[name], where))
+        else:
+            out.append(Setting(name, None, "not set"))
+    return out
+
+
+def _sourced(environ: Mapping[str, str] | None) -> dict[str, Setting]:
+    """The settings the environment and the file give, each with its source."""
+    env = os.environ if environ is None else environ
+    found: dict[str, Setting] = {}
+    config = env.get(CONFIG_ENV)
+    if config:
+        for name, value in _read_file(Path(config)).items():
+            found[name] = Setting(name, value, f"file {config} (${CONFIG_ENV})")
+    for name, var in _ENV.items():
+        if env.get(var):
+            found[name] = Setting(name, env[var], f"environment ${var}")
+    return found
 
 
 def _read_file(path: Path) -> dict[str, str]:
