@@ -50,6 +50,9 @@ class FaultyStorage(DurableStorage):
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         return self.inner.list(prefix)
 
+    def probe(self) -> None:
+        self.inner.probe()
+
     def delete(self, path: str) -> bool:
         return self.inner.delete(path)
 

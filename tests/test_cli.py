@@ -68,3 +68,22 @@ def test_generate_count_is_the_total_unless_per_partition(tmp_path, capsys):
     assert "appended 5 clicks" in capsys.readouterr().out
     assert main(["generate", "clicks", "--count", "5", "--per-partition", *home]) == 0
     assert [records_in(tmp_path / "log", "clicks", p) for p in (0, 1)] == [8, 7]
+
+
+@pytest.mark.s3
+def test_a_missing_bucket_fails_the_run_at_once_naming_the_role(
+    s3_server, tmp_path, capsys, monkeypatch
+):
+    """Exit 2 (a restart cannot help) before any JVM starts, the role and the bucket named; and
+    a warehouse that cannot be created the same."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server)
+    argv = ["--home", str(tmp_path), "run", "clicks_per_user"]
+    assert main([*argv, "--checkpoint-root", "s3://no-such-bucket/chk"]) == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert (
+        said.startswith("cutline: checkpoint root s3://no-such-bucket/chk:")
+        and "NoSuchBucket" in said
+    )
+    (tmp_path / "blocker").write_text("a file")
+    assert main([*argv, "--warehouse", str(tmp_path / "blocker" / "wh")]) == 2
+    assert "cutline: warehouse " in capsys.readouterr().err

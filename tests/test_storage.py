@@ -18,6 +18,7 @@ import pytest
 import state.storage.local as storage_mod
 from state.paths import PathEscapeError
 from state.storage import (
+    AccessError,
     AlreadyExistsError,
     CorruptFileError,
     DurableStorage,
@@ -644,3 +645,38 @@ def test_exclusive_put_refuses_to_replace(storage):
     # the same bytes again: the writer's own earlier try (its answer lost), not another's
     storage.put_bytes("job/chk-1/_metadata", b"first", exclusive=True)
     assert [i.path for i in storage.list("job")] == ["job/chk-1/_metadata"], "no temp file left"
+
+
+# --- a storage that refuses this process ---------------------------------------------------------
+
+
+@pytest.mark.s3
+def test_a_missing_bucket_is_an_access_error_not_a_missing_file(s3_server: str) -> None:
+    s3 = S3Storage("no-such-bucket-here", "chk", endpoint_url=s3_server)
+    with pytest.raises(AccessError, match="NoSuchBucket") as refused:
+        s3.probe()
+    assert "s3://no-such-bucket-here/chk" in str(refused.value)
+    with pytest.raises(AccessError):
+        s3.get_bytes("job/chk-1/_metadata")  # not MissingFileError: nothing would mark it lost
+
+
+@pytest.mark.parametrize("code", ["AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"])
+def test_denied_access_and_bad_credentials_are_access_errors(code: str) -> None:
+    from botocore.exceptions import ClientError
+
+    class Refusing:
+        def list_objects_v2(self, **kwargs: Any) -> None:
+            error = {"Error": {"Code": code, "Message": "no"}, "ResponseMetadata": {}}
+            raise ClientError(error, "ListObjectsV2")
+
+    with pytest.raises(AccessError, match=code):
+        S3Storage("bucket", "p", client=Refusing()).probe()
+
+
+def test_an_unwritable_local_root_is_an_access_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the root's parent should be")
+    with pytest.raises(AccessError, match="cannot create"):
+        LocalFileStorage(blocker / "root").probe()
+    LocalFileStorage(tmp_path / "fine").probe()
+    assert (tmp_path / "fine").is_dir()

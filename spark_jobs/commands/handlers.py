@@ -126,6 +126,7 @@ def job_for_run(args: argparse.Namespace) -> JobDefinition:
 
 def run(args: argparse.Namespace) -> int:
     from spark_jobs.deploy.session import build_spark
+    from spark_jobs.deploy.settings import check_roles
     from spark_jobs.driver.attempt_start import abandon_plan, plan_start_early
     from spark_jobs.driver.run import run_job
     from spark_jobs.driver.startup_phases import StartupTimeline
@@ -136,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     job = job_for_run(args)
     ship_user_code(job)
     paths = runtime_paths(args)
+    check_roles(paths)  # a missing bucket or denied access: exit 2 before any JVM starts
     hints = json.loads(Path(args.hints).read_text()) if args.hints else None
     restore = None if args.restore == "none" else args.restore
     if args.reset_sink and restore is not None:

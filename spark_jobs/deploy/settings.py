@@ -87,6 +87,26 @@ class Settings:
         return dataclasses.replace(self, home=str(Path(home).resolve()), **cleared)
 
 
+# the roles a driver checks before it starts anything: (label, RuntimePaths field)
+DRIVER_ROLES = (("checkpoint root", "checkpoint_root"), ("warehouse", "warehouse"))
+
+
+def check_roles(paths: RuntimePaths, roles=DRIVER_ROLES) -> None:
+    """Fail with a :class:`ConfigurationError` naming the role when its storage refuses this
+    process (a missing bucket or directory, denied access, missing or wrong credentials): a
+    restart with the same configuration could not help. Transient errors pass: the run's own
+    retries meet them."""
+    from state.redaction import redact
+    from state.storage import AccessError, open_storage
+
+    for label, field_name in roles:
+        url = getattr(paths, field_name)
+        try:
+            open_storage(url).probe()
+        except AccessError as e:
+            raise ConfigurationError(f"{label} {redact(url)}: {redact(str(e))}") from e
+
+
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     """The settings of this process (see the module docstring for where they come from)."""
     values = {name: s.value for name, s in _sourced(environ).items()}

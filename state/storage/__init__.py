@@ -20,6 +20,7 @@ from urllib.parse import unquote, urlsplit
 
 from state.redaction import redact
 from state.storage.base import (
+    AccessError,
     AlreadyExistsError,
     CorruptFileError,
     DurableStorage,
@@ -31,6 +32,7 @@ from state.storage.local import LocalFileStorage
 from state.storage.s3 import _BUCKET_RE, S3Storage
 
 __all__ = [
+    "AccessError",
     "AlreadyExistsError",
     "CorruptFileError",
     "DurableStorage",

@@ -39,6 +39,12 @@ class AlreadyExistsError(StorageError):
     """An exclusive write found the path already taken (another writer got there first)."""
 
 
+class AccessError(StorageError):
+    """The storage refuses this process outright: the bucket or directory does not exist or
+    cannot be written, access is denied, the credentials are missing or wrong. Not transient:
+    retrying the same configuration cannot help."""
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     """One stored file: its path relative to the storage root, size in bytes, mtime (epoch s)."""
@@ -94,6 +100,11 @@ class DurableStorage(ABC):
 
         ``prefix`` is a directory: ``list("a")`` yields ``a/x`` and ``a/b/y`` but not ``ab/z``.
         """
+
+    @abstractmethod
+    def probe(self) -> None:
+        """Raise :class:`AccessError` if this process cannot use the storage at all (see
+        there); a transient failure raises :class:`StorageError`. Cheap: one request."""
 
     @abstractmethod
     def delete(self, path: str) -> bool:

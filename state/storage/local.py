@@ -10,6 +10,7 @@ from typing import IO
 
 from state.paths import check_relative
 from state.storage.base import (
+    AccessError,
     AlreadyExistsError,
     DurableStorage,
     MissingFileError,
@@ -108,6 +109,15 @@ class LocalFileStorage(DurableStorage):
 
     def _target(self, path: str) -> Path:
         return self.root / check_relative(path)
+
+    def probe(self) -> None:
+        """The root exists (or is created) and this process may write it."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise AccessError(f"cannot create {self.url}: {exc}", path=".", url=self.url) from exc
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise AccessError(f"cannot write {self.url}: permission denied", path=".", url=self.url)
 
     def put_file(self, local_path: str | Path, path: str) -> int:
         target = self._target(path)

@@ -12,6 +12,7 @@ from typing import Any
 
 from state.paths import check_relative
 from state.storage.base import (
+    AccessError,
     AlreadyExistsError,
     DurableStorage,
     MissingFileError,
@@ -25,6 +26,20 @@ _S3_TAKEN_CODES = ("PreconditionFailed", "ConditionalRequestConflict")
 _S3_MIN_PART = 5 * 2**20
 _S3_DELETE_BATCH = 1000
 _S3_MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
+# the storage refuses this process: not transient (AccessError)
+_S3_ACCESS_CODES = frozenset(
+    {
+        "NoSuchBucket",
+        "AccessDenied",
+        "AllAccessDisabled",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "InvalidToken",
+        "ExpiredToken",
+        "AccountProblem",
+        "403",
+    }
+)
 
 
 def _error_code(exc: Exception) -> str:
@@ -94,7 +109,7 @@ class S3Storage(DurableStorage):
         return self._key_prefix + check_relative(path)
 
     def _error(self, exc: Exception, action: str, path: str) -> StorageError:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError, NoCredentialsError
 
         if isinstance(exc, ClientError):
             error = exc.response.get("Error", {})
@@ -103,8 +118,26 @@ class S3Storage(DurableStorage):
                 return self._missing(path)
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             message = error.get("Message") or ""
-            return self._failed(action, path, f"{code} (HTTP {status}) {message}".strip())
+            detail = f"{code} (HTTP {status}) {message}".strip()
+            if code in _S3_ACCESS_CODES:
+                return AccessError(
+                    f"cannot {action} {path!r} in {self.url}: {detail}", path=path, url=self.url
+                )
+            return self._failed(action, path, detail)
+        if isinstance(exc, NoCredentialsError):
+            return AccessError(
+                f"cannot {action} {path!r} in {self.url}: no credentials (boto3's chain found "
+                "none: environment, profile, instance role)",
+                path=path,
+                url=self.url,
+            )
         return self._failed(action, path, f"{type(exc).__name__}: {exc}")
+
+    def probe(self) -> None:
+        try:
+            self._client.list_objects_v2(Bucket=self.bucket, Prefix=self._key_prefix, MaxKeys=1)
+        except self._errors() as exc:
+            raise self._error(exc, "list", ".") from exc
 
     @staticmethod
     def _errors() -> tuple[type[Exception], ...]:
