@@ -144,8 +144,9 @@ def _from(table: pa.Table, sources: list[str]) -> pa.Table:
     return table.filter(pc.is_in(table.column(SOURCE_COLUMN), pa.array(sources, pa.string())))
 
 
-def _stage_output(plan: BatchPlan, subtask: int, sink: str, output: pa.Table) -> None:
-    """Stage ``output`` as this subtask's part of epoch ``plan.epoch`` of ``sink``."""
+def stage_output(plan: BatchPlan, stage: int, subtask: int, sink: str, output: pa.Table) -> None:
+    """Stage ``output`` as subtask ``subtask`` of stage ``stage``'s part of epoch ``plan.epoch``
+    of ``sink`` (the dead-letter sink takes parts from every stage that reads a source)."""
     import pyarrow.parquet as pq
 
     if output.num_rows == 0 or not plan.emit:
@@ -157,7 +158,7 @@ def _stage_output(plan: BatchPlan, subtask: int, sink: str, output: pa.Table) ->
     )
     directory = staging_dir(ctx.staging_root, ctx.job.name, sink, ctx.attempt, plan.epoch)
     directory.mkdir(parents=True, exist_ok=True)
-    final = directory / f"part-{subtask:05d}.parquet"  # the directory is this attempt's
+    final = directory / f"part-{subtask:05d}-s{stage}.parquet"  # the directory is this attempt's
     tmp = directory / f".tmp-{uuid.uuid4().hex}"
     pq.write_table(output, tmp)
     os.replace(tmp, final)
@@ -266,9 +267,9 @@ def run_subtask(
         kill_point("batch-applied")
         output = result.output
         for sink in ctx.job.sinks_of(op):
-            _stage_output(plan, subtask, sink.name, output)
+            stage_output(plan, stage, subtask, sink.name, output)
         if bad.num_rows and ctx.job.bad_records == "dead_letter":
-            _stage_output(plan, subtask, DEAD_LETTER_SINK, dead_letters(bad))
+            stage_output(plan, stage, subtask, DEAD_LETTER_SINK, dead_letters(bad))
         if plan.checkpoint_id is not None:
             if subtask in plan.compact:  # at the barrier, so this snapshot holds the result
                 started = time.perf_counter()
