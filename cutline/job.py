@@ -77,7 +77,10 @@ class KafkaSource:
     """A Kafka topic of JSON records, read with Spark's Kafka connector; positions are offsets
     per partition. ``bootstrap_servers`` defaults to ``$CUTLINE_KAFKA_BOOTSTRAP``;
     ``max_records_per_partition`` bounds a micro-batch (``maxOffsetsPerTrigger`` is this times
-    ``partitions``)."""
+    ``partitions``). ``options``: Kafka consumer properties, each ``kafka.<property>`` as
+    Spark's connector takes them (``kafka.security.protocol``, ``kafka.sasl.mechanism``,
+    ``kafka.sasl.jaas.config``, ``kafka.ssl.truststore.location``, ...); read secrets from the
+    environment in the job's code, never write them into it (logs mask them either way)."""
 
     name: str
     topic: str
@@ -85,6 +88,7 @@ class KafkaSource:
     partitions: int
     max_records_per_partition: int = 10_000
     bootstrap_servers: str | None = None
+    options: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_name("source.name", self.name)
@@ -94,6 +98,20 @@ class KafkaSource:
             raise JobDefinitionError("source.partitions must be >= 1")
         if self.max_records_per_partition < 1:
             raise JobDefinitionError("source.max_records_per_partition must be >= 1")
+        for key, value in self.options.items():
+            if not isinstance(key, str) or not key.startswith("kafka.") or key == "kafka.":
+                raise JobDefinitionError(
+                    f"source {self.name!r}: option {key!r} must be a Kafka property, "
+                    "'kafka.<property>' (Cutline sets the connector's own options)"
+                )
+            if key == "kafka.bootstrap.servers":
+                raise JobDefinitionError(
+                    f"source {self.name!r}: give the brokers as bootstrap_servers, not as {key!r}"
+                )
+            if not isinstance(value, str):
+                raise JobDefinitionError(
+                    f"source {self.name!r}: option {key!r} must be a string, got {value!r}"
+                )
 
     needs_kafka_connector: ClassVar[bool] = True
 

@@ -155,3 +155,36 @@ def test_a_later_stage_may_read_sources_and_earlier_stages_besides_the_stage_bef
     assert chained.source_inputs == {"clicks": "user", "profiles": "user"}
     assert [chained.reader_of(s) for s in ("clicks", "profiles")] == [0, 1]
     assert [chained.readers_of(i) for i in range(3)] == [[1, 2], [2], []]
+
+
+def test_kafka_consumer_properties_pass_through_to_the_connector():
+    from cutline.job import KafkaSource
+
+    secure = {
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.sasl.mechanism": "PLAIN",
+        "kafka.sasl.jaas.config": "PlainLoginModule required username='u' password='p';",
+    }
+    source = KafkaSource(
+        "clicks", "clicks", "user string", 2, bootstrap_servers="b:9092", options=secure
+    )
+
+    class Recorder:  # Spark's DataStreamReader, as far as the reader uses it
+        def __init__(self) -> None:
+            self.options: dict[str, str] = {}
+
+        def format(self, name: str) -> Recorder:
+            assert name == "kafka"
+            return self
+
+        def option(self, key: str, value: str) -> Recorder:
+            self.options[key] = value
+            return self
+
+    reader = source.reader()._reader(Recorder(), {"0": 5})
+    assert {k: reader.options[k] for k in secure} == secure
+    assert reader.options["kafka.bootstrap.servers"] == "b:9092"
+    with pytest.raises(JobDefinitionError, match=r"option 'subscribe' must be a Kafka property"):
+        KafkaSource("c", "c", "user string", 1, options={"subscribe": "other"})
+    with pytest.raises(JobDefinitionError, match="give the brokers as bootstrap_servers"):
+        KafkaSource("c", "c", "user string", 1, options={"kafka.bootstrap.servers": "x:1"})

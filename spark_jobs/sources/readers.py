@@ -126,13 +126,16 @@ class KafkaReader:
         return self._records(reader.load(), key)
 
     def _reader(self, reader, start: PartitionPositions):
-        return (
+        reader = (
             reader.format("kafka")
             .option("kafka.bootstrap.servers", self.source.servers())
             .option("subscribe", self.source.topic)
             .option("startingOffsets", json.dumps({self.source.topic: start}))
             .option("failOnDataLoss", "true")
         )
+        for key, value in self.source.options.items():  # the consumer's own properties
+            reader = reader.option(key, value)
+        return reader
 
     def _records(self, raw, key: tuple[str, ...]):
         """The JSON records with the log's position and bad-record columns: a record is bad
