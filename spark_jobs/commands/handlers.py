@@ -70,10 +70,10 @@ def demo(args: argparse.Namespace) -> int:
 def config(args: argparse.Namespace) -> int:
     """``cutline config``: this process's effective settings, each with where it came from,
     secrets masked (state/redaction.py)."""
-    from spark_jobs.deploy.settings import explain_settings
+    from spark_jobs.deploy.settings import RuntimePaths, explain_settings
     from state.redaction import redact
 
-    names = ("home", "checkpoint_root", "warehouse", "local_state_root", "log_root")
+    names = ["home", *(f.name for f in dataclasses.fields(RuntimePaths))]
     flags = {name: getattr(args, name, None) for name in names}
     settings = explain_settings(flags)
     if args.json:

@@ -57,12 +57,12 @@ _KEY_ARROW_TYPES = {
 
 
 class Forwarded(NamedTuple):
-    """Records for stage ``stage``, beyond the next one: from the map side (``origin`` None:
+    """Records for stage ``stage``, beyond the next one: from the map side (``origin`` empty:
     sources that stage reads) or from the output of the stage named ``origin``."""
 
     stage: int
     chunk: bytes
-    origin: str | None = None
+    origin: str = ""
 
 
 def execute(df, plan: BatchPlan, anchor) -> list[SubtaskStats]:
@@ -136,9 +136,8 @@ def stage_input(
     input with its own columns (a source's as its transforms left them, without the other
     sources' that the map side's union carries), in log order."""
     tables = [upstream] if upstream.num_rows else []
-    origins = sorted({f.origin or "" for f in forwarded})
-    for origin in origins:
-        part = read_chunks([f.chunk for f in forwarded if (f.origin or "") == origin], None)
+    for origin in sorted({f.origin for f in forwarded}):
+        part = read_chunks([f.chunk for f in forwarded if f.origin == origin], None)
         if origin:  # an earlier stage's output
             tables.append(part)
             continue

@@ -135,11 +135,12 @@ def _positions(table: pa.Table) -> Positions:
     return out
 
 
-def _from(table: pa.Table, sources: list[str]) -> pa.Table:
-    """The rows of ``table`` read from ``sources`` (not from an upstream stage)."""
+def _from(table: pa.Table, sources: list[str], inputs: int) -> pa.Table:
+    """The rows of ``table`` read from ``sources`` (not from an upstream stage; ``inputs``: how
+    many inputs the stage has)."""
     if not sources or table.num_rows == 0:
         return table.slice(0, 0)
-    if SOURCE_COLUMN not in table.column_names:
+    if len(sources) == inputs or SOURCE_COLUMN not in table.column_names:
         return table
     return table.filter(pc.is_in(table.column(SOURCE_COLUMN), pa.array(sources, pa.string())))
 
@@ -293,7 +294,7 @@ def run_subtask(
             kill_point("snapshot-taken")
     finally:
         store.close()
-    from_sources = _from(table, sources)
+    from_sources = _from(table, sources, len(op.inputs))
     read = pa.concat_tables([from_sources, bad]) if bad.num_rows else from_sources
     stats = SubtaskStats(
         stage=op.uid,

@@ -117,6 +117,13 @@ class DurableStorage(ABC):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
 
+    def _holds(self, path: str, data: bytes) -> bool:
+        """Whether ``path`` exists and holds exactly ``data`` (an exclusive write's own)."""
+        try:
+            return self.get_bytes(path) == bytes(data)
+        except MissingFileError:
+            return False
+
     # Helpers for messages that always name the path and the url.
     def _missing(self, path: str, detail: str = "") -> MissingFileError:
         suffix = f" ({detail})" if detail else ""

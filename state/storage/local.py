@@ -13,7 +13,6 @@ from state.storage.base import (
     AccessError,
     AlreadyExistsError,
     DurableStorage,
-    MissingFileError,
     ObjectInfo,
     remove_quietly,
     tmp_name,
@@ -149,13 +148,6 @@ class LocalFileStorage(DurableStorage):
             ) from exc
         except OSError as exc:
             raise self._failed("store", path, str(exc)) from exc
-
-    def _holds(self, path: str, data: bytes) -> bool:
-        """Whether ``path`` exists and holds exactly ``data``."""
-        try:
-            return self.get_bytes(path) == data
-        except MissingFileError:
-            return False
 
     def _open_for_read(self, path: str) -> IO[bytes]:
         target = self._target(path)

@@ -164,23 +164,13 @@ class S3Storage(DurableStorage):
         try:
             self._client.put_object(Bucket=self.bucket, Key=key, Body=bytes(data), **extra)
         except self._errors() as exc:
-            if exclusive and _error_code(exc) in (
-                "PreconditionFailed",
-                "ConditionalRequestConflict",
-            ):
+            if exclusive and _error_code(exc) in _S3_TAKEN_CODES:
                 if self._holds(path, data):  # a retry found its own first try's object
                     return
                 raise AlreadyExistsError(
                     f"{path!r} already exists in {self.url}", path=path, url=self.url
                 ) from exc
             raise self._error(exc, "store", path) from exc
-
-    def _holds(self, path: str, data: bytes) -> bool:
-        """Whether ``path`` exists and holds exactly ``data``."""
-        try:
-            return self.get_bytes(path) == bytes(data)
-        except MissingFileError:
-            return False
 
     def get_file(self, path: str, local_path: str | Path, expected_size: int | None = None) -> int:
         key = self._key(path)
