@@ -10,6 +10,7 @@ import random
 import threading
 import time
 from pathlib import Path
+from subprocess import Popen
 
 import pytest
 from dagster import instance_for_test
@@ -26,6 +27,7 @@ from spark_jobs.maintenance.gc import (
     FAULT_PAUSE,
     FAULT_PAUSED,
     FAULT_PLAN_DELAY_S,
+    FAULT_PLAN_GATE,
     collect_garbage,
 )
 from spark_jobs.sources.generate import generate
@@ -299,14 +301,13 @@ def _unrecorded(reader: CatalogReader, paths: set[str]) -> set[str]:
 
 
 BESIDE_PASSES = 6
-PLAN_DELAY_S = 3.0  # what a registry MERGE took beside the job: the window the job appends in
 
 
 def test_gc_passes_back_to_back_beside_a_job_checkpointing_every_second_all_exit_0(tmp_path):
     """Retention beside a job that checkpoints every second with input arriving throughout:
     ``cutline gc`` passes back to back, and every one exits 0. The job registers each
     checkpoint's new shared files by appending to its partition of ``shared_state_files``;
-    every pass's registry plan is held open for seconds, so those appends land between its read
+    every pass's registry plan is held open until such an append has landed between its read
     and its commit, which a MERGE lost to until its retries ran out; the rewrite commits anyway,
     planned once. Storage stays bounded, the registry tells the truth once the job has
     ended and a pass has settled, and the output is exact."""
@@ -329,11 +330,10 @@ def test_gc_passes_back_to_back_beside_a_job_checkpointing_every_second_all_exit
         first = len(completed_checkpoints(home, JOB))
         while len(passes) < BESIDE_PASSES:
             assert job.poll() is None, "the job ended before the GC passes beside it did"
-            # the next pass once the job registered new files since the last one began (a pass
-            # takes seconds, shorter than a checkpoint here): every pass has changes to commit
-            seen = len(checkpoints_so_far(home, JOB))
-            passes.append(_cutline_gc(home, paths, f"beside-{len(passes)}", PLAN_DELAY_S))
-            wait_for(lambda n=seen: len(checkpoints_so_far(home, JOB)) > n, 60, "a checkpoint", job)
+            # the next pass once a checkpoint newer than the last pass's latest completed: every
+            # pass has changes to commit (the latest checkpoint's refcounts and last use)
+            passes.append(_cutline_gc(home, paths, f"beside-{len(passes)}", job))
+            wait_for(lambda n=passes[-1]["latest"]: _latest(home) > n, 60, "a checkpoint", job)
         during = len(completed_checkpoints(home, JOB)) - first
     except BaseException:
         kill_driver(job)
@@ -358,7 +358,7 @@ def test_gc_passes_back_to_back_beside_a_job_checkpointing_every_second_all_exit
     report(
         f"\n{len(passes)} GC passes beside the job, exit codes {[p['rc'] for p in passes]}, "
         f"{[round(p['seconds'], 1) for p in passes]} s each (registry plan and commit "
-        f"{[p['rewrite_ms'] for p in passes]} ms, {PLAN_DELAY_S:.0f} s of it held open); "
+        f"{[p['rewrite_ms'] for p in passes]} ms, held open until the job appended); "
         f"{during} checkpoints and {appends} registry appends by the job meanwhile, "
         f"{between} of them between a rewrite's read and its commit; registry re-plans "
         f"{[p['replans'] for p in passes]}, other catalog conflicts retried "
@@ -368,9 +368,8 @@ def test_gc_passes_back_to_back_beside_a_job_checkpointing_every_second_all_exit
     every = [*passes, settled]
     assert [p["rc"] for p in every] == [0] * len(every), [p["log"] for p in every if p["rc"]]
     assert during >= len(passes) and appends > 0  # the job checkpointed and registered files
-    # most rewrites had appends land inside them (a checkpoint may take longer than a plan),
-    # and none was planned again for it
-    assert len(between) == len(passes) and sum(1 for n in between if n) > len(passes) // 2
+    # every rewrite had the job's appends land inside it, and none was planned again for them
+    assert len(between) == len(passes) and all(between), between
     assert [p["replans"] for p in passes] == [0] * len(passes)
     assert max(p["ratio"] for p in every) <= 1.0, every
     assert sum(p["deleted"] for p in passes) > 0
@@ -393,26 +392,52 @@ def test_gc_passes_back_to_back_beside_a_job_checkpointing_every_second_all_exit
     report(f"wall time {time.monotonic() - began:.0f} s")
 
 
-def _cutline_gc(home: Path, paths: RuntimePaths, name: str, plan_delay_s: float = 0.0) -> dict:
+def _latest(home: Path) -> int:
+    return max((r["checkpoint_id"] for r in checkpoints_so_far(home, JOB)), default=0)
+
+
+def _cutline_gc(home: Path, paths: RuntimePaths, name: str, job: Popen | None = None) -> dict:
     """One ``cutline gc`` process run to its end: its exit code, duration and report, and the
     settled bytes over their bound as it leaves storage (measured when it reaches the registry
-    update, having listed and deleted, so that what the job made garbage since is not counted)."""
+    update, having listed and deleted, so that what the job made garbage since is not counted).
+    Beside a running ``job``, the pass's registry plan is held open until the job has appended
+    to the registry after the plan read it."""
     log, marker = home / f"gc-{name}.log", home / f"gc-{name}.updating"
+    gate = home / f"gc-{name}.gate"
     env = {FAULT_PAUSE: "updating", FAULT_PAUSED: str(marker)}  # a marker; the pass goes on
-    env[FAULT_PLAN_DELAY_S] = str(plan_delay_s)
+    if job is not None:
+        env[FAULT_PLAN_GATE] = str(gate)
     started = time.time()
     proc = cutline(home, "gc", JOB, "--grace-s", str(GRACE_S), "--json", env=env, log=log)
     while not marker.exists() and proc.poll() is None:
         time.sleep(0.05)
     old, limit = settled_bytes(paths, started - GRACE_S)
+    if job is not None:
+        wait_for(Path(f"{gate}.planned").exists, 120, "the registry plan", proc)
+        # loaded now: the plan read this version or an older one
+        registry = DeltaTable(CatalogReader(paths.warehouse).path("shared_state_files"))
+        planned_on = registry.version()
+
+        def appended() -> bool:
+            registry.update_incremental()
+            return registry.version() > planned_on
+
+        try:
+            wait_for(appended, 120, "the job's next registry append", job)
+        except BaseException:
+            kill_driver(proc)
+            raise
+        gate.touch()
     rc = finish(proc, 300)
     out = {"rc": rc, "started": started, "seconds": time.time() - started, "log": str(log)}
     if rc != 0:
-        return {**out, "ratio": 0.0, "deleted": 0, "replans": 0, "retried": 0, "rewrite_ms": 0}
+        failed = {"latest": 0, "ratio": 0.0, "deleted": 0, "replans": 0, "retried": 0}
+        return {**out, **failed, "rewrite_ms": 0}
     lines = log.read_text(errors="replace").splitlines()
     gc = json.loads(next(line for line in reversed(lines) if line.startswith("{")))
     return {
         **out,
+        "latest": max(gc["retained"]),
         "ratio": old / limit,
         "deleted": gc["files_deleted"],
         "replans": gc["registry_replans"],

@@ -171,7 +171,7 @@ def collect_garbage(
         )
         report.shared_files_live, report.shared_bytes_live = live, live_bytes
         report.catalog_rows_updated = len(diff.updates) + len(diff.inserts)
-        time.sleep(float(os.environ.get(FAULT_PLAN_DELAY_S) or 0))  # a slow plan, for tests
+        _hold_plan()
         return diff
 
     if dry_run:
@@ -198,9 +198,23 @@ FAULT_PAUSED = "CUTLINE_FAULT_GC_PAUSED"
 # seconds each registry plan takes longer: the window between reading the registry and
 # committing its changes, in which the running job keeps appending rows
 FAULT_PLAN_DELAY_S = "CUTLINE_FAULT_GC_PLAN_DELAY_S"
+# a file: each registry plan, once made, creates ``<file>.planned`` and waits until the test
+# creates ``<file>`` (so the test decides what lands between the plan's read and its commit)
+FAULT_PLAN_GATE = "CUTLINE_FAULT_GC_PLAN_GATE"
 FAULT_POINTS = (
     "listed", "subsumed", "deleting:<n>", "deleted", "updating", "updated", "recorded"
 )  # fmt: skip
+
+
+def _hold_plan() -> None:
+    """Fault injection for concurrency tests: a registry plan held open
+    (:data:`FAULT_PLAN_DELAY_S` seconds, then until :data:`FAULT_PLAN_GATE` opens)."""
+    time.sleep(float(os.environ.get(FAULT_PLAN_DELAY_S) or 0))
+    gate = os.environ.get(FAULT_PLAN_GATE)
+    if gate:
+        Path(f"{gate}.planned").touch()
+        while not Path(gate).exists():
+            time.sleep(0.05)
 
 
 def _fault_point(point: str, *, stop: bool = True) -> None:
