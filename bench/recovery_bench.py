@@ -33,7 +33,7 @@ import boto3
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cutline.job import DeltaSink, JobDefinition, LogSource  # noqa: E402
+from cutline import DeltaSink, JobDefinition, LogSource  # noqa: E402
 from cutline.operators import EnrichWithLatest  # noqa: E402
 from spark_jobs.catalog.tables import CatalogReader  # noqa: E402
 from spark_jobs.deploy.session import build_spark  # noqa: E402

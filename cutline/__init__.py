@@ -1,19 +1,18 @@
 """Cutline's public API: everything a job in the user's own package needs.
 
 A job is a :class:`JobDefinition`: sources, stateless :class:`Transform` steps of them, one
-keyed stage or a chain of them (each later stage re-keys the output of the one before), Delta
-sinks taking the stages' outputs, checkpointing. Every stage is a :class:`KeyedProcess` running
-a :class:`KeyedProcessFunction`: the user's own, or one of the library's, built by
-:func:`KeyedAggregate`, :func:`WindowedAggregate` and :func:`EnrichWithLatest` on this API
-alone. A function's keyed states (:class:`ValueStateSpec`, :class:`ListStateSpec`,
-:class:`MapStateSpec`, optionally with a :class:`Ttl`) and timers are checkpointed with the
-sources' positions. Register the job
-under the ``cutline.jobs`` entry-point group of your package, or run it as
-``cutline run my_package.jobs:attr``.
+keyed stage or a chain of them (each later stage re-keys the output of the one before), sinks
+taking the stages' outputs (:class:`DeltaSink` appends, :class:`DeltaUpsertSink` keeps the
+latest row per key; a new kind subclasses :class:`Sink`), checkpointing. Every stage is a
+:class:`KeyedProcess` running a :class:`KeyedProcessFunction`: the user's own, or one of the
+library's, built by :func:`KeyedAggregate`, :func:`WindowedAggregate` and
+:func:`EnrichWithLatest` on this API alone. A function's keyed states (:class:`ValueStateSpec`,
+:class:`ListStateSpec`, :class:`MapStateSpec`, optionally with a :class:`Ttl`) and timers are
+checkpointed with the sources' positions. Register the job under the ``cutline.jobs``
+entry-point group of your package, or run it as ``cutline run my_package.jobs:attr``.
 """
 
 from cutline.job import (
-    DeltaSink,
     JobDefinition,
     JobDefinitionError,
     KafkaSource,
@@ -23,6 +22,7 @@ from cutline.job import (
 )
 from cutline.keyed_process import SOURCE_COLUMN, KeyedContext, KeyedProcessFunction
 from cutline.operators import EnrichWithLatest, KeyedAggregate, WindowedAggregate
+from cutline.sinks import DeltaSink, DeltaUpsertSink, Sink, SinkWriter
 from state.config import CheckpointConfig
 from state.state_types import (
     ListStateSpec,
@@ -37,6 +37,7 @@ __all__ = [
     "SOURCE_COLUMN",
     "CheckpointConfig",
     "DeltaSink",
+    "DeltaUpsertSink",
     "EnrichWithLatest",
     "JobDefinition",
     "JobDefinitionError",
@@ -50,6 +51,8 @@ __all__ = [
     "LogSource",
     "MapState",
     "MapStateSpec",
+    "Sink",
+    "SinkWriter",
     "StateAccessError",
     "Transform",
     "Ttl",

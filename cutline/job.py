@@ -8,12 +8,14 @@ definition time: a bad value raises :class:`JobDefinitionError` naming the field
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from cutline.keyed_process import Key, KeyedProcessFunction, key_columns
+from cutline.sinks import DeltaSink, Sink
+from cutline.validation import JobDefinitionError
+from cutline.validation import check_name as _check_name
 from state.config import CheckpointConfig
 from state.keygroups import (
     DEFAULT_MAX_PARALLELISM,
@@ -23,25 +25,12 @@ from state.keygroups import (
     key_types_of,
 )
 
-_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 BAD_RECORD_POLICIES = ("fail", "dead_letter")
 DEAD_LETTER_SINK = "dead_letters"
 
 
 KEY_FINGERPRINT = "__key__"  # a stage's key types, beside its states' fingerprints (no state
 # name starts with "_")
-
-
-class JobDefinitionError(ValueError):
-    """A job definition is invalid; the message names the field."""
-
-
-def _check_name(what: str, name: str) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise JobDefinitionError(
-            f"{what} must match {_NAME.pattern} (lower case, digits, '_'), got {name!r}"
-        )
-    return name
 
 
 @dataclass(frozen=True)
@@ -253,34 +242,22 @@ Operator = KeyedProcess  # every stage; the library's are built by cutline/opera
 
 
 @dataclass(frozen=True)
-class DeltaSink:
-    """A Delta table under the warehouse, ``<warehouse>/tables/<table>``, that receives the
-    output of stage ``stage`` (default: the job's last stage)."""
-
-    name: str
-    table: str
-    stage: str | None = None
-
-    def __post_init__(self) -> None:
-        _check_name("sink.name", self.name)
-        _check_name("sink.table", self.table)
-
-
-@dataclass(frozen=True)
 class JobDefinition:
     """A streaming job: ``sources``, optional stateless ``transforms`` of them, then ``operator``:
     one keyed stage, or a tuple of stages chained in order. The first stage reads sources;
     every later stage reads the output of the one before it, and may read sources and the
     outputs of earlier stages besides (a two-input stage anywhere in the chain: enrich a stage's
     totals with a profiles source), every input re-partitioned by the stage's key for it. Each
-    source has one reader. ``sink``: one Delta sink or several, each taking one stage's output.
+    source has one reader. ``sink``: one sink or several (:class:`~cutline.sinks.DeltaSink`
+    appends, :class:`~cutline.sinks.DeltaUpsertSink` keeps the latest row per key, or any
+    :class:`~cutline.sinks.Sink`), each taking one stage's output.
     Every stage's subtasks snapshot at the same micro-batch cut, after applying all their
     inputs' records of it; a checkpoint completes only with all of them."""
 
     name: str
     sources: tuple[Source, ...]
     operator: Operator | tuple[Operator, ...]
-    sink: DeltaSink | tuple[DeltaSink, ...]
+    sink: Sink | tuple[Sink, ...]
     checkpoint: CheckpointConfig
     parallelism: int = 2
     max_parallelism: int = DEFAULT_MAX_PARALLELISM
@@ -319,7 +296,7 @@ class JobDefinition:
         return self.operator if isinstance(self.operator, tuple) else (self.operator,)
 
     @property
-    def outputs(self) -> tuple[DeltaSink, ...]:
+    def outputs(self) -> tuple[Sink, ...]:
         """The output sinks (without the dead-letter table)."""
         return self.sink if isinstance(self.sink, tuple) else (self.sink,)
 
@@ -342,12 +319,12 @@ class JobDefinition:
     def source(self, name: str) -> Source:
         return next(s for s in self.sources if s.name == name)
 
-    def sinks_of(self, stage: Operator) -> list[DeltaSink]:
+    def sinks_of(self, stage: Operator) -> list[Sink]:
         """The sinks that take ``stage``'s output."""
         last = self.stages[-1].name
         return [s for s in self.outputs if (s.stage or last) == stage.name]
 
-    def sinks(self) -> list[DeltaSink]:
+    def sinks(self) -> list[Sink]:
         """The output sinks, then the dead-letter table if bad records go to one."""
         if self.bad_records != "dead_letter":
             return list(self.outputs)
@@ -411,11 +388,16 @@ def _check_transforms(transforms: tuple[Transform, ...], sources: list[str]) -> 
             )
 
 
-def _check_sinks(sinks: tuple[DeltaSink, ...], stages: tuple[Operator, ...]) -> None:
+def _check_sinks(sinks: tuple[Sink, ...], stages: tuple[Operator, ...]) -> None:
     if not sinks:
         raise JobDefinitionError("job.sink must name at least one sink")
+    wrong = [s for s in sinks if not isinstance(s, Sink)]
+    if wrong:
+        raise JobDefinitionError(
+            f"job.sink must be Sinks (DeltaSink, DeltaUpsertSink, ...), got {wrong[0]!r}"
+        )
     stage_names = [s.name for s in stages]
-    for what in ("name", "table"):
+    for what in ("name", "target"):
         values = [getattr(s, what) for s in sinks]
         if len(set(values)) != len(values):
             raise JobDefinitionError(f"job sinks' {what}s must be unique, got {values}")

@@ -314,7 +314,7 @@ def _tagged(table: pa.Table, source: str) -> pa.Table:
 
 def _chain_job(stages: tuple[KeyedProcess, ...]) -> JobDefinition:
     """The smallest job around a chain of stages: what the runtime's routing reads."""
-    from cutline.job import DeltaSink, LogSource
+    from cutline import DeltaSink, LogSource
     from state.config import CheckpointConfig
 
     stage_names = {s.name for s in stages}

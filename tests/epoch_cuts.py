@@ -1,7 +1,7 @@
 """Where each committed epoch ended in the sources, and which epoch every input record fell in.
 
 Every exactly-once sink commit records, in its Delta commit info (``cutline``), the source
-positions at the end of each epoch it commits (spark_jobs/sinks/delta_sink.py). Read back from
+positions at the end of each epoch it commits (cutline/sinks/delta.py). Read back from
 the table's own history, those cuts are the only thing the reference takes from a run: every
 record of the input belongs to the committed epoch whose cut first passes its position, and the
 reference computes from the input alone what each epoch must have emitted (tests/reference.py).

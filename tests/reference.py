@@ -9,9 +9,10 @@ job's expected rows follow from the records of the epochs up to theirs:
 
 - ``clicks_per_user``: in each epoch, one row per user with clicks in it: the user's click
   count and latest event time through that epoch;
-- ``country_clicks`` (examples/sessions, two stages, two sinks): after the job's filter, per user
+- ``country_clicks`` (examples/sessions, two stages, three sinks): after the job's filter, per user
   and epoch the running count (and the user's country), per country and epoch the running count
-  and the number of distinct users;
+  and the number of distinct users; and in the upsert sink's table, per country its row of the
+  last epoch with its clicks (the totals and that epoch);
 - ``page_visits`` (examples/sessions, composite keys): per (user, url) and per (url, bucket) and
   epoch, the running count;
 - ``windowed_revenue``: each window once, in the epoch whose watermark first reaches its end,
@@ -97,6 +98,7 @@ class Expected:
     keys: list[str]
     values: list[str]
     approx: tuple[str, ...] = ()  # sums of floats: their order may differ
+    latest: bool = False  # an upsert sink's table: each key's latest row, with its epoch
 
 
 def _running(rows: pd.DataFrame, keys: list[str], sums: list[str], maxes: list[str] = ()):
@@ -135,9 +137,11 @@ def expect_country_clicks(inputs: dict[str, pd.DataFrame], epochs: list[int]) ->
     new = joined.groupby(["country", EPOCH]).size().rename("users").reset_index()
     countries = countries.merge(new, on=["country", EPOCH], how="left").fillna({"users": 0})
     countries = _running(countries, ["country"], ["clicks", "users"])
+    latest = countries.sort_values(EPOCH).groupby("country").tail(1)
     return {
         "user_clicks": Expected(users, ["user"], ["clicks", "country"]),
         "country_clicks": Expected(countries, ["country"], ["clicks", "users"]),
+        "country_totals": Expected(latest, ["country"], ["clicks", "users"], latest=True),
     }
 
 
@@ -294,7 +298,7 @@ REFERENCES = {
     ),
     "sessions": JobReference(("clicks",), ("sessions",), expect_sessions, clocked=True),
     "country_clicks": JobReference(
-        ("clicks",), ("user_clicks", "country_clicks"), expect_country_clicks
+        ("clicks",), ("user_clicks", "country_clicks", "country_totals"), expect_country_clicks
     ),
     "page_visits": JobReference(
         ("clicks",), ("page_visits", "page_bucket_visits"), expect_page_visits

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from cutline_examples.jobs import clicks_per_user
 
-from cutline.job import DeltaSink
+from cutline import DeltaSink
 from cutline.keyed_process import SOURCE_COLUMN
 from cutline.operators import KeyedAggregate
 from spark_jobs.errors import ConfigurationError
@@ -230,13 +230,13 @@ def test_dead_letters_of_two_stages_of_one_subtask_are_both_staged(tmp_path):
     """A source read by a later stage has its bad records split off there: that stage's dead
     letters and the first stage's, same subtask and epoch, are two parts, neither replacing
     the other."""
+    from cutline.sinks.staging import StagedEpochs
     from spark_jobs.executor.subtask import BatchPlan, RunContext, stage_output
-    from spark_jobs.sinks.delta_sink import staging_dir
 
     ctx = RunContext(clicks_per_user(), 3, str(tmp_path / "c"), str(tmp_path / "l"), str(tmp_path))
     plan = BatchPlan(ctx, epoch=5, previous_epoch=4)
     for stage in (0, 1):
         stage_output(plan, stage, 1, "dead_letters", pa.table({"raw": [f"from stage {stage}"]}))
-    staged = staging_dir(str(tmp_path), "clicks_per_user", "dead_letters", 3, 5)
+    staged = StagedEpochs(str(tmp_path), "clicks_per_user", "dead_letters", 3).directory(5)
     rows = pa.concat_tables([pq.read_table(p) for p in sorted(staged.glob("*.parquet"))])
     assert rows.column("raw").to_pylist() == ["from stage 0", "from stage 1"]

@@ -5,11 +5,10 @@ a redone commit commits nothing twice; every commit records where its epochs end
 from __future__ import annotations
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
+from cutline.sinks.delta import DeltaSinkWriter
 from spark_jobs.catalog.tables import read_delta
-from spark_jobs.sinks.delta_sink import DeltaSinkWriter, staging_dir
 from state.catalog import FencedError
 
 ENDS = {e: {"clicks": {"0": 100 * e, "1": 90 * e}} for e in range(10)}
@@ -17,10 +16,8 @@ ENDS = {e: {"clicks": {"0": 100 * e, "1": 90 * e}} for e in range(10)}
 
 def stage(sink: DeltaSinkWriter, epoch: int, users: list[str], subtask: int = 0) -> None:
     """What a subtask of ``sink``'s attempt stages for ``epoch``."""
-    directory = staging_dir(sink.staging_root, sink.job_id, sink.sink, sink.attempt, epoch)
-    directory.mkdir(parents=True, exist_ok=True)
-    table = pa.table({"user": users, "n": [epoch] * len(users), "_epoch": [epoch] * len(users)})
-    pq.write_table(table, directory / f"part-{subtask:05d}.parquet")
+    table = pa.table({"user": users, "n": [epoch] * len(users)})
+    sink.staged.write(epoch, f"part-{subtask:05d}", table)
 
 
 def rows(sink: DeltaSinkWriter) -> list[tuple]:
@@ -62,7 +59,7 @@ def test_a_restore_redoes_the_commit_of_the_attempt_that_staged_it(tmp_path):
     assert restorer.commit_through(1, ENDS, staged_by=1) == 2
     restorer.discard_other_attempts()
     assert rows(restorer) == [("a", 0), ("b", 1)]
-    assert restorer.has_output() and restorer.staged_epochs(1) == []
+    assert restorer.has_output() and restorer.staged.epochs(1) == []
     assert restorer.reset() == 2 and not restorer.has_output()
 
 

@@ -6,7 +6,14 @@ import dataclasses
 
 import pytest
 
-from cutline.job import DeltaSink, JobDefinitionError, KeyedProcess, LogSource, Transform
+from cutline import (
+    DeltaSink,
+    DeltaUpsertSink,
+    JobDefinitionError,
+    KeyedProcess,
+    LogSource,
+    Transform,
+)
 from cutline.operators import EnrichWithLatest, KeyedAggregate, WindowedAggregate
 from spark_jobs.commands.handlers import job_for_run
 from spark_jobs.commands.main import build_parser
@@ -115,7 +122,10 @@ def test_a_pipeline_chains_stages_and_sends_each_sink_the_output_of_its_stage():
         r"sink 'hist': stage 'nope' is not one of the job's stages",
         sink=(sinks[0], DeltaSink("hist", "hist", stage="nope")),
     )
-    bad(r"sinks' tables must be unique", sink=(sinks[0], DeltaSink("other", "per_user")))
+    bad(r"sinks' targets must be unique", sink=(sinks[0], DeltaSink("other", "per_user")))
+    upsert = DeltaUpsertSink("other", "per_user", key="user")  # an upsert into the append table
+    bad(r"sinks' targets must be unique", sink=(sinks[0], upsert))
+    bad(r"job.sink must be Sinks .*, got 'per_user'", sink=(sinks[0], "per_user"))
     bad(r"'dead_letters' is the dead-letter table's", sink=(DeltaSink("dead_letters", "x"),))
     bad(
         r"transform 't': source 'orders' is not one of the job's sources",

@@ -92,7 +92,7 @@ def test_a_pipeline_transform_sees_good_records_and_must_keep_the_runtime_column
     assert "transform 'parse' of source 'clicks' raised KeyError" in line
     # the bad records pass around the transform to the dead-letter table, once each
     run_to_end(home, "run", PIPELINE, *RUN, "--bad-records", "dead_letter")
-    report(f"two stages, two sinks: {check('country_clicks', home)}")
+    report(f"two stages, three sinks: {check('country_clicks', home)}")
     dead = output(home, "country_clicks_dead_letters").sort_values(["partition", "offset"])
     expected = read_log(home, "clicks", bad=True).sort_values(["partition", "offset"])
     assert dead[["partition", "offset", "raw"]].values.tolist() == (

@@ -9,13 +9,13 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from cutline.job import DeltaSink, JobDefinition, JobDefinitionError, LogSource
+from cutline import DeltaSink, JobDefinition, JobDefinitionError, LogSource
 from cutline.keyed_process import partition_event_times
 from cutline.operators import WindowedAggregate
+from cutline.sinks.delta import DeltaSinkWriter
 from spark_jobs.driver.progress import Progress
 from spark_jobs.driver.restore_fallback import replay_epochs
 from spark_jobs.executor.reports import SubtaskStats
-from spark_jobs.sinks.delta_sink import DeltaSinkWriter
 from state.config import CheckpointConfig
 from state.manifest import CheckpointManifest, PartitionClock
 

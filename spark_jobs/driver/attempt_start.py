@@ -33,12 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cutline.job import JobDefinition
+from cutline.sinks import SinkWriter
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.driver.evolution import check_restorable
 from spark_jobs.errors import ConfigurationError, NoRestorableCheckpointError
-from spark_jobs.sinks.delta_sink import DeltaSinkWriter
-from spark_jobs.sinks.sink import Sink
 from state.catalog import CheckpointStatus, FencedError
 from state.config import EXACTLY_ONCE
 from state.faults import kill_point
@@ -61,10 +60,10 @@ class StartPlan:
     seconds: float = 0.0  # how long deciding took
 
 
-def sink_writers(job: JobDefinition, warehouse: str, attempt: int) -> list[Sink]:
+def sink_writers(job: JobDefinition, warehouse: str, attempt: int) -> list[SinkWriter]:
     """The job's sinks (its output, and its dead-letter table if it keeps one) for one attempt;
     the first is the output."""
-    return [DeltaSinkWriter(job.name, s.name, s.table, warehouse, attempt) for s in job.sinks()]
+    return [s.writer(job.name, attempt, warehouse=warehouse) for s in job.sinks()]
 
 
 def plan_start(
@@ -232,7 +231,7 @@ def select_checkpoint(
 
 
 def refuse_silent_start(
-    catalog: DeltaCatalog, job_id: str, sink: Sink, fallbacks: list[str]
+    catalog: DeltaCatalog, job_id: str, sink: SinkWriter, fallbacks: list[str]
 ) -> None:
     """Nothing to restore: fine for a new job, an error for one that has made progress."""
     made = [
@@ -254,7 +253,7 @@ def refuse_silent_start(
 
 
 def start_over(
-    catalog: DeltaCatalog, job: JobDefinition, sinks: list[Sink], reset: bool, log
+    catalog: DeltaCatalog, job: JobDefinition, sinks: list[SinkWriter], reset: bool, log
 ) -> None:
     """An explicit start from empty state: refuse to append to output unless ``reset``; retire
     the old checkpoints (SUBSUMED: GC collects them, no restore goes back to them)."""
@@ -274,7 +273,7 @@ def start_over(
 
 
 def recover_sinks(
-    job: JobDefinition, sinks: list[Sink], manifest: CheckpointManifest | None, log
+    job: JobDefinition, sinks: list[SinkWriter], manifest: CheckpointManifest | None, log
 ) -> None:
     """Redo the restored checkpoint's sink commits (no-ops if they landed) and drop what other
     attempts staged: it is recomputed."""

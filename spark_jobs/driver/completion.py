@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from cutline.sinks import SinkWriter
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.driver.barrier import CompactionRequests
 from spark_jobs.driver.epoch_ends import EpochEnds
 from spark_jobs.driver.run_state import RunState
 from spark_jobs.events import EventChannel
-from spark_jobs.sinks.sink import Sink
 from state.faults import kill_point
 from state.manifest import CheckpointManifest
 
@@ -27,7 +27,7 @@ class Completion:
     def __init__(
         self,
         job_name: str,
-        sinks: Sequence[Sink],
+        sinks: Sequence[SinkWriter],
         catalog: DeltaCatalog,
         ends: EpochEnds,
         compaction: CompactionRequests,

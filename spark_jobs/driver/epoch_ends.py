@@ -16,8 +16,8 @@ import threading
 from collections.abc import Iterable, Sequence
 
 from cutline.job import JobDefinition
+from cutline.sinks import SinkWriter
 from spark_jobs.errors import NoRestorableCheckpointError
-from spark_jobs.sinks.sink import Sink
 from state.manifest import CheckpointManifest, Positions
 
 
@@ -77,7 +77,7 @@ class EpochEnds:
             }
 
     def committed_through(
-        self, manifest: CheckpointManifest, through: int, sinks: Sequence[Sink]
+        self, manifest: CheckpointManifest, through: int, sinks: Sequence[SinkWriter]
     ) -> dict[int, Positions]:
         """Where each epoch after ``manifest``'s ended, up to ``through``: from the commit
         history of the sink that committed furthest, and the checkpoint's own record of its
@@ -117,7 +117,7 @@ def starting_point(
     committed: int,
     exactly_once: bool,
     ends: EpochEnds,
-    sinks: Sequence[Sink],
+    sinks: Sequence[SinkWriter],
 ) -> tuple[int, Positions]:
     """The epoch a new attempt's micro-batches continue after, and the positions they read from:
     the checkpoint's (partitions it does not name: from their start), or, exactly once when the

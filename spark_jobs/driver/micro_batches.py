@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from cutline.sinks import SinkWriter
 from spark_jobs.catalog.tables import now_ms
 from spark_jobs.driver.barrier import AckPoller, CompactionRequests, Cut
 from spark_jobs.driver.epoch_ends import EpochEnds
@@ -24,7 +25,6 @@ from spark_jobs.driver.run_state import RunState
 from spark_jobs.executor.dataflow import execute
 from spark_jobs.executor.reports import SubtaskStats
 from spark_jobs.executor.subtask import BatchPlan, RunContext
-from spark_jobs.sinks.sink import Sink
 from spark_jobs.sources.bad_records import bad_record_error
 from spark_jobs.sources.frames import empty_frame, range_frame, source_columns, tag_and_union
 from state.coordinator import CheckpointCoordinator
@@ -41,7 +41,7 @@ class MicroBatches:
         log_root: str,
         progress: Progress,
         state: RunState,
-        sinks: Sequence[Sink],
+        sinks: Sequence[SinkWriter],
         ends: EpochEnds,
         compaction: CompactionRequests,
         *,

@@ -9,7 +9,7 @@ instead of failing: that is positive evidence against the checkpoint, which
 Replaying committed epochs. A restore from checkpoint *k* whose sinks already committed epochs
 after *k*'s (a fallback past damaged checkpoints, or an explicit ``--restore ID``) must not emit
 those epochs again. The sinks recorded where each committed epoch ended
-(spark_jobs/sinks/delta_sink.py), so the driver replays exactly those micro-batches, from the
+(cutline/sinks/delta.py), so the driver replays exactly those micro-batches, from the
 same source ranges and in the same order, with their output suppressed: the state (and the
 watermark) comes out as it was when the sinks committed them, and the first new micro-batch
 continues from there.

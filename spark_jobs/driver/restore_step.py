@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from cutline.sinks import SinkWriter
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.driver.epoch_ends import EpochEnds
 from spark_jobs.driver.micro_batches import MicroBatches
@@ -24,7 +25,6 @@ from spark_jobs.driver.restore_fallback import (
 )
 from spark_jobs.driver.run_state import RunState
 from spark_jobs.driver.startup_phases import StartupTimeline
-from spark_jobs.sinks.sink import Sink
 from state.manifest import CheckpointManifest
 from state.storage import DurableStorage
 
@@ -37,7 +37,7 @@ class AttemptRestore:
     spark: object
     catalog: DeltaCatalog
     storage: DurableStorage
-    sinks: Sequence[Sink]
+    sinks: Sequence[SinkWriter]
     ends: EpochEnds
     batches: MicroBatches
     progress: Progress

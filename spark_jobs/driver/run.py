@@ -41,6 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from cutline.job import JobDefinition
+from cutline.sinks.staging import staging_root
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.catalog.tables import now_ms
 from spark_jobs.deploy.settings import RuntimePaths
@@ -161,7 +162,7 @@ class StreamingRun:
             attempt=self.attempt,
             checkpoint_root=self.paths.checkpoint_root,
             local_state_root=self.paths.local_state_root,
-            staging_root=str(self.sinks[0].staging_root),
+            staging_root=str(staging_root(self.paths.warehouse)),
         )
         self.state.restored(manifest.checkpoint_id if manifest else None, ())
         self.batches = MicroBatches(

@@ -21,7 +21,6 @@ import json
 import os
 import socket
 import time
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -31,9 +30,9 @@ import pyarrow.compute as pc
 
 from cutline.job import DEAD_LETTER_SINK, JobDefinition
 from cutline.keyed_process import SOURCE_COLUMN, ProcessOperator
+from cutline.sinks.staging import StagedEpochs
 from spark_jobs.errors import IncompatibleStateError, carry_to_driver
 from spark_jobs.executor.reports import SubtaskRestoreReport, SubtaskStats
-from spark_jobs.sinks.delta_sink import EPOCH_COLUMN, staging_dir
 from spark_jobs.sources.bad_records import dead_letters, first_bad, split_bad
 from spark_jobs.sources.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from state.acks import Ack, ack_path
@@ -148,21 +147,10 @@ def _from(table: pa.Table, sources: list[str], inputs: int) -> pa.Table:
 def stage_output(plan: BatchPlan, stage: int, subtask: int, sink: str, output: pa.Table) -> None:
     """Stage ``output`` as subtask ``subtask`` of stage ``stage``'s part of epoch ``plan.epoch``
     of ``sink`` (the dead-letter sink takes parts from every stage that reads a source)."""
-    import pyarrow.parquet as pq
-
-    if output.num_rows == 0 or not plan.emit:
-        return
-    ctx = plan.ctx
-    output = output.select([c for c in output.column_names if not c.startswith("_")])
-    output = output.append_column(
-        EPOCH_COLUMN, pa.array([plan.epoch] * output.num_rows, pa.int64())
-    )
-    directory = staging_dir(ctx.staging_root, ctx.job.name, sink, ctx.attempt, plan.epoch)
-    directory.mkdir(parents=True, exist_ok=True)
-    final = directory / f"part-{subtask:05d}-s{stage}.parquet"  # the directory is this attempt's
-    tmp = directory / f".tmp-{uuid.uuid4().hex}"
-    pq.write_table(output, tmp)
-    os.replace(tmp, final)
+    if plan.emit:
+        ctx = plan.ctx
+        staged = StagedEpochs(ctx.staging_root, ctx.job.name, sink, ctx.attempt)
+        staged.write(plan.epoch, f"part-{subtask:05d}-s{stage}", output)
 
 
 class _DelayedExecutor:

@@ -1,26 +1,30 @@
-"""What the runtime asks of a sink (one attempt's writer of one output): :class:`Sink`.
+"""A sink: a definition in the job (:class:`Sink`) and, per attempt, its writer
+(:class:`SinkWriter`), the one thing the runtime asks of an output.
 
-Subtasks stage each epoch's output (spark_jobs/executor/subtask.py); the sink commits it.
-Exactly once: when a checkpoint completes, :meth:`Sink.commit_through` commits every staged
-epoch up to the checkpoint's, once, recording where each epoch ended in the sources; at least
-once, :meth:`Sink.append_now` commits each epoch right away. Every commit is fenced: once a
+Subtasks stage each epoch's output (cutline/sinks/staging.py); the writer commits it. Exactly
+once: when a checkpoint completes, :meth:`SinkWriter.commit_through` commits every staged epoch
+up to the checkpoint's, once, recording where each epoch ended in the sources; at least once,
+:meth:`SinkWriter.append_now` commits each epoch right away. Every commit is fenced: once a
 newer attempt has fenced the sink, an older one's commit fails with
-:class:`~state.catalog.FencedError`. The implementation is the Delta sink
-(spark_jobs/sinks/delta_sink.py).
+:class:`~state.catalog.FencedError`. Implementations: the Delta append sink
+(cutline/sinks/delta.py) and the Delta upsert sink (cutline/sinks/upsert.py). A new kind of
+sink is a subclass of :class:`Sink` whose :meth:`~Sink.writer` returns a :class:`SinkWriter`;
+the runtime needs no change.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from abc import ABC, abstractmethod
 from typing import Protocol
 
 from state.manifest import Positions
 
 
-class Sink(Protocol):
+class SinkWriter(Protocol):
+    """One attempt's writer of one sink."""
+
     sink: str  # the sink's name in the job
     table_path: str  # where its output is (for messages)
-    staging_root: Path  # where subtasks stage epochs for it
 
     def fence(self) -> None:
         """From now on no older attempt commits (creating the output if missing)."""
@@ -59,3 +63,21 @@ class Sink(Protocol):
 
     def reset(self) -> int:
         """Delete all output (an explicit start-over); the rows deleted."""
+
+
+class Sink(ABC):
+    """A sink in a job definition: ``name`` (unique in the job), the ``stage`` whose output it
+    takes (None: the job's last stage), and :attr:`target`, what it writes to (unique in the
+    job: two sinks never write one table)."""
+
+    name: str
+    stage: str | None
+
+    @property
+    @abstractmethod
+    def target(self) -> str:
+        """What the sink writes to, for uniqueness checks and messages."""
+
+    @abstractmethod
+    def writer(self, job_id: str, attempt: int, *, warehouse: str) -> SinkWriter:
+        """The writer of attempt ``attempt`` of job ``job_id``."""

@@ -1,8 +1,8 @@
-"""The Delta sink: exactly-once by two-phase commit, or at-least-once.
+"""The Delta sink: each epoch's output appended to a Delta table, exactly once by two-phase
+commit, or at least once.
 
-Pre-commit: each subtask stages its micro-batch output (epoch *e*) as Parquet under
-``<warehouse>/staging/<job>/<sink>/a<attempt>/epoch=<e>/``: every attempt stages apart, so an
-older attempt that still runs can never add files to what a newer one commits.
+Pre-commit: each subtask stages its micro-batch output (epoch *e*) apart per attempt
+(cutline/sinks/staging.py).
 
 Commit (when checkpoint *n* completes): the staged epochs up to *n*'s epoch are appended (no rows
 if they had no output) in one conditional delta-rs commit (planned on one table version, never
@@ -26,42 +26,61 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.sinks.sink import Positions
+from cutline.sinks.base import Sink, SinkWriter
+from cutline.sinks.staging import EPOCH_COLUMN, StagedEpochs, staging_root
+from cutline.validation import check_name
 from state.catalog import FencedError
 from state.faults import kill_point
-
-EPOCH_COLUMN = "_epoch"
+from state.manifest import Positions
 
 _TRIES = 40
 
 
-def staging_dir(staging_root: str | Path, job_id: str, sink: str, attempt: int, epoch: int) -> Path:
-    """Where attempt ``attempt`` stages epoch ``epoch`` of a sink (subtasks write, the sink
-    commits)."""
-    return Path(staging_root) / job_id / sink / f"a{int(attempt)}" / f"epoch={int(epoch)}"
+@dataclass(frozen=True)
+class DeltaSink(Sink):
+    """A Delta table under the warehouse, ``<warehouse>/tables/<table>``, to which every epoch's
+    output of stage ``stage`` (default: the job's last stage) is appended, each row with its
+    epoch (``_epoch``)."""
+
+    name: str
+    table: str
+    stage: str | None = None
+
+    def __post_init__(self) -> None:
+        check_name("sink.name", self.name)
+        check_name("sink.table", self.table)
+
+    @property
+    def target(self) -> str:
+        return f"Delta table {self.table!r}"
+
+    def writer(self, job_id: str, attempt: int, *, warehouse: str) -> SinkWriter:
+        return DeltaSinkWriter(job_id, self.name, self.table, warehouse, attempt)
 
 
 class DeltaSinkWriter:
-    """One Delta table written by one attempt of a job: a :class:`~spark_jobs.sinks.sink.Sink`."""
+    """One Delta table appended to by one attempt of a job: a
+    :class:`~cutline.sinks.base.SinkWriter`."""
 
     def __init__(
         self, job_id: str, sink: str, table: str, warehouse: str | Path, attempt: int
     ) -> None:
         self.job_id, self.sink, self.attempt = job_id, sink, attempt
         self.table_path = str(Path(warehouse) / "tables" / table)
-        self.staging_root = Path(warehouse) / "staging"
+        self.staged = StagedEpochs(staging_root(warehouse), job_id, sink, attempt)
         self.epoch_app = f"cutline-sink-{job_id}-{sink}"
         self.fence_app = f"cutline-fence-{job_id}-{sink}"
         self._lock = threading.Lock()
+        self.conflicts_retried = 0  # commits planned again after a concurrent commit
 
     # -- reading the table ------------------------------------------------------------------
 
@@ -133,45 +152,10 @@ class DeltaSinkWriter:
             limit *= 8
         return found
 
-    # -- staging -----------------------------------------------------------------------------
-
-    def staged_epochs(self, attempt: int) -> list[int]:
-        root = staging_dir(self.staging_root, self.job_id, self.sink, attempt, 0).parent
-        if not root.is_dir():
-            return []
-        return sorted(int(p.name.split("=", 1)[1]) for p in root.glob("epoch=*"))
-
-    def _staged(self, attempt: int, epochs: list[int]) -> pa.Table | None:
-        import pyarrow.parquet as pq
-
-        files = [
-            f
-            for e in epochs
-            for f in sorted(
-                staging_dir(self.staging_root, self.job_id, self.sink, attempt, e).glob("*.parquet")
-            )
-        ]
-        if not files:
-            return None
-        return pa.concat_tables(
-            [pq.read_table(f, partitioning=None) for f in files], promote_options="permissive"
-        ).combine_chunks()
-
-    def _drop_staged(self, attempt: int, epochs: list[int]) -> None:
-        for e in epochs:
-            shutil.rmtree(
-                staging_dir(self.staging_root, self.job_id, self.sink, attempt, e),
-                ignore_errors=True,
-            )
-
     def discard_other_attempts(self) -> None:
         """Drop what other attempts staged (after a restore redid its commit): older attempts'
         output is recomputed, never committed by this one."""
-        root = self.staging_root / self.job_id / self.sink
-        if root.is_dir():
-            for directory in root.glob("a*"):
-                if directory.name != f"a{self.attempt}":
-                    shutil.rmtree(directory, ignore_errors=True)
+        self.staged.discard_other_attempts()
 
     # -- committing --------------------------------------------------------------------------
 
@@ -194,8 +178,8 @@ class DeltaSinkWriter:
         output are committed too (a commit of no rows), so the table's history says where every
         committed epoch ended. Repeating it commits nothing twice."""
         attempt = self.attempt if staged_by is None else staged_by
-        staged = [e for e in self.staged_epochs(attempt) if e <= epoch]
-        everything = self._staged(attempt, staged)  # read once; each try takes what is new
+        staged = [e for e in self.staged.epochs(attempt) if e <= epoch]
+        everything = self.staged.read(staged, attempt)  # read once; each try takes what is new
 
         def plan(committed):
             if epoch <= committed:
@@ -211,7 +195,7 @@ class DeltaSinkWriter:
 
         with self._lock:
             rows = self._conditional_commit(plan)
-            self._drop_staged(attempt, staged)
+            self.staged.drop(staged, attempt)
         return rows
 
     def append_now(
@@ -219,7 +203,7 @@ class DeltaSinkWriter:
     ) -> int:
         """At-least-once: append epoch ``epoch``'s output immediately (no skip of replays)."""
 
-        data = self._staged(self.attempt, [epoch])
+        data = self.staged.read([epoch])
 
         def plan(committed):
             if data is None:
@@ -231,7 +215,7 @@ class DeltaSinkWriter:
 
         with self._lock:
             rows = self._conditional_commit(plan)
-            self._drop_staged(self.attempt, [epoch])
+            self.staged.drop([epoch])
         return rows
 
     def reset(self) -> int:
@@ -253,7 +237,7 @@ class DeltaSinkWriter:
         concurrent commit makes it start over. ``plan(committed epoch)`` returns ``(data,
         (epoch, info) | None, result)``; ``data=None`` with no epoch commits only the fence when
         this attempt has not fenced the table yet."""
-        from deltalake import CommitProperties, Transaction, write_deltalake
+        from deltalake import CommitProperties, Transaction
         from deltalake.exceptions import CommitFailedError
 
         for tries in range(_TRIES):
@@ -283,24 +267,32 @@ class DeltaSinkWriter:
                 EPOCH_COLUMN
             ]
             kill_point("sink-committing")
+            properties = CommitProperties(
+                max_commit_retries=0, app_transactions=transactions, custom_metadata=metadata
+            )
             try:
-                write_deltalake(
-                    dt,
-                    data,
-                    mode="overwrite" if first_data else "append",
-                    schema_mode="overwrite" if first_data else "merge",
-                    commit_properties=CommitProperties(
-                        max_commit_retries=0,
-                        app_transactions=transactions,
-                        custom_metadata=metadata,
-                    ),
-                )
+                self._write(dt, data, first_data, properties)
             except CommitFailedError:
+                self.conflicts_retried += 1
                 time.sleep(min(2.0, 0.02 * 2**tries) * random.uniform(0.5, 1.5))
                 continue
             kill_point("sink-committed")
             return result
         raise RuntimeError(f"{self.table_path}: no conditional commit landed in {_TRIES} tries")
+
+    def _write(self, dt, data: pa.Table, first: bool, properties) -> None:
+        """Land ``data`` (maybe no rows) in one commit with ``properties``, planned on ``dt``'s
+        version; ``first``: the table has only the epoch column yet, so ``data``'s schema
+        replaces it. The append sink appends."""
+        from deltalake import write_deltalake
+
+        write_deltalake(
+            dt,
+            data,
+            mode="overwrite" if first else "append",
+            schema_mode="overwrite" if first else "merge",
+            commit_properties=properties,
+        )
 
     def _create(self) -> None:
         """An empty table holding only the epoch column: the first commit with output replaces
