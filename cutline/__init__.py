@@ -15,14 +15,13 @@ entry-point group of your package, or run it as ``cutline run my_package.jobs:at
 from cutline.job import (
     JobDefinition,
     JobDefinitionError,
-    KafkaSource,
     KeyedProcess,
-    LogSource,
     Transform,
 )
 from cutline.keyed_process import SOURCE_COLUMN, KeyedContext, KeyedProcessFunction
 from cutline.operators import EnrichWithLatest, KeyedAggregate, WindowedAggregate
 from cutline.sinks import DeltaSink, DeltaUpsertSink, Sink, SinkWriter
+from cutline.sources import KafkaSource, LogSource, Source
 from state.config import CheckpointConfig
 from state.state_types import (
     ListStateSpec,
@@ -53,6 +52,7 @@ __all__ = [
     "MapStateSpec",
     "Sink",
     "SinkWriter",
+    "Source",
     "StateAccessError",
     "Transform",
     "Ttl",

@@ -7,13 +7,13 @@ definition time: a bad value raises :class:`JobDefinitionError` naming the field
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from cutline.keyed_process import Key, KeyedProcessFunction, key_columns
 from cutline.sinks import DeltaSink, Sink
+from cutline.sources import Source, SparkDependencies
 from cutline.validation import JobDefinitionError
 from cutline.validation import check_name as _check_name
 from state.config import CheckpointConfig
@@ -31,95 +31,6 @@ DEAD_LETTER_SINK = "dead_letters"
 
 KEY_FINGERPRINT = "__key__"  # a stage's key types, beside its states' fingerprints (no state
 # name starts with "_")
-
-
-@dataclass(frozen=True)
-class LogSource:
-    """The replayable local log: ``<root>/<topic>/partition-<p>.jsonl``, offsets in bytes.
-
-    ``schema`` is a Spark DDL string of the JSON fields; ``max_records_per_partition`` bounds a
-    micro-batch, which makes micro-batch boundaries deterministic for a given input.
-    """
-
-    name: str
-    topic: str
-    schema: str
-    max_records_per_partition: int = 10_000
-
-    needs_kafka_connector: ClassVar[bool] = False
-
-    def __post_init__(self) -> None:
-        _check_name("source.name", self.name)
-        _check_name("source.topic", self.topic)
-        if self.max_records_per_partition < 1:
-            raise JobDefinitionError("source.max_records_per_partition must be >= 1")
-
-    def reader(self):
-        """How it is read (spark_jobs/sources/readers.py)."""
-        from spark_jobs.sources.readers import LogReader
-
-        return LogReader(self)
-
-
-@dataclass(frozen=True)
-class KafkaSource:
-    """A Kafka topic of JSON records, read with Spark's Kafka connector; positions are offsets
-    per partition. ``bootstrap_servers`` defaults to ``$CUTLINE_KAFKA_BOOTSTRAP``;
-    ``max_records_per_partition`` bounds a micro-batch (``maxOffsetsPerTrigger`` is this times
-    ``partitions``). ``options``: Kafka consumer properties, each ``kafka.<property>`` as
-    Spark's connector takes them (``kafka.security.protocol``, ``kafka.sasl.mechanism``,
-    ``kafka.sasl.jaas.config``, ``kafka.ssl.truststore.location``, ...); read secrets from the
-    environment in the job's code, never write them into it (logs mask them either way)."""
-
-    name: str
-    topic: str
-    schema: str
-    partitions: int
-    max_records_per_partition: int = 10_000
-    bootstrap_servers: str | None = None
-    options: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        _check_name("source.name", self.name)
-        if not self.topic:
-            raise JobDefinitionError("source.topic must not be empty")
-        if self.partitions < 1:
-            raise JobDefinitionError("source.partitions must be >= 1")
-        if self.max_records_per_partition < 1:
-            raise JobDefinitionError("source.max_records_per_partition must be >= 1")
-        for key, value in self.options.items():
-            if not isinstance(key, str) or not key.startswith("kafka.") or key == "kafka.":
-                raise JobDefinitionError(
-                    f"source {self.name!r}: option {key!r} must be a Kafka property, "
-                    "'kafka.<property>' (Cutline sets the connector's own options)"
-                )
-            if key == "kafka.bootstrap.servers":
-                raise JobDefinitionError(
-                    f"source {self.name!r}: give the brokers as bootstrap_servers, not as {key!r}"
-                )
-            if not isinstance(value, str):
-                raise JobDefinitionError(
-                    f"source {self.name!r}: option {key!r} must be a string, got {value!r}"
-                )
-
-    needs_kafka_connector: ClassVar[bool] = True
-
-    def reader(self):
-        """How it is read (spark_jobs/sources/readers.py)."""
-        from spark_jobs.sources.readers import KafkaReader
-
-        return KafkaReader(self)
-
-    def servers(self) -> str:
-        servers = self.bootstrap_servers or os.environ.get("CUTLINE_KAFKA_BOOTSTRAP")
-        if not servers:
-            raise JobDefinitionError(
-                f"source {self.name!r}: set bootstrap_servers or $CUTLINE_KAFKA_BOOTSTRAP"
-            )
-        return servers
-
-
-Source = LogSource | KafkaSource
 
 
 @dataclass(frozen=True)
@@ -283,6 +194,11 @@ class JobDefinition:
             raise JobDefinitionError(f"job.{e}") from e
         if not self.sources:
             raise JobDefinitionError("job.sources must name at least one source")
+        wrong = [s for s in self.sources if not isinstance(s, Source)]
+        if wrong:
+            raise JobDefinitionError(
+                f"job.sources must be Sources (LogSource, KafkaSource, ...), got {wrong[0]!r}"
+            )
         names = [s.name for s in self.sources]
         if len(set(names)) != len(names):
             raise JobDefinitionError(f"job.sources names must be unique, got {names}")
@@ -318,6 +234,15 @@ class JobDefinition:
 
     def source(self, name: str) -> Source:
         return next(s for s in self.sources if s.name == name)
+
+    def spark_dependencies(self) -> SparkDependencies:
+        """What reading the job's sources needs on Spark's classpath, every source's once."""
+        needs = [s.spark_dependencies() for s in self.sources]
+
+        def union(part: str) -> tuple[str, ...]:
+            return tuple(dict.fromkeys(x for n in needs for x in getattr(n, part)))
+
+        return SparkDependencies(union("packages"), union("excludes"), union("jars"))
 
     def sinks_of(self, stage: Operator) -> list[Sink]:
         """The sinks that take ``stage``'s output."""

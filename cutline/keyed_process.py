@@ -31,8 +31,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cutline.sources.base import PARTITION_COLUMN  # a later stage: upstream subtask
 from spark_jobs.errors import UserCodeError
-from spark_jobs.sources.local_log import PARTITION_COLUMN  # a later stage: upstream subtask
 from state.state_types import KeyCodec, StateAccessError, StateSpec
 from state.user_state import ListState, MapState, ValueState, expire, open_view
 from state.write_buffer import BufferedTransaction

@@ -11,6 +11,7 @@ through here: boto3 finds them through its standard chain.
 from dagster import ConfigurableResource
 from pydantic import Field
 
+from cutline.sources.base import NO_DEPENDENCIES, SparkDependencies
 from spark_jobs.catalog.tables import CatalogReader
 from spark_jobs.deploy.session import SubmitCommand, submit_command
 from spark_jobs.deploy.settings import RuntimePaths, Settings, load_settings
@@ -92,8 +93,12 @@ class SparkSubmit(ConfigurableResource):
     master: str | None = _setting("spark_master")
     conf: dict[str, str] = Field(default_factory=dict)
 
-    def command(self, app_args: list[str], *, kafka: bool = False) -> SubmitCommand:
-        return submit_command(app_args, self.master, kafka=kafka, extra=self.conf)
+    def command(
+        self, app_args: list[str], *, needs: SparkDependencies = NO_DEPENDENCIES
+    ) -> SubmitCommand:
+        """``spark-submit`` of the driver, with what the job's sources ``needs`` on Spark's
+        classpath."""
+        return submit_command(app_args, self.master, needs=needs, extra=self.conf)
 
 
 def run_paths(run_config: dict, default: CutlinePaths) -> CutlinePaths:

@@ -204,8 +204,7 @@ def streaming_driver(
             args += ["--max-batches", str(config.max_batches)]
         if config.idle_timeout_s is not None:
             args += ["--idle-timeout", str(config.idle_timeout_s)]
-        kafka = any(s.needs_kafka_connector for s in definition.sources)
-        submit = spark_submit.command(args, kafka=kafka)
+        submit = spark_submit.command(args, needs=definition.spark_dependencies())
         forward = _Forwarder(context, job_name)
         with open_pipes_session(
             context=context,

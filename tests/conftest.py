@@ -80,7 +80,7 @@ def spark():
     """One local Spark session (Delta configured) for every test that needs Spark."""
     from spark_jobs.deploy.session import build_spark
 
-    session = build_spark("local[2]", "cutline-tests", kafka=False)
+    session = build_spark("local[2]", "cutline-tests")
     try:
         yield session
     finally:

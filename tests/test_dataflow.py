@@ -14,6 +14,7 @@ from cutline_examples.jobs import clicks_per_user
 from cutline import DeltaSink
 from cutline.keyed_process import SOURCE_COLUMN
 from cutline.operators import KeyedAggregate
+from cutline.sources.base import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from spark_jobs.errors import ConfigurationError
 from spark_jobs.executor.dataflow import (
     Forwarded,
@@ -28,7 +29,6 @@ from spark_jobs.executor.subtask import (
     SUBTASK_COLUMN,
     read_chunks,
 )
-from spark_jobs.sources.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from state.keygroups import key_group_of, key_group_range, key_groups
 
 

@@ -168,7 +168,7 @@ def test_a_later_stage_may_read_sources_and_earlier_stages_besides_the_stage_bef
 
 
 def test_kafka_consumer_properties_pass_through_to_the_connector():
-    from cutline.job import KafkaSource
+    from cutline import KafkaSource
 
     secure = {
         "kafka.security.protocol": "SASL_SSL",
@@ -191,7 +191,7 @@ def test_kafka_consumer_properties_pass_through_to_the_connector():
             self.options[key] = value
             return self
 
-    reader = source.reader()._reader(Recorder(), {"0": 5})
+    reader = source.connector(Recorder(), {"0": 5})
     assert {k: reader.options[k] for k in secure} == secure
     assert reader.options["kafka.bootstrap.servers"] == "b:9092"
     with pytest.raises(JobDefinitionError, match=r"option 'subscribe' must be a Kafka property"):

@@ -142,7 +142,6 @@ def run(args: argparse.Namespace) -> int:
     restore = None if args.restore == "none" else args.restore
     if args.reset_sink and restore is not None:
         raise ConfigurationError("--reset-sink only goes with --restore none (a start-over)")
-    kafka = any(s.needs_kafka_connector for s in job.sources)
     watch = os.environ.get("CUTLINE_WATCH_PID")
     master = args.master or deployment_settings(args).spark_master
     with open_events() as events:
@@ -161,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
             spark = build_spark(
                 master,
                 f"cutline-{job.name}",
-                kafka=kafka,
+                needs=job.spark_dependencies(),
                 extra=dict(args.conf),
                 quiet=not args.verbose,
             )

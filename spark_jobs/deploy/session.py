@@ -25,6 +25,7 @@ from pathlib import Path
 import pyspark
 from pyspark.sql import SparkSession
 
+from cutline.sources.base import NO_DEPENDENCIES, SparkDependencies
 from spark_jobs.deploy.class_archive import driver_java_options
 from spark_jobs.deploy.java_check import require_java
 
@@ -40,45 +41,8 @@ def delta_package() -> str:
     return f"io.delta:delta-spark_{spark_minor()}_{SCALA}:{DELTA_VERSION}"
 
 
-def kafka_packages() -> list[str]:
-    """Spark's Kafka connector (its token-provider dependency is handled by
-    :func:`token_provider_jar`)."""
-    return [f"org.apache.spark:spark-sql-kafka-0-10_{SCALA}:{pyspark.__version__}"]
-
-
-TOKEN_PROVIDER = f"org.apache.spark:spark-token-provider-kafka-0-10_{SCALA}"
-TOKEN_PROVIDER_VERSION = "4.0.0"
-
-
 def maven_repo() -> str:
     return os.environ.get("CUTLINE_MAVEN_REPO", "https://repo1.maven.org/maven2").rstrip("/")
-
-
-def token_provider_jar() -> Path:
-    """The Kafka connector needs spark-token-provider-kafka, which Maven Central does not publish
-    for Spark 4.2 (only 4.0.0). Ivy excludes it and this 4.0.0 jar, fetched once from the same
-    repository and checked against its SHA-1, is put on the classpath instead. (Only Kerberos
-    delegation tokens reach the two log keys 4.0.0 names that 4.2 no longer has.)"""
-    import hashlib
-    import urllib.request
-
-    group, artifact = TOKEN_PROVIDER.split(":")
-    name = f"{artifact}-{TOKEN_PROVIDER_VERSION}.jar"
-    target = ivy_dir() / "extra" / name
-    if target.exists():
-        return target
-    url = f"{maven_repo()}/{group.replace('.', '/')}/{artifact}/{TOKEN_PROVIDER_VERSION}/{name}"
-    with urllib.request.urlopen(url, timeout=120) as r:
-        data = r.read()
-    with urllib.request.urlopen(url + ".sha1", timeout=60) as r:
-        expected = r.read().decode().split()[0].strip()
-    if hashlib.sha1(data).hexdigest() != expected:
-        raise RuntimeError(f"{url}: SHA-1 mismatch, not using it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, target)
-    return target
 
 
 def ivy_dir() -> Path:
@@ -89,13 +53,14 @@ def ivy_dir() -> Path:
 def session_conf(
     master: str | None = None,
     *,
-    kafka: bool = False,
+    needs: SparkDependencies = NO_DEPENDENCIES,
     shuffle_partitions: int = 4,
     extra: Mapping[str, str] | None = None,
     quiet: bool = False,
 ) -> dict[str, str]:
-    """The configuration :func:`build_spark` applies (``extra`` wins)."""
-    packages = [delta_package()] + (kafka_packages() if kafka else [])
+    """The configuration :func:`build_spark` applies: Delta's package and what the job's
+    sources ``needs`` on the classpath (``extra`` wins)."""
+    packages = [delta_package(), *needs.packages]
     conf = {
         "spark.master": master or os.environ.get("CUTLINE_SPARK_MASTER", "local[*]"),
         "spark.jars.packages": ",".join(packages),
@@ -130,9 +95,10 @@ def session_conf(
         conf["spark.driver.host"] = "127.0.0.1"
         conf["spark.driver.bindAddress"] = "127.0.0.1"
         conf["spark.ui.enabled"] = "false"
-    if kafka:
-        conf["spark.jars.excludes"] = TOKEN_PROVIDER
-        conf["spark.jars"] = str(token_provider_jar())
+    if needs.excludes:
+        conf["spark.jars.excludes"] = ",".join(needs.excludes)
+    if needs.jars:
+        conf["spark.jars"] = ",".join(needs.jars)
     repo = os.environ.get("CUTLINE_MAVEN_REPO")
     if repo:
         conf["spark.jars.repositories"] = repo
@@ -212,7 +178,7 @@ def build_spark(
     master: str | None = None,
     app_name: str = "cutline",
     *,
-    kafka: bool = False,
+    needs: SparkDependencies = NO_DEPENDENCIES,
     shuffle_partitions: int = 4,
     extra: Mapping[str, str] | None = None,
     quiet: bool = False,
@@ -225,7 +191,7 @@ def build_spark(
     builder = SparkSession.builder.appName(app_name)
     if not launched_by_spark_submit():  # otherwise spark-submit applied submit_command()'s conf
         applied = session_conf(
-            master, kafka=kafka, shuffle_partitions=shuffle_partitions, extra=extra, quiet=quiet
+            master, needs=needs, shuffle_partitions=shuffle_partitions, extra=extra, quiet=quiet
         )
         for key, value in applied.items():
             builder = builder.config(key, value)
@@ -299,7 +265,7 @@ def submit_command(
     app_args: list[str],
     master: str | None = None,
     *,
-    kafka: bool = False,
+    needs: SparkDependencies = NO_DEPENDENCIES,
     extra: Mapping[str, str] | None = None,
     quiet: bool = False,
 ) -> SubmitCommand:
@@ -310,7 +276,7 @@ def submit_command(
 
     home = spark_home()
     argv = [str(home / "bin" / "spark-submit")]
-    for key, value in session_conf(master, kafka=kafka, extra=extra, quiet=quiet).items():
+    for key, value in session_conf(master, needs=needs, extra=extra, quiet=quiet).items():
         argv += ["--conf", f"{key}={value}"]
     env = {"SPARK_HOME": str(home), "PYSPARK_PYTHON": sys.executable}
     return SubmitCommand([*argv, cli.__file__, *app_args], env)

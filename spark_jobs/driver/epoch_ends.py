@@ -112,7 +112,6 @@ class EpochEnds:
 
 def starting_point(
     job: JobDefinition,
-    log_root: str,
     manifest: CheckpointManifest | None,
     committed: int,
     exactly_once: bool,
@@ -126,7 +125,7 @@ def starting_point(
     base = manifest.source_positions if manifest else {}
     positions: Positions = {}
     for name in job.source_inputs:
-        parts, unread = job.source(name).reader().partitions(log_root)
+        parts, unread = job.source(name).current_partitions()
         start = base.get(name, {})
         positions[name] = {str(p): int(start.get(str(p), unread)) for p in parts}
     if manifest is None:

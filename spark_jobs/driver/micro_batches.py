@@ -38,7 +38,6 @@ class MicroBatches:
         self,
         spark,
         ctx: RunContext,
-        log_root: str,
         progress: Progress,
         state: RunState,
         sinks: Sequence[SinkWriter],
@@ -48,7 +47,7 @@ class MicroBatches:
         exactly_once: bool,
         log: Callable[[str], None],
     ) -> None:
-        self.spark, self.ctx, self.job, self.log_root = spark, ctx, ctx.job, log_root
+        self.spark, self.ctx, self.job = spark, ctx, ctx.job
         self.progress, self.state, self.sinks = progress, state, sinks
         self.ends, self.compaction, self.exactly_once = ends, compaction, exactly_once
         self.log = log
@@ -101,9 +100,7 @@ class MicroBatches:
         records = 0
         for r in epochs:
             frames = {
-                name: range_frame(
-                    self.spark, self.job, name, self.log_root, r.start[name], r.end[name]
-                )
+                name: range_frame(self.spark, self.job, name, r.start[name], r.end[name])
                 for name in self.job.source_inputs
             }
             plan = self._plan(r.epoch, None, emit=False, processing_time=r.processing_time)

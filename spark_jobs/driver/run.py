@@ -33,6 +33,7 @@ error with its clean message, so the run exits 2.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 import threading
@@ -42,6 +43,7 @@ from typing import Any
 
 from cutline.job import JobDefinition
 from cutline.sinks.staging import staging_root
+from cutline.sources.log import with_log_root
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.catalog.tables import now_ms
 from spark_jobs.deploy.settings import RuntimePaths
@@ -96,6 +98,7 @@ class StreamingRun:
         plan: Future[StartPlan] | None = None,
     ) -> None:
         self.spark = spark
+        job = dataclasses.replace(job, sources=with_log_root(job.sources, paths.log_root))
         self.job = job
         self.paths = paths
         self.restore = restore
@@ -168,7 +171,6 @@ class StreamingRun:
         self.batches = MicroBatches(
             self.spark,
             self.ctx,
-            self.paths.log_root,
             self.progress,
             self.state,
             self.sinks,
@@ -183,7 +185,6 @@ class StreamingRun:
         try:
             self.progress.epoch, self.progress.positions = starting_point(
                 job,
-                self.paths.log_root,
                 manifest,
                 plan.committed_epoch,
                 self.exactly_once,
@@ -342,7 +343,7 @@ class StreamingRun:
 
     def _start_query(self, spark_checkpoint: str, positions: Positions):
         frames = {
-            name: stream_frame(self.spark, self.job, name, self.paths.log_root, positions[name])
+            name: stream_frame(self.spark, self.job, name, positions[name])
             for name in self.job.source_inputs
         }
         return (

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 
 from cutline.job import JobDefinition, Operator
 from cutline.keyed_process import SOURCE_COLUMN, Key, key_columns
+from cutline.sources.base import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from spark_jobs.driver.placement import pin_to_anchor, subtask_partition
 from spark_jobs.errors import ConfigurationError, carry_to_driver
 from spark_jobs.executor.reports import SubtaskStats
@@ -44,7 +45,6 @@ from spark_jobs.executor.subtask import (
     run_subtask,
     sort_in_log_order,
 )
-from spark_jobs.sources.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from state.keygroups import key_groups, key_types_of, spark_key_group_sql, subtask_for_key_group
 
 CHUNKS_SCHEMA = "subtask int, stage int, chunk binary"  # split_by_subtask's output

@@ -31,10 +31,10 @@ import pyarrow.compute as pc
 from cutline.job import DEAD_LETTER_SINK, JobDefinition
 from cutline.keyed_process import SOURCE_COLUMN, ProcessOperator
 from cutline.sinks.staging import StagedEpochs
+from cutline.sources.base import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from spark_jobs.errors import IncompatibleStateError, carry_to_driver
 from spark_jobs.executor.reports import SubtaskRestoreReport, SubtaskStats
 from spark_jobs.sources.bad_records import dead_letters, first_bad, split_bad
-from spark_jobs.sources.local_log import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from state.acks import Ack, ack_path
 from state.faults import kill_point
 from state.handles import SubtaskStateHandle

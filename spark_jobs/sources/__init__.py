@@ -1,2 +1,3 @@
-"""The job's inputs: the replayable local log and Kafka as DataFrames (frames.py), the log
-itself (local_log.py), bad records (bad_records.py), synthetic input (generate.py)."""
+"""The job's inputs as DataFrames (frames.py), the local log's files and Python data source
+(local_log.py), bad records (bad_records.py), synthetic input (generate.py). The sources
+themselves are in cutline/sources/."""

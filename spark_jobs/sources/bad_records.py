@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutline.keyed_process import SOURCE_COLUMN
+from cutline.sources.base import BAD_OFFSET, BAD_RAW, BAD_REASON, PARTITION_COLUMN
 from spark_jobs.errors import BadRecordError
-from spark_jobs.sources.local_log import BAD_OFFSET, BAD_RAW, BAD_REASON, PARTITION_COLUMN
 
 DEAD_LETTER_SCHEMA = pa.schema(
     [

@@ -1,5 +1,5 @@
 """A job's inputs as Spark DataFrames: streaming from recorded positions, or one exact range,
-each source read by its own reader (spark_jobs/sources/readers.py); then each source's
+each source read by itself (cutline/sources/); then each source's
 transforms, and one tagged union of them all, routed at the map side to the stages that read
 them.
 
@@ -15,25 +15,25 @@ from typing import Any
 
 from cutline.job import JobDefinition
 from cutline.keyed_process import SOURCE_COLUMN, key_columns
+from cutline.sources.base import (
+    BAD_OFFSET,
+    BAD_RAW,
+    BAD_REASON,
+    NEXT_OFFSET_COLUMN,
+    PartitionPositions,
+)
 from spark_jobs.errors import ConfigurationError, UserCodeError
 from spark_jobs.executor.subtask import KEY_COLUMN, STAGE_COLUMN
-from spark_jobs.sources.local_log import BAD_OFFSET, BAD_RAW, BAD_REASON, NEXT_OFFSET_COLUMN
-from spark_jobs.sources.readers import PartitionPositions, source_ddl
 
 
-def stream_frame(spark, job: JobDefinition, name: str, log_root: str, start: PartitionPositions):
+def stream_frame(spark, job: JobDefinition, name: str, start: PartitionPositions):
     """Source ``name`` as a stream from ``start`` (one micro-batch reads at most the source's
     ``max_records_per_partition`` per partition)."""
-    return job.source(name).reader().stream(spark, _raw_key(job, name), log_root, start)
+    return job.source(name).stream(spark, _raw_key(job, name), start)
 
 
 def range_frame(
-    spark,
-    job: JobDefinition,
-    name: str,
-    log_root: str,
-    start: PartitionPositions,
-    end: PartitionPositions,
+    spark, job: JobDefinition, name: str, start: PartitionPositions, end: PartitionPositions
 ):
     """The records of source ``name`` from ``start`` up to ``end``, as a batch: exactly what
     one micro-batch that ran from ``start`` to ``end`` read."""
@@ -41,7 +41,7 @@ def range_frame(
     if not moved:
         return empty_frame(spark, job, name)
     start, end = {p: start[p] for p in moved}, {p: end[p] for p in moved}
-    return job.source(name).reader().batch(spark, _raw_key(job, name), log_root, start, end)
+    return job.source(name).batch(spark, _raw_key(job, name), start, end)
 
 
 def _raw_key(job: JobDefinition, name: str) -> tuple[str, ...]:
@@ -73,7 +73,7 @@ def schema_fields(ddl: str) -> list[str]:
 
 def empty_frame(spark, job: JobDefinition, name: str):
     """No records of source ``name`` (a micro-batch with no input)."""
-    return spark.createDataFrame([], source_ddl(job.source(name)))
+    return spark.createDataFrame([], job.source(name).ddl())
 
 
 def tag_and_union(job: JobDefinition, frames: dict[str, Any]):

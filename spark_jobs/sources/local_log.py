@@ -29,16 +29,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-PARTITION_COLUMN = "_partition"
-NEXT_OFFSET_COLUMN = "_next_offset"
-BAD_REASON = "_bad_reason"  # why a record is bad; null for a good one
-BAD_RAW = "_bad_raw"  # a bad record as it was read
-BAD_OFFSET = "_bad_offset"  # where a bad record starts in its partition
-BAD_COLUMNS = pa.schema(
-    [(BAD_REASON, pa.string()), (BAD_RAW, pa.string()), (BAD_OFFSET, pa.int64())]
+from cutline.sources.base import (
+    BAD_COLUMNS,
+    NEXT_OFFSET_COLUMN,
+    PARTITION_COLUMN,
 )
-POSITION_DDL = f"{PARTITION_COLUMN} int, {NEXT_OFFSET_COLUMN} long"
-BAD_DDL = f"{BAD_REASON} string, {BAD_RAW} string, {BAD_OFFSET} long"
+
 _SCAN_CHUNK = 1 << 20
 _RAW_LIMIT = 64 << 10  # characters of a bad record kept
 

@@ -1,0 +1,81 @@
+"""A source: a definition in the job that also reads itself (:class:`Source`), the one thing
+the runtime asks of an input.
+
+A source has partitions, and a position per partition: the position of the next record to
+read. The runtime records each partition's position at every checkpoint and rewinds to it on a
+restore, so reading from a position must give the same records every time. A reader returns
+every record with its partition and the position after it (:data:`PARTITION_COLUMN`,
+:data:`NEXT_OFFSET_COLUMN`), and never raises on a record it cannot parse: it returns it with
+the bad-record columns set (:data:`BAD_REASON`, :data:`BAD_RAW`, :data:`BAD_OFFSET`) and the
+job's policy decides (fail naming it, or dead-letter it). A new kind of source is a subclass of
+:class:`Source`; the runtime needs no change.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+PARTITION_COLUMN = "_partition"
+NEXT_OFFSET_COLUMN = "_next_offset"
+BAD_REASON = "_bad_reason"  # why a record is bad; null for a good one
+BAD_RAW = "_bad_raw"  # a bad record as it was read
+BAD_OFFSET = "_bad_offset"  # where a bad record starts in its partition
+BAD_COLUMNS = pa.schema(
+    [(BAD_REASON, pa.string()), (BAD_RAW, pa.string()), (BAD_OFFSET, pa.int64())]
+)
+POSITION_DDL = f"{PARTITION_COLUMN} int, {NEXT_OFFSET_COLUMN} long"
+BAD_DDL = f"{BAD_REASON} string, {BAD_RAW} string, {BAD_OFFSET} long"
+
+PartitionPositions = dict[str, int]  # partition -> position of the next record
+
+
+@dataclass(frozen=True)
+class SparkDependencies:
+    """What a source needs on Spark's classpath: Maven ``packages`` (``group:artifact:version``,
+    resolved through ``spark.jars.packages``), ``excludes`` from their resolution, and ``jars``
+    (local paths)."""
+
+    packages: tuple[str, ...] = ()
+    excludes: tuple[str, ...] = ()
+    jars: tuple[str, ...] = ()
+
+
+NO_DEPENDENCIES = SparkDependencies()
+
+
+class Source(ABC):
+    """A source in a job definition: ``name`` (unique in the job), ``schema`` (a Spark DDL
+    string of its records' fields) and ``max_records_per_partition`` (a micro-batch's bound)."""
+
+    name: str
+    schema: str
+    max_records_per_partition: int
+
+    @abstractmethod
+    def current_partitions(self) -> tuple[list[int], int]:
+        """The source's partitions now, and the position that means "from the beginning"."""
+
+    @abstractmethod
+    def stream(self, spark, key: tuple[str, ...], start: PartitionPositions) -> Any:
+        """A streaming DataFrame from ``start`` (partitions not in it: from the beginning); a
+        micro-batch reads at most ``max_records_per_partition`` per partition. ``key``: the
+        columns whose null makes a record bad, where the reader can check them."""
+
+    @abstractmethod
+    def batch(
+        self, spark, key: tuple[str, ...], start: PartitionPositions, end: PartitionPositions
+    ) -> Any:
+        """The records from ``start`` up to ``end`` of the partitions in both, as a batch:
+        exactly what a micro-batch that read from ``start`` to ``end`` read."""
+
+    def spark_dependencies(self) -> SparkDependencies:
+        """What reading it needs on Spark's classpath (nothing, unless a kind says so)."""
+        return NO_DEPENDENCIES
+
+    def ddl(self) -> str:
+        """The schema of its records as the runtime reads them."""
+        return f"{self.schema}, {POSITION_DDL}, {BAD_DDL}"
