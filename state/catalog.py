@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,3 +100,51 @@ class CheckpointCatalog(ABC):
         self, job_id: str, statuses: tuple[CheckpointStatus, ...] | None = None
     ) -> list[CompletedCheckpoint]:
         """Rows of the job, ascending by checkpoint id, optionally filtered by status."""
+
+
+class JobCatalog(CheckpointCatalog):
+    """What the runtime needs of the catalog besides checkpoints: attempts' lifecycle, restore
+    records and the shared-file registry. The driver, GC and the orchestration depend on this
+    protocol; the Delta implementation is ``spark_jobs/catalog/delta_catalog.py``."""
+
+    conflicts_retried: int = 0  # commits planned again after a concurrent commit got in first
+
+    @abstractmethod
+    def jobs(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's attempts (rows of ``streaming_jobs``), ascending by attempt."""
+
+    @abstractmethod
+    def newest_attempt(self, job_id: str) -> int:
+        """The highest attempt number of ``job_id`` that has begun (0 if none)."""
+
+    @abstractmethod
+    def set_job_status(self, job_id: str, attempt: int, status: str, reason: str = "") -> None:
+        """End the attempt with ``status`` and a one-line ``reason``."""
+
+    @abstractmethod
+    def set_restored(
+        self, job_id: str, attempt: int, restored_from: int | None, allocation: dict[str, str]
+    ) -> None:
+        """Record what the attempt restored and which host holds each subtask's state."""
+
+    @abstractmethod
+    def heartbeat(self, job_id: str, attempt: int) -> None:
+        """The attempt's driver is alive."""
+
+    @abstractmethod
+    def record_recovery(self, row: dict[str, Any]) -> None:
+        """Append one restore's record (``recoveries``)."""
+
+    @abstractmethod
+    def record_shared_files(self, rows: list[dict[str, Any]]) -> None:
+        """Append the shared files a completed checkpoint registered (``shared_state_files``);
+        never lost to a concurrent :meth:`update_shared_files`."""
+
+    @abstractmethod
+    def shared_files(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's rows of the shared-file registry."""
+
+    @abstractmethod
+    def update_shared_files(self, job_id: str, plan: Callable[[list[dict[str, Any]]], Any]) -> Any:
+        """Change the job's registry rows as ``plan(rows)`` says, in one commit that the running
+        job's appends cannot fail (re-planned on a conflicting commit)."""

@@ -1,4 +1,4 @@
-"""The catalog on Delta tables (docs/design.md): `state.catalog.CheckpointCatalog` for the runtime.
+"""The catalog on Delta tables (docs/design.md): `state.catalog.JobCatalog` for the runtime.
 
 Reads use delta-rs (``deltalake``), which needs no Spark job. So do the writes a start and a
 checkpoint make: a new attempt, its fencing commit, the LOST marking of its predecessors, the
@@ -40,7 +40,7 @@ from spark_jobs.catalog.tables import (
     rs_literal,
 )
 from spark_jobs.errors import failure_summary
-from state.catalog import CheckpointCatalog, CheckpointStatus, CompletedCheckpoint, FencedError
+from state.catalog import CheckpointStatus, CompletedCheckpoint, FencedError, JobCatalog
 
 _ATTEMPT_SHIFT = 32
 _UPDATE_TRIES = 10
@@ -77,7 +77,7 @@ def _checkpoint_row(checkpoint: CompletedCheckpoint) -> dict[str, Any]:
     return row
 
 
-class DeltaCatalog(CatalogReader, CheckpointCatalog):
+class DeltaCatalog(CatalogReader, JobCatalog):
     """The four catalog tables under ``<warehouse>/catalog/``, written with delta-spark and,
     on the restart path, delta-rs. Thread-safe.
 

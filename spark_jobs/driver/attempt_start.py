@@ -1,7 +1,7 @@
 """How an attempt starts: what it decides before it needs Spark.
 
 1. Begin the attempt in the catalog: a number no other starter gets, and the fence that stops
-   every older attempt from completing a checkpoint (``DeltaCatalog.begin_attempt``).
+   every older attempt from completing a checkpoint (``JobCatalog.begin_attempt``).
 2. Fence the job's sinks, so no older attempt commits output to them either.
 3. Choose what to start from: the latest completed checkpoint that validates (``latest``), a
    named one, or nothing (``none``, an explicit start-over). The rules:
@@ -34,11 +34,11 @@ from pathlib import Path
 
 from cutline.job import JobDefinition
 from cutline.sinks import SinkWriter
-from spark_jobs.catalog.delta_catalog import DeltaCatalog
+from spark_jobs.catalog import catalog_exists, open_catalog
 from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.driver.evolution import check_restorable
 from spark_jobs.errors import ConfigurationError, NoRestorableCheckpointError
-from state.catalog import CheckpointStatus, FencedError
+from state.catalog import CheckpointStatus, FencedError, JobCatalog
 from state.config import EXACTLY_ONCE
 from state.faults import kill_point
 from state.manifest import CheckpointManifest, ManifestError
@@ -67,7 +67,7 @@ def sink_writers(job: JobDefinition, warehouse: str, attempt: int) -> list[SinkW
 
 
 def plan_start(
-    catalog: DeltaCatalog,
+    catalog: JobCatalog,
     storage: DurableStorage,
     job: JobDefinition,
     paths: RuntimePaths,
@@ -123,9 +123,9 @@ def plan_start_early(
 ) -> Future[StartPlan] | None:
     """:func:`plan_start` on a thread of its own, to overlap the JVM's start; ``None`` when the
     catalog tables do not exist yet (creating them takes Spark: the run plans after it)."""
-    if not DeltaCatalog.tables_exist(paths.warehouse):
+    if not catalog_exists(paths.warehouse):
         return None
-    catalog = DeltaCatalog(None, paths.warehouse)
+    catalog = open_catalog(paths.warehouse)
     storage = open_storage(paths.checkpoint_root)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cutline-plan")
     future = pool.submit(
@@ -155,7 +155,7 @@ def abandon_plan(
         attempt = plan.result().attempt
     except Exception:  # the plan failed too; no attempt to close, or it is left to the sensor
         return
-    DeltaCatalog(None, paths.warehouse).set_job_status(job_id, attempt, "FAILED", reason)
+    open_catalog(paths.warehouse).set_job_status(job_id, attempt, "FAILED", reason)
 
 
 def _same_root(a: str, b: str) -> bool:
@@ -165,7 +165,7 @@ def _same_root(a: str, b: str) -> bool:
 
 
 def check_root(
-    catalog: DeltaCatalog, storage: DurableStorage, job_id: str, checkpoint_root: str
+    catalog: JobCatalog, storage: DurableStorage, job_id: str, checkpoint_root: str
 ) -> None:
     """Refuse a checkpoint root that is not where the job's completed checkpoints are: the root
     their attempt recorded differs, or the root holds none of their manifests."""
@@ -189,7 +189,7 @@ def check_root(
 
 
 def select_checkpoint(
-    catalog: DeltaCatalog,
+    catalog: JobCatalog,
     storage: DurableStorage,
     job_id: str,
     wanted: str | int,
@@ -231,7 +231,7 @@ def select_checkpoint(
 
 
 def refuse_silent_start(
-    catalog: DeltaCatalog, job_id: str, sink: SinkWriter, fallbacks: list[str]
+    catalog: JobCatalog, job_id: str, sink: SinkWriter, fallbacks: list[str]
 ) -> None:
     """Nothing to restore: fine for a new job, an error for one that has made progress."""
     made = [
@@ -253,7 +253,7 @@ def refuse_silent_start(
 
 
 def start_over(
-    catalog: DeltaCatalog, job: JobDefinition, sinks: list[SinkWriter], reset: bool, log
+    catalog: JobCatalog, job: JobDefinition, sinks: list[SinkWriter], reset: bool, log
 ) -> None:
     """An explicit start from empty state: refuse to append to output unless ``reset``; retire
     the old checkpoints (SUBSUMED: GC collects them, no restore goes back to them)."""

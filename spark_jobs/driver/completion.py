@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from cutline.sinks import SinkWriter
-from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.driver.barrier import CompactionRequests
 from spark_jobs.driver.epoch_ends import EpochEnds
 from spark_jobs.driver.run_state import RunState
 from spark_jobs.events import EventChannel
+from state.catalog import JobCatalog
 from state.faults import kill_point
 from state.manifest import CheckpointManifest
 
@@ -28,7 +28,7 @@ class Completion:
         self,
         job_name: str,
         sinks: Sequence[SinkWriter],
-        catalog: DeltaCatalog,
+        catalog: JobCatalog,
         ends: EpochEnds,
         compaction: CompactionRequests,
         state: RunState,

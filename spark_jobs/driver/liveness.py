@@ -9,8 +9,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from spark_jobs.catalog.delta_catalog import DeltaCatalog
-from state.catalog import FencedError
+from state.catalog import FencedError, JobCatalog
 
 
 def alive(pid: int) -> bool:
@@ -25,7 +24,7 @@ def alive(pid: int) -> bool:
 
 
 def heartbeat(
-    catalog: DeltaCatalog,
+    catalog: JobCatalog,
     job: str,
     attempt: int,
     every_s: float,

@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cutline.sinks import SinkWriter
-from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.driver.epoch_ends import EpochEnds
 from spark_jobs.driver.micro_batches import MicroBatches
 from spark_jobs.driver.placement import anchor_rdd, executor_hosts, preferred_hosts
@@ -25,6 +24,7 @@ from spark_jobs.driver.restore_fallback import (
 )
 from spark_jobs.driver.run_state import RunState
 from spark_jobs.driver.startup_phases import StartupTimeline
+from state.catalog import JobCatalog
 from state.manifest import CheckpointManifest
 from state.storage import DurableStorage
 
@@ -35,7 +35,7 @@ class AttemptRestore:
     the executor hints (subtask -> host)."""
 
     spark: object
-    catalog: DeltaCatalog
+    catalog: JobCatalog
     storage: DurableStorage
     sinks: Sequence[SinkWriter]
     ends: EpochEnds

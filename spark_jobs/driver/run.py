@@ -44,7 +44,7 @@ from typing import Any
 from cutline.job import JobDefinition
 from cutline.sinks.staging import staging_root
 from cutline.sources.log import with_log_root
-from spark_jobs.catalog.delta_catalog import DeltaCatalog
+from spark_jobs.catalog import open_catalog
 from spark_jobs.catalog.tables import now_ms
 from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.driver.attempt_start import StartPlan, plan_start, sink_writers
@@ -116,7 +116,7 @@ class StreamingRun:
         self.timeline = timeline or StartupTimeline()
         self._early_plan = plan  # the attempt and checkpoint, decided while the session started
         self.storage = open_storage(paths.checkpoint_root)
-        self.catalog = DeltaCatalog(spark, paths.warehouse)
+        self.catalog = open_catalog(paths.warehouse, spark)
         self.layout = JobLayout(job.name)
         self.exactly_once = job.checkpoint.mode == EXACTLY_ONCE
         self.state = RunState()  # what the threads share: the failure, the stop, the report

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spark_jobs.catalog.delta_catalog import DeltaCatalog
+from spark_jobs.catalog import catalog_exists, open_catalog
 from spark_jobs.catalog.shared_files import RegistryChanges
 from spark_jobs.catalog.tables import now_ms
 from spark_jobs.deploy.settings import RuntimePaths
@@ -81,13 +81,13 @@ def collect_garbage(
     job = get_job(job_ref)
     job_name = job.name
     grace = job.checkpoint.timeout_ms / 1000 if grace_s is None else grace_s
-    if not DeltaCatalog.tables_exist(paths.warehouse):
+    if not catalog_exists(paths.warehouse):
         # without the catalog every stored file would look unreferenced: refuse, delete nothing
         raise ConfigurationError(
             f"{job_name}: no catalog under {paths.warehouse} (is the warehouse right?); GC "
             "needs the catalog's checkpoints to know what is referenced, and deletes nothing"
         )
-    catalog = DeltaCatalog(None, paths.warehouse)  # reads and commits through delta-rs: no Spark
+    catalog = open_catalog(paths.warehouse)  # reads and commits through delta-rs: no Spark
     storage = open_storage(paths.checkpoint_root)
     layout = JobLayout(job_name)
     report = GcReport(job_name, dry_run)
