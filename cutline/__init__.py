@@ -21,7 +21,7 @@ from cutline.job import (
 from cutline.keyed_process import SOURCE_COLUMN, KeyedContext, KeyedProcessFunction
 from cutline.operators import EnrichWithLatest, KeyedAggregate, WindowedAggregate
 from cutline.sinks import DeltaSink, DeltaUpsertSink, Sink, SinkWriter
-from cutline.sources import KafkaSource, LogSource, Source
+from cutline.sources import FileSource, KafkaSource, LogSource, Source
 from state.config import CheckpointConfig
 from state.state_types import (
     ListStateSpec,
@@ -38,6 +38,7 @@ __all__ = [
     "DeltaSink",
     "DeltaUpsertSink",
     "EnrichWithLatest",
+    "FileSource",
     "JobDefinition",
     "JobDefinitionError",
     "KafkaSource",

@@ -1,8 +1,16 @@
 """Sources: each a definition that reads itself, behind one protocol (base.py); the local log
-(log.py) and Kafka (kafka.py)."""
+(log.py), Kafka (kafka.py), and a directory of files on local disk or S3 (files.py)."""
 
 from cutline.sources.base import PartitionPositions, Source, SparkDependencies
+from cutline.sources.files import FileSource
 from cutline.sources.kafka import KafkaSource
 from cutline.sources.log import LogSource
 
-__all__ = ["KafkaSource", "LogSource", "PartitionPositions", "Source", "SparkDependencies"]
+__all__ = [
+    "FileSource",
+    "KafkaSource",
+    "LogSource",
+    "PartitionPositions",
+    "Source",
+    "SparkDependencies",
+]

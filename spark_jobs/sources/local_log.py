@@ -124,6 +124,20 @@ def read_range(
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read(end - start)
+    return parse_lines(data, start, partition, schema, key, str(path))
+
+
+def parse_lines(
+    data: bytes,
+    start: int,
+    partition: int,
+    schema: pa.Schema,
+    key: str | tuple[str, ...] = (),
+    where: str = "",
+) -> pa.Table:
+    """JSON lines ``data``, which start at byte ``start`` of partition ``partition`` (named
+    ``where`` in errors), as :func:`read_range` returns them."""
+    end = start + len(data)
     newlines = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
     ends = start + newlines.astype(np.int64) + 1
     lines = data.split(b"\n")[: len(newlines)]
@@ -141,7 +155,7 @@ def read_range(
             table = _parse(kept, schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
             raise MalformedRecordError(
-                f"malformed record in {path} between byte offsets {start} and {end}: {e}"
+                f"malformed record in {where} between byte offsets {start} and {end}: {e}"
             ) from e
     null_key = np.zeros(table.num_rows, bool)
     # the key's columns: a null in any of them makes the record bad

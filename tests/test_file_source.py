@@ -1,0 +1,171 @@
+"""The file source: a directory of immutable JSON-lines or Parquet files, each a partition
+numbered by its name, on local disk and on S3. Unit tests read through the source's own
+functions; the Spark test runs ``clicks_per_user`` on files that keep arriving, kills its driver
+and restores, and compares the output with pandas over the files."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import zlib
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from cutline import FileSource, JobDefinitionError
+from cutline.sources.files import _Ends, list_files, partition_of, read_records
+from state.storage import S3Storage
+from tests.e2e_util import checkpoints_so_far, cutline, finish, kill_driver, report, wait_for
+from tests.epoch_cuts import output
+from tests.file_jobs import FILES_ENV
+from tests.reference import compare_outputs, job_cuts
+
+SCHEMA = pa.schema([("user", pa.string()), ("url", pa.string()), ("ts", pa.int64())])
+
+
+def clicks(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [
+        {"user": f"u{rng.randrange(300)}", "url": f"/p/{rng.randrange(50)}", "ts": 1_000 * i}
+        for i in range(n)
+    ]
+
+
+def json_lines(records: list[dict]) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in records)
+
+
+def write_file(directory: Path, name: str, records: list[dict]) -> None:
+    """Written aside and renamed in: the source never sees a file change."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{name}.tmp"
+    tmp.write_bytes(json_lines(records))
+    tmp.rename(directory / name)
+
+
+def colliding_names() -> tuple[str, str]:
+    """Two file names with the same partition number (a birthday search over 31 bits)."""
+    rng, seen = random.Random(7), {}
+    while True:
+        name = f"part-{rng.getrandbits(64):016x}.json"
+        number = zlib.crc32(name.encode()) & 0x7FFFFFFF
+        if number in seen:
+            return seen[number], name
+        seen[number] = name
+
+
+def test_each_file_is_a_partition_numbered_by_its_name(tmp_path):
+    write_file(tmp_path, "a.json", clicks(3, 1))
+    write_file(tmp_path / "2026", "b.jsonl", clicks(2, 2))
+    (tmp_path / "_SUCCESS").write_bytes(b"")
+    (tmp_path / "notes.txt").write_bytes(b"not data")
+    files = list_files(str(tmp_path), "json")
+    assert files == {partition_of("a.json"): "a.json", partition_of("2026/b.jsonl"): "2026/b.jsonl"}
+    source = FileSource("clicks", str(tmp_path), "user string, url string, ts long")
+    assert source.current_partitions() == (sorted(files), 0)
+    first, second = colliding_names()
+    write_file(tmp_path, first, clicks(1, 3))
+    write_file(tmp_path, second, clicks(1, 4))
+    with pytest.raises(ValueError, match="have the same partition number") as refused:
+        list_files(str(tmp_path), "json")
+    assert repr(first) in str(refused.value) and repr(second) in str(refused.value)
+
+
+def test_positions_are_bytes_for_json_and_rows_for_parquet():
+    data = json_lines(clicks(5, 1))
+    ends = _Ends(data, "json")
+    line = data.index(b"\n") + 1
+    assert ends.after(0, 2) == int(ends.ends[1]) and ends.after(0, 1) == line
+    assert ends.after(line, 100) == len(data) == ends.end() and ends.after(len(data), 3) == len(
+        data
+    )
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pylist(clicks(5, 1), SCHEMA), sink)
+    rows = _Ends(sink.getvalue().to_pybytes(), "parquet")
+    assert (rows.after(0, 2), rows.after(2, 10), rows.end()) == (2, 5, 5)
+
+
+def test_bad_records_come_back_with_their_reason_in_both_formats():
+    good = clicks(3, 1)
+    data = json_lines(good[:1]) + b"{not json\n" + json_lines([{"user": None, "ts": 5}, *good[1:]])
+    table = read_records(data, "json", 7, 0, len(data), SCHEMA, ("user",), "f.json")
+    table = table.sort_by("_next_offset")  # in the file's order (bad records come back last)
+    reasons = table.column("_bad_reason").to_pylist()
+    assert reasons[0] is None and "not valid JSON" in reasons[1] and "null key" in reasons[2]
+    assert reasons[3:] == [None, None] and table.column("_partition").to_pylist() == [7] * 5
+    starts = [0] + [int(e) for e in table.column("_next_offset").to_pylist()[:-1]]
+    assert table.column("_bad_offset").to_pylist()[1:3] == starts[1:3]
+    sink = pa.BufferOutputStream()
+    rows = [*good, {"user": None, "url": "/x", "ts": 9}]
+    pq.write_table(pa.Table.from_pylist(rows, SCHEMA), sink)
+    data = sink.getvalue().to_pybytes()
+    table = read_records(data, "parquet", 3, 1, 4, SCHEMA, ("user",), "f.parquet")
+    assert table.column("user").to_pylist() == [good[1]["user"], good[2]["user"], None]
+    assert table.column("_next_offset").to_pylist() == [2, 3, 4]
+    assert table.column("_bad_reason").to_pylist()[:2] == [None, None]
+    assert "null key" in table.column("_bad_reason").to_pylist()[2]
+    assert table.column("_bad_offset").to_pylist() == [None, None, 3]
+
+
+@pytest.mark.s3
+def test_files_on_s3_are_listed_and_read_through_the_storage(s3_server, s3_bucket, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    storage = S3Storage(s3_bucket, "in/clicks", endpoint_url=s3_server)
+    records = clicks(4, 5)
+    storage.put_bytes("day=1/a.json", json_lines(records))
+    url = f"s3://{s3_bucket}/in/clicks"
+    assert list_files(url, "json") == {partition_of("day=1/a.json"): "day=1/a.json"}
+    data = storage.get_bytes("day=1/a.json")
+    table = read_records(data, "json", 1, 0, len(data), SCHEMA, ("user",), url)
+    assert table.select(["user", "url", "ts"]).to_pylist() == records
+
+
+def test_definitions_are_checked():
+    with pytest.raises(JobDefinitionError, match="format must be one of"):
+        FileSource("c", "/tmp/x", "user string", format="csv")
+    with pytest.raises(JobDefinitionError, match="path must be a directory"):
+        FileSource("c", "", "user string")
+
+
+def read_files(directory: Path) -> pd.DataFrame:
+    """Every record of the directory's JSON files with its partition (the CRC-32 of the file's
+    name, 31 bits) and byte offset, computed here without Cutline's code."""
+    rows = []
+    for path in sorted(directory.rglob("*.json")):
+        name = path.relative_to(directory).as_posix()
+        partition, offset = zlib.crc32(name.encode()) & 0x7FFFFFFF, 0
+        for line in path.read_bytes().splitlines(keepends=True):
+            rows.append({**json.loads(line), "partition": partition, "offset": offset})
+            offset += len(line)
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_a_job_on_arriving_files_is_killed_restores_and_its_output_is_exact(tmp_path):
+    home, files = tmp_path / "home", tmp_path / "files"
+    for i in range(3):
+        write_file(files, f"clicks-{i:03d}.json", clicks(4_000, i))
+    env = {FILES_ENV: str(files)}
+    run = ("run", "tests.file_jobs:file_clicks", "--interval-ms", "500", "--idle-timeout", "6")
+    job = cutline(home, *run, env=env)
+    try:
+        wait_for(lambda: len(checkpoints_so_far(home, "file_clicks")) >= 2, 300, "checkpoints", job)
+        for i in range(3, 5):  # new files while it runs: picked up, from their start
+            write_file(files, f"clicks-{i:03d}.json", clicks(3_000, i))
+        seen = len(checkpoints_so_far(home, "file_clicks"))
+        wait_for(lambda: len(checkpoints_so_far(home, "file_clicks")) > seen + 1, 120, "more", job)
+    finally:
+        kill_driver(job)
+    write_file(files / "later", "clicks-005.json", clicks(2_000, 5))
+    started = time.monotonic()
+    assert finish(cutline(home, *run, env=env), 600) == 0, (home / "driver.log").read_text()[-4000:]
+    cuts = job_cuts(home, ["clicks_per_user"])
+    inputs = {"clicks": cuts.assign(read_files(files), "clicks")}
+    outputs = {"clicks_per_user": output(home / "warehouse" / "tables" / "clicks_per_user")}
+    summary = compare_outputs("clicks_per_user", inputs, cuts.epochs, outputs, cuts.times)
+    report(f"\nfile source, killed and restored ({time.monotonic() - started:.0f} s): {summary}")
