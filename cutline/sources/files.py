@@ -213,6 +213,9 @@ def _data_source_class():
             self.names: dict[int, str] = {}
             self._ends: dict[str, _Ends] = {}
 
+        def __getstate__(self) -> dict:
+            return {**self.__dict__, "_ends": {}}  # the driver's cache stays on the driver
+
         def ends(self, name: str) -> _Ends:
             if name not in self._ends:
                 self._ends[name] = _Ends(open_storage(self.path).get_bytes(name), self.format)
