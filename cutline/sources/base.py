@@ -13,6 +13,7 @@ job's policy decides (fail naming it, or dead-letter it). A new kind of source i
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
@@ -79,3 +80,33 @@ class Source(ABC):
     def ddl(self) -> str:
         """The schema of its records as the runtime reads them."""
         return f"{self.schema}, {POSITION_DDL}, {BAD_DDL}"
+
+
+class PositionedSource(Source):
+    """A source read through a PySpark Python data source of Cutline's, which takes the
+    positions as options: ``startingOffsets``, ``endingOffsets`` (a batch),
+    ``maxRecordsPerPartition`` (a stream) and ``keyColumn``. A kind says which data source and
+    with which options of its own (:meth:`data_source`)."""
+
+    @abstractmethod
+    def data_source(self, spark, reader) -> Any:
+        """``reader`` (``spark.read`` or ``spark.readStream``) with the data source's format
+        (registered with ``spark``) and this source's own options."""
+
+    def stream(self, spark, key: tuple[str, ...], start: PartitionPositions) -> Any:
+        reader = self._positioned(spark, spark.readStream, key, start)
+        return reader.option("maxRecordsPerPartition", str(self.max_records_per_partition)).load()
+
+    def batch(
+        self, spark, key: tuple[str, ...], start: PartitionPositions, end: PartitionPositions
+    ) -> Any:
+        reader = self._positioned(spark, spark.read, key, start)
+        return reader.option("endingOffsets", json.dumps(end)).load()
+
+    def _positioned(self, spark, reader, key: tuple[str, ...], start: PartitionPositions):
+        return (
+            self.data_source(spark, reader)
+            .schema(self.ddl())
+            .option("startingOffsets", json.dumps(start))
+            .option("keyColumn", ",".join(key))
+        )

@@ -29,8 +29,7 @@ from cutline.sources.base import (
     BAD_REASON,
     NEXT_OFFSET_COLUMN,
     PARTITION_COLUMN,
-    PartitionPositions,
-    Source,
+    PositionedSource,
 )
 from cutline.validation import JobDefinitionError, check_name
 
@@ -44,7 +43,7 @@ def partition_of(name: str) -> int:
 
 
 @dataclass(frozen=True)
-class FileSource(Source):
+class FileSource(PositionedSource):
     """Files of ``format`` (``"json"``: JSON lines; ``"parquet"``) under ``path`` (a local
     path, ``file://`` or ``s3://bucket/prefix``), ``schema`` a Spark DDL string of their
     fields; a micro-batch reads at most ``max_records_per_partition`` records of each file."""
@@ -70,26 +69,9 @@ class FileSource(Source):
     def current_partitions(self) -> tuple[list[int], int]:
         return sorted(list_files(self.path, self.format)), 0
 
-    def stream(self, spark, key: tuple[str, ...], start: PartitionPositions) -> Any:
-        reader = self._reader(spark, spark.readStream, key, start)
-        return reader.option("maxRecordsPerPartition", str(self.max_records_per_partition)).load()
-
-    def batch(
-        self, spark, key: tuple[str, ...], start: PartitionPositions, end: PartitionPositions
-    ) -> Any:
-        reader = self._reader(spark, spark.read, key, start)
-        return reader.option("endingOffsets", json.dumps(end)).load()
-
-    def _reader(self, spark, reader, key: tuple[str, ...], start: PartitionPositions):
+    def data_source(self, spark, reader) -> Any:
         spark.dataSource.register(_data_source_class())
-        return (
-            reader.format(DATA_SOURCE)
-            .schema(self.ddl())
-            .option("path", self.path)
-            .option("format", self.format)
-            .option("startingOffsets", json.dumps(start))
-            .option("keyColumn", ",".join(key))
-        )
+        return reader.format(DATA_SOURCE).option("path", self.path).option("format", self.format)
 
 
 def list_files(path: str, format: str) -> dict[int, str]:

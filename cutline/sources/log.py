@@ -5,17 +5,16 @@ parses each partition's byte range with Arrow and checks the key's columns itsel
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from cutline.sources.base import PartitionPositions, Source
+from cutline.sources.base import PositionedSource, Source
 from cutline.validation import JobDefinitionError, check_name
 
 
 @dataclass(frozen=True)
-class LogSource(Source):
+class LogSource(PositionedSource):
     """Topic ``topic`` of the local log. ``schema`` is a Spark DDL string of the JSON fields;
     ``max_records_per_partition`` bounds a micro-batch, which makes micro-batch boundaries
     deterministic for a given input. ``root``: the log's directory (default: the runtime's log
@@ -55,30 +54,11 @@ class LogSource(Source):
             )
         return parts, 0
 
-    def stream(self, spark, key: tuple[str, ...], start: PartitionPositions) -> Any:
-        limit = str(self.max_records_per_partition)
-        reader = self._reader(spark, spark.readStream, key, start)
-        return reader.option("maxRecordsPerPartition", limit).load()
-
-    def batch(
-        self, spark, key: tuple[str, ...], start: PartitionPositions, end: PartitionPositions
-    ) -> Any:
-        reader = self._reader(spark, spark.read, key, start)
-        return reader.option("endingOffsets", json.dumps(end)).load()
-
-    def _reader(self, spark, reader, key: tuple[str, ...], start: PartitionPositions):
+    def data_source(self, spark, reader) -> Any:
         from spark_jobs.sources.local_log import register_data_source
 
         register_data_source(spark)
-        return (
-            reader.format("cutline_log")
-            .schema(self.ddl())
-            .option("path", self._root())
-            .option("topic", self.topic)
-            .option("partitions", json.dumps(sorted(int(p) for p in start)))
-            .option("startingOffsets", json.dumps(start))
-            .option("keyColumn", ",".join(key))
-        )
+        return reader.format("cutline_log").option("path", self._root()).option("topic", self.topic)
 
 
 def with_log_root(sources: Iterable[Source], root: str) -> tuple[Source, ...]:

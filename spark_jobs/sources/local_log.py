@@ -270,8 +270,10 @@ def _data_source_class():
         def __init__(self, schema, options) -> None:
             self.root = options["path"]
             self.topic = options["topic"]
-            self.partitions_ = [int(p) for p in json.loads(options["partitions"])]
             self.starting = json.loads(options.get("startingOffsets", "{}"))
+            # the partitions read: those named, else those ``startingOffsets`` gives
+            named = json.loads(options.get("partitions") or "null")
+            self.partitions_ = sorted(int(p) for p in (self.starting if named is None else named))
             self.ending = json.loads(options.get("endingOffsets", "{}"))
             # the key's columns, comma-separated (a composite key has several)
             self.key = tuple(c for c in (options.get("keyColumn") or "").split(",") if c)
