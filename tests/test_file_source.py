@@ -157,8 +157,15 @@ def test_a_job_on_arriving_files_is_killed_restores_and_its_output_is_exact(tmp_
         wait_for(lambda: len(checkpoints_so_far(home, "file_clicks")) >= 2, 300, "checkpoints", job)
         for i in range(3, 5):  # new files while it runs: picked up, from their start
             write_file(files, f"clicks-{i:03d}.json", clicks(3_000, i))
-        seen = len(checkpoints_so_far(home, "file_clicks"))
-        wait_for(lambda: len(checkpoints_so_far(home, "file_clicks")) > seen + 1, 120, "more", job)
+        new = {str(partition_of(f"clicks-{i:03d}.json")) for i in range(3, 5)}
+
+        def read_new_files() -> bool:  # a checkpoint has positions in both new files
+            rows = checkpoints_so_far(home, "file_clicks")
+            latest = max(rows, key=lambda r: r["checkpoint_id"], default=None)
+            read = json.loads(latest["source_positions"])["clicks"] if latest else {}
+            return all(int(read.get(p, 0)) > 0 for p in new)
+
+        wait_for(read_new_files, 120, "a checkpoint reading the files added while it ran", job)
     finally:
         kill_driver(job)
     write_file(files / "later", "clicks-005.json", clicks(2_000, 5))
