@@ -7,11 +7,16 @@ host that restored it (placement.py), or it fails on missing working state; a ru
 shows that Spark never moved one. Then the driver is killed (``kill -9``) and the restore, given
 the lost attempt's allocation as hints, must put every subtask back on its host and restore it
 from the local copy; or a host is lost, and its subtasks restore from the primary copy on the
-surviving host while the survivor's restore locally. Either way the output is exact."""
+surviving host while the survivor's restore locally. Either way the output is exact.
+
+The host-lost run keeps its checkpoints on the S3 server: only the driver is told where S3 is
+(``AWS_ENDPOINT_URL_S3``), the workers' environment does not say it, and the executors upload and
+download all the same (spark_jobs/deploy/session.py ``executor_env``)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -63,10 +68,14 @@ def latest_allocation(home: Path) -> dict[str, str]:
     return json.loads(attempts[-1]["allocation"])
 
 
-def start_and_wait_for_checkpoints(cluster, home: Path, n: int) -> subprocess.Popen:
+def start_and_wait_for_checkpoints(
+    cluster, home: Path, n: int, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     home.mkdir(parents=True)
     generate(home / "log", "clicks", "clicks", count=100_000, seed=7, users=20_000)
-    driver = cutline(home, *job_args(cluster, home, SPREAD, "--idle-timeout", "30"))
+    driver = cutline(
+        home, *job_args(cluster, home, SPREAD, "--idle-timeout", "30", *extra), env=env
+    )
     wait_for(lambda: len(checkpoints_so_far(home, JOB)) >= n, 400, "checkpoints", driver)
     first = latest_allocation(home)
     assert first == SPREAD, "the first run placed its subtasks as hinted"
@@ -91,9 +100,14 @@ def test_driver_killed_restores_every_subtask_locally_on_its_host(cluster, tmp_p
     report(check("clicks_per_user", home))
 
 
-def test_host_lost_restores_its_subtasks_remotely_and_the_others_locally(cluster, tmp_path):
+def test_host_lost_restores_its_subtasks_remotely_and_the_others_locally(
+    s3_server, s3_bucket, cluster, tmp_path
+):
     home = tmp_path / "home"
-    driver = start_and_wait_for_checkpoints(cluster, home, 3)
+    assert not any(k.startswith("AWS_ENDPOINT_URL") for k in os.environ), "the workers' env"
+    env = {"AWS_ENDPOINT_URL_S3": s3_server}  # the driver's alone
+    s3 = ("--checkpoint-root", f"s3://{s3_bucket}/chk")
+    driver = start_and_wait_for_checkpoints(cluster, home, 3, *s3, env=env)
     lost = HOSTS[1]
     cluster.kill_host(lost)
     rc = driver.wait(timeout=300)
@@ -103,8 +117,9 @@ def test_host_lost_restores_its_subtasks_remotely_and_the_others_locally(cluster
     allocation = latest_allocation(home)
     run_to_end(
         home,
-        *job_args(cluster, home, allocation, "--idle-timeout", "8", "--executor-wait-s", "5"),
+        *job_args(cluster, home, allocation, "--idle-timeout", "8", "--executor-wait-s", "5", *s3),
         timeout=900,
+        env=env,
     )
 
     recovery = catalog(home, "recoveries")[-1]

@@ -125,3 +125,20 @@ def test_the_held_output_is_shown_when_the_start_fails(capfd):
         raise RuntimeError("the session did not start")
     child.communicate()
     assert "JAVA_HOME is not set" in capfd.readouterr().err
+
+
+def test_executors_are_told_where_s3_is_and_never_the_credentials():
+    from spark_jobs.deploy.session import executor_env
+
+    environ = {
+        "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9000",
+        "AWS_DEFAULT_REGION": "eu-west-1",
+        "AWS_ACCESS_KEY_ID": "AKIAEXAMPLEEXAMPLE12",
+        "AWS_SECRET_ACCESS_KEY": "secret",
+    }
+    assert executor_env(environ, {}) == {
+        "spark.executorEnv.AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9000",
+        "spark.executorEnv.AWS_DEFAULT_REGION": "eu-west-1",
+    }
+    given = {"spark.executorEnv.AWS_DEFAULT_REGION": "us-east-2"}  # the user's conf wins
+    assert "spark.executorEnv.AWS_DEFAULT_REGION" not in executor_env(environ, given)

@@ -189,6 +189,8 @@ def build_spark(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
+    for key, value in executor_env(os.environ, extra or {}).items():
+        builder = builder.config(key, value)
     if not launched_by_spark_submit():  # otherwise spark-submit applied submit_command()'s conf
         applied = session_conf(
             master, needs=needs, shuffle_partitions=shuffle_partitions, extra=extra, quiet=quiet
@@ -204,6 +206,23 @@ def build_spark(
             remember_resolved_jars(applied, spark.sparkContext.getConf().get("spark.jars") or "")
         return spark
     return builder.getOrCreate()
+
+
+# where S3 is and in which region: the executors open the checkpoint root (and a file source)
+# themselves, and a worker's own environment need not say it; credentials are never passed (the
+# executors' own chain supplies them: environment, profile, instance or pod role)
+EXECUTOR_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_REGION")
+
+
+def executor_env(environ: Mapping[str, str], conf: Mapping[str, str]) -> dict[str, str]:
+    """``spark.executorEnv.*`` for the S3 endpoint and region this driver has in ``environ``,
+    unless ``conf`` sets them."""
+    out = {}
+    for name in EXECUTOR_ENV:
+        key = f"spark.executorEnv.{name}"
+        if environ.get(name) and key not in conf:
+            out[key] = environ[name]
+    return out
 
 
 @contextmanager
