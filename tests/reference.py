@@ -11,8 +11,8 @@ job's expected rows follow from the records of the epochs up to theirs:
   count and latest event time through that epoch;
 - ``country_clicks`` (examples/sessions, two stages, three sinks): after the job's filter, per user
   and epoch the running count (and the user's country), per country and epoch the running count
-  and the number of distinct users; and in the upsert sink's table, per country its row of the
-  last epoch with its clicks (the totals and that epoch);
+  and the number of distinct users; and in the upsert sink's table, per user its row of the last
+  epoch with clicks of theirs (the count, the country and that epoch);
 - ``page_visits`` (examples/sessions, composite keys): per (user, url) and per (url, bucket) and
   epoch, the running count;
 - ``windowed_revenue``: each window once, in the epoch whose watermark first reaches its end,
@@ -137,11 +137,11 @@ def expect_country_clicks(inputs: dict[str, pd.DataFrame], epochs: list[int]) ->
     new = joined.groupby(["country", EPOCH]).size().rename("users").reset_index()
     countries = countries.merge(new, on=["country", EPOCH], how="left").fillna({"users": 0})
     countries = _running(countries, ["country"], ["clicks", "users"])
-    latest = countries.sort_values(EPOCH).groupby("country").tail(1)
+    latest = users.sort_values(EPOCH).groupby("user").tail(1)
     return {
         "user_clicks": Expected(users, ["user"], ["clicks", "country"]),
         "country_clicks": Expected(countries, ["country"], ["clicks", "users"]),
-        "country_totals": Expected(latest, ["country"], ["clicks", "users"], latest=True),
+        "user_totals": Expected(latest, ["user"], ["clicks", "country"], latest=True),
     }
 
 
@@ -298,7 +298,7 @@ REFERENCES = {
     ),
     "sessions": JobReference(("clicks",), ("sessions",), expect_sessions, clocked=True),
     "country_clicks": JobReference(
-        ("clicks",), ("user_clicks", "country_clicks", "country_totals"), expect_country_clicks
+        ("clicks",), ("user_clicks", "country_clicks", "user_totals"), expect_country_clicks
     ),
     "page_visits": JobReference(
         ("clicks",), ("page_visits", "page_bucket_visits"), expect_page_visits

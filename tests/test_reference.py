@@ -121,27 +121,27 @@ def test_each_fault_in_each_table_fails_naming_key_and_epoch(home, job):
 
 
 def test_an_upsert_table_behind_duplicated_or_off_fails_naming_key_and_epoch(home):
-    """``country_totals`` holds each country's latest row: a lost last commit (the rows of the
-    epoch before), a key's row twice or a value off by one each fail, naming key and epoch."""
+    """``user_totals`` holds each user's latest row: a lost last commit (the rows of the epochs
+    before it), a key's row twice or a value off by one each fail, naming key and epoch."""
     job = "country_clicks"
     inputs, epochs, expected, right = job_case(home, job)
-    rows, history = right["country_totals"], expected["country_clicks"].rows
+    rows, history = right["user_totals"], expected["user_clicks"].rows
     last = int(rows[EPOCH].max())
-    assert len(rows) >= 10 and (history[EPOCH] < last).any()
-    victim = rows[rows[EPOCH] == last].sort_values("country").iloc[0]
-    key = victim["country"]
+    assert len(rows) > 50 and rows[EPOCH].nunique() >= 3, "latest rows from several epochs"
+    victim = rows[rows[EPOCH] == last].sort_values("user").iloc[0]
+    key = victim["user"]
 
-    before = history[history[EPOCH] < last].sort_values(EPOCH).groupby("country").tail(1)
-    behind = {**right, "country_totals": before}
+    before = history[history[EPOCH] < last].sort_values(EPOCH).groupby("user").tail(1)
+    behind = {**right, "user_totals": before}
     names(fails(job, inputs, epochs, behind), key, last, "expected {", "got none")
 
-    twice = {**right, "country_totals": pd.concat([rows, rows[rows["country"] == key]])}
+    twice = {**right, "user_totals": pd.concat([rows, rows[rows["user"] == key]])}
     names(fails(job, inputs, epochs, twice), key, last, "emitted 2 times")
 
     off = rows.copy()
-    off.loc[off["country"] == key, "clicks"] += 1
+    off.loc[off["user"] == key, "clicks"] += 1
     was = int(victim["clicks"])
-    message = fails(job, inputs, epochs, {**right, "country_totals": off})
+    message = fails(job, inputs, epochs, {**right, "user_totals": off})
     names(message, key, last, f"clicks={was!r}", f"clicks={was + 1!r}")
 
 

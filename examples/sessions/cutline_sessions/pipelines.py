@@ -3,8 +3,8 @@
 ``country_clicks``: clicks are parsed and filtered by a stateless transform (pages ``/p/N`` with
 ``N`` a multiple of 5 are dropped; a country is derived from the user), counted per user, and
 the users' latest counts re-keyed by country into per-country totals. Three sinks: the per-user
-counts and the per-country totals as they change, epoch by epoch, and a table of each country's
-current totals (an upsert by country). Both stages snapshot at the same micro-batch cut.
+counts and the per-country totals as they change, epoch by epoch, and a table of each user's
+current count (an upsert by user). Both stages snapshot at the same micro-batch cut.
 ``page_visits``: the same shape with composite keys. ``profiled_clicks``: a two-input stage
 after a keyed one, the per-user counts joined with a second source.
 """
@@ -89,7 +89,7 @@ class CountryTotals(KeyedProcessFunction):
 
 def country_clicks() -> JobDefinition:
     """Clicks per user and per country, exactly once into ``user_clicks`` and
-    ``country_clicks``, and each country's current totals into ``country_totals``."""
+    ``country_clicks``, and each user's current count and country into ``user_totals``."""
     per_user = KeyedAggregate(
         name="clicks_by_user",
         source="clicks",
@@ -113,7 +113,7 @@ def country_clicks() -> JobDefinition:
         sink=(
             DeltaSink("user_clicks_out", "user_clicks", stage="clicks_by_user"),
             DeltaSink("country_clicks_out", "country_clicks"),
-            DeltaUpsertSink("country_totals_out", "country_totals", key="country"),
+            DeltaUpsertSink("user_totals_out", "user_totals", key="user", stage="clicks_by_user"),
         ),
         checkpoint=CHECKPOINTS,
         parallelism=2,
