@@ -136,19 +136,21 @@ def read_records(
     null = np.zeros(table.num_rows, bool)
     for column in key:
         null |= np.asarray(table.column(column).is_null())
-    rows = table.num_rows
-    reasons = [f"null key {key!r}" if n else None for n in null]
-    raw = [
-        json.dumps(r, default=str) if n else None
-        for r, n in zip(table.to_pylist(), null, strict=True)
-    ]
-    offsets = [start + i if n else None for i, n in enumerate(null)]
+    rows, bad = table.num_rows, np.flatnonzero(null)
+
+    def on_bad(values, column: str) -> pa.Array:  # null on every good record
+        out = np.full(rows, None, dtype=object)
+        out[bad] = values
+        return pa.array(out, BAD_COLUMNS.field(column).type)
+
+    # only the bad records (a null key: rare) become Python objects
+    raw = [json.dumps(r, default=str) for r in table.take(bad).to_pylist()]
     columns = {
         PARTITION_COLUMN: pa.array(np.full(rows, partition, np.int32)),
         NEXT_OFFSET_COLUMN: pa.array(np.arange(start + 1, start + rows + 1, dtype=np.int64)),
-        BAD_REASON: pa.array(reasons, BAD_COLUMNS.field(BAD_REASON).type),
-        BAD_RAW: pa.array(raw, BAD_COLUMNS.field(BAD_RAW).type),
-        BAD_OFFSET: pa.array(offsets, BAD_COLUMNS.field(BAD_OFFSET).type),
+        BAD_REASON: on_bad(f"null key {key!r}", BAD_REASON),
+        BAD_RAW: on_bad(raw, BAD_RAW),
+        BAD_OFFSET: on_bad(start + bad, BAD_OFFSET),
     }
     for name, values in columns.items():
         table = table.append_column(name, values)
