@@ -111,7 +111,7 @@ def build(paths: RuntimePaths, spark, checkpoints: int, shared_files: int, windo
                 else CheckpointStatus.SUBSUMED,
             )
         )  # fmt: skip
-    catalog = DeltaCatalog(spark, paths.warehouse)
+    catalog = DeltaCatalog(paths.catalog)
     attempt = catalog.begin_attempt(JOB, run_id="gc-bench")
     catalog.import_checkpoints(rows)
     catalog.record_shared_files(registry)

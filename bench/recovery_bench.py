@@ -113,7 +113,7 @@ def restore(spark, paths: RuntimePaths, hints: dict[str, str], local: bool) -> d
         log=lambda *_: None,
     )
     assert summary.failure is None, summary.failure
-    row = CatalogReader(paths.warehouse).recoveries(JOB)[-1]
+    row = CatalogReader(paths.catalog).recoveries(JOB)[-1]
     assert row["attempt"] == summary.attempt
     placement = json.loads(row["placement"])
     assert all(p["host"] == hints[str(p["subtask"])] for p in placement), placement
@@ -148,12 +148,12 @@ def bench_size(spark, work: Path, state_mib: int, bucket: str) -> dict:
     assert built.failure is None, built.failure
     assert built.records == users + PARTITIONS, f"read {built.records:,} of {users + PARTITIONS:,}"
     build_s = time.perf_counter() - started
-    latest = CatalogReader(paths.warehouse).checkpoints(JOB)[-1]
+    latest = CatalogReader(paths.catalog).checkpoints(JOB)[-1]
     print(
         f"{state_mib} MiB: built in {build_s:.0f} s ({built.records / build_s:,.0f} records/s), "
         f"checkpoint {latest.checkpoint_id}: {latest.full_size / 2**20:.0f} MiB"
     )
-    allocation = json.loads(CatalogReader(paths.warehouse).jobs(JOB)[-1]["allocation"])
+    allocation = json.loads(CatalogReader(paths.catalog).jobs(JOB)[-1]["allocation"])
     runs = {}
     for name, local in (("local", True), ("remote", False)):
         runs[name] = restore(spark, paths, allocation, local)

@@ -84,7 +84,7 @@ def main() -> None:
                 for ms, c in zip(summary.batch_ms, summary.batch_checkpointing, strict=True)
                 if not c
             ]
-            checkpoints = CatalogReader(RuntimePaths.under(home).warehouse).checkpoints(job.name)
+            checkpoints = CatalogReader(RuntimePaths.under(home).catalog).checkpoints(job.name)
             sizes = [c.full_size for c in checkpoints] if checkpoints else [0]
             durations = [c.complete_time_ms - c.trigger_time_ms for c in checkpoints]
             results[name] = {

@@ -6,7 +6,6 @@ setup under ``$CUTLINE_HOME``."""
 from __future__ import annotations
 
 from dagster import Definitions
-from dagster_pyspark import PySparkResource
 
 from orchestration.assets.catalog import completed_checkpoints, shared_state_files, streaming_jobs
 from orchestration.assets.checks import (
@@ -28,7 +27,6 @@ from orchestration.sensors.heartbeat import streaming_heartbeat
 from orchestration.sensors.partitions import register_streaming_jobs
 from orchestration.sensors.restore import restore_on_failure
 from orchestration.streaming import streaming_job
-from spark_jobs.deploy.session import session_conf
 
 defs = Definitions(
     assets=[streaming_jobs, completed_checkpoints, shared_state_files],
@@ -40,6 +38,5 @@ defs = Definitions(
         "cutline_paths": CutlinePaths(),
         "spark_submit": SparkSubmit(),
         "s3": S3Resource(),
-        "pyspark": PySparkResource(spark_config=session_conf()),
     },
 )

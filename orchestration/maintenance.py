@@ -1,5 +1,5 @@
-"""Jobs that work on the catalog and primary storage in-process, on a Spark session from
-dagster-pyspark: retention GC, catalog compaction, and recording a stopped job."""
+"""Jobs that work on the catalog and primary storage in-process, through delta-rs and durable
+storage (no Spark session): retention GC, catalog compaction, and recording a stopped job."""
 
 from dagster import (
     AssetMaterialization,
@@ -11,11 +11,11 @@ from dagster import (
     job,
     op,
 )
-from dagster_pyspark import PySparkResource
 from pydantic import Field
 
 from orchestration.metadata import mib
 from orchestration.resources import CutlinePaths
+from spark_jobs.catalog import open_catalog
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.job_loader import job_names
 from spark_jobs.maintenance.compaction import request_compaction
@@ -34,10 +34,9 @@ class StopConfig(Config):
 def record_stopped(
     context: OpExecutionContext,
     config: StopConfig,
-    pyspark: PySparkResource,
     cutline_paths: CutlinePaths,
 ) -> None:
-    catalog = DeltaCatalog(pyspark.spark_session, cutline_paths.paths().warehouse)
+    catalog = open_catalog(cutline_paths.paths().catalog)
     rows = catalog.jobs(config.job_name)
     # the failed run's attempt, or the newest if its driver died before writing one
     mine = [r for r in rows if r["run_id"] == config.run_id] or rows[-1:]
@@ -115,10 +114,9 @@ class CompactionConfig(Config):
 def compact_catalog(
     context: OpExecutionContext,
     config: CompactionConfig,
-    pyspark: PySparkResource,
     cutline_paths: CutlinePaths,
 ) -> None:
-    catalog = DeltaCatalog(pyspark.spark_session, cutline_paths.paths().warehouse)
+    catalog = DeltaCatalog(cutline_paths.paths().catalog)
     counts = catalog.maintain(config.vacuum_retention_hours)
     context.add_output_metadata({f"{t}_files": n for t, n in counts.items()})
     context.log.info(f"catalog tables compacted: data files {counts}")

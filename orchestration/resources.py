@@ -8,6 +8,8 @@ carries the failed run's config (orchestration/sensors/restore.py). Credentials 
 through here: boto3 finds them through its standard chain.
 """
 
+import dataclasses
+
 from dagster import ConfigurableResource
 from pydantic import Field
 
@@ -44,41 +46,43 @@ class S3Resource(ConfigurableResource):
 
 
 class CutlinePaths(ConfigurableResource):
-    """Checkpoint root, warehouse, local state root and input log; each defaults to a
-    directory under ``home``. The checkpoint root may be ``s3://bucket/prefix``."""
+    """Where jobs keep their files, a root per role: checkpoints, the warehouse (and under it,
+    unless set apart, the catalog, the output tables and the sinks' staging), local state and
+    the input log. Each defaults to a directory under ``home``; every durable role may be
+    ``s3://bucket/prefix``."""
 
     home: str = _setting("home")
     checkpoint_root: str | None = _setting("checkpoint_root")
     warehouse: str | None = _setting("warehouse")
+    catalog_root: str | None = _setting("catalog_root")
+    output_root: str | None = _setting("output_root")
+    staging_root: str | None = _setting("staging_root")
     local_state_root: str | None = _setting("local_state_root")
     log_root: str | None = _setting("log_root")
 
     def paths(self) -> RuntimePaths:
         return Settings(
             home=self.home,
-            checkpoint_root=self.checkpoint_root,
-            warehouse=self.warehouse,
-            local_state_root=self.local_state_root,
-            log_root=self.log_root,
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(RuntimePaths)},
         ).paths()
 
     def cli_args(self) -> list[str]:
-        """The ``cutline run`` options that select these paths."""
+        """The ``cutline run`` options that select these paths (each role's effective root)."""
         p = self.paths()
-        return [
-            "--checkpoint-root",
-            p.checkpoint_root,
-            "--warehouse",
-            p.warehouse,
-            "--local-state-root",
-            p.local_state_root,
-            "--log-root",
-            p.log_root,
-        ]
+        roles = {
+            "checkpoint-root": p.checkpoint_root,
+            "warehouse": p.warehouse,
+            "catalog-root": p.catalog,
+            "output-root": p.output,
+            "staging-root": p.staging,
+            "local-state-root": p.local_state_root,
+            "log-root": p.log_root,
+        }
+        return [arg for flag, value in roles.items() for arg in (f"--{flag}", value)]
 
     def catalog(self) -> CatalogReader:
         """Read-only catalog access (delta-rs; no Spark)."""
-        return CatalogReader(self.paths().warehouse)
+        return CatalogReader(self.paths().catalog)
 
     def storage(self, s3: S3Resource | None = None) -> DurableStorage:
         return open_storage(

@@ -382,7 +382,7 @@ def planned(tmp_path, monkeypatch):
     rig = Rig(tmp_path)
     sinks = [FakeSink("out", committed=20), FakeSink("dead", committed=-1)]
     checked: list[int] = []
-    monkeypatch.setattr(attempt_start, "sink_writers", lambda job, warehouse, attempt: sinks)
+    monkeypatch.setattr(attempt_start, "sink_writers", lambda job, paths, attempt: sinks)
     monkeypatch.setattr(
         attempt_start,
         "check_restorable",

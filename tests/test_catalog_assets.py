@@ -110,7 +110,7 @@ def test_storage_beyond_the_bound_fails(home, monkeypatch):
 
 
 def test_a_running_job_without_a_recent_checkpoint_is_stale(home, spark, monkeypatch):
-    catalog = DeltaCatalog(spark, RuntimePaths.under(home).warehouse)
+    catalog = DeltaCatalog(RuntimePaths.under(home).catalog)
     catalog.begin_attempt(JOB, run_id="run-2")  # running, no checkpoint of its own yet
     passed, metadata = freshness(home)
     assert passed and JOB in metadata["checkpoint_age_s"]

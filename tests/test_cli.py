@@ -74,8 +74,8 @@ def test_generate_count_is_the_total_unless_per_partition(tmp_path, capsys):
 def test_a_missing_bucket_fails_the_run_at_once_naming_the_role(
     s3_server, tmp_path, capsys, monkeypatch
 ):
-    """Exit 2 (a restart cannot help) before any JVM starts, the role and the bucket named; and
-    a warehouse that cannot be created the same."""
+    """Exit 2 (a restart cannot help) before any JVM starts, the role and the bucket named, for
+    every durable role; a warehouse that cannot be created names the first role under it."""
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server)
     argv = ["--home", str(tmp_path), "run", "clicks_per_user"]
     assert main([*argv, "--checkpoint-root", "s3://no-such-bucket/chk"]) == 2
@@ -84,6 +84,10 @@ def test_a_missing_bucket_fails_the_run_at_once_naming_the_role(
         said.startswith("cutline: checkpoint root s3://no-such-bucket/chk:")
         and "NoSuchBucket" in said
     )
+    for flag, role in (("--output-root", "output"), ("--staging-root", "staging")):
+        assert main([*argv, flag, "s3://no-such-bucket/x"]) == 2
+        said = capsys.readouterr().err.strip().splitlines()[-1]
+        assert said.startswith(f"cutline: {role} s3://no-such-bucket/x:"), said
     (tmp_path / "blocker").write_text("a file")
     assert main([*argv, "--warehouse", str(tmp_path / "blocker" / "wh")]) == 2
-    assert "cutline: warehouse " in capsys.readouterr().err
+    assert "cutline: catalog " in capsys.readouterr().err

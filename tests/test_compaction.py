@@ -131,7 +131,7 @@ def test_a_running_job_compacts_when_asked_and_then_restores_from_fewer_files(tm
          "--count", "180000", "--rate", "3000", "--users", "5000"],
         cwd=ROOT,
     )  # fmt: skip
-    reader = CatalogReader(RuntimePaths.under(home).warehouse)
+    reader = CatalogReader(RuntimePaths.under(home).catalog)
     request = home / "checkpoints" / job / COMPACT_REQUEST
     proc = cutline(home, "run", job, "--idle-timeout", "10")
     try:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from cutline_examples.jobs import clicks_per_user
 
@@ -237,6 +236,5 @@ def test_dead_letters_of_two_stages_of_one_subtask_are_both_staged(tmp_path):
     plan = BatchPlan(ctx, epoch=5, previous_epoch=4)
     for stage in (0, 1):
         stage_output(plan, stage, 1, "dead_letters", pa.table({"raw": [f"from stage {stage}"]}))
-    staged = StagedEpochs(str(tmp_path), "clicks_per_user", "dead_letters", 3).directory(5)
-    rows = pa.concat_tables([pq.read_table(p) for p in sorted(staged.glob("*.parquet"))])
+    rows = StagedEpochs(str(tmp_path), "clicks_per_user", "dead_letters", 3).read([5])
     assert rows.column("raw").to_pylist() == ["from stage 0", "from stage 1"]

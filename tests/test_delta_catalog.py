@@ -7,11 +7,12 @@ import json
 import pytest
 
 from spark_jobs.catalog.delta_catalog import DeltaCatalog, _is_conflict
-from spark_jobs.catalog.tables import TABLES
 from state.catalog import CheckpointStatus, CompletedCheckpoint, FencedError
 from tests.e2e_util import report
 
-pytestmark = pytest.mark.spark
+
+def catalog_at(root) -> DeltaCatalog:
+    return DeltaCatalog(root / "warehouse" / "catalog")
 
 
 def row(cid: int, attempt: int, **kw) -> CompletedCheckpoint:
@@ -34,8 +35,8 @@ def row(cid: int, attempt: int, **kw) -> CompletedCheckpoint:
     return CompletedCheckpoint(**fields)
 
 
-def test_commit_status_and_fencing(spark, tmp_path):
-    catalog = DeltaCatalog(spark, tmp_path / "warehouse")
+def test_commit_status_and_fencing(tmp_path):
+    catalog = catalog_at(tmp_path)
     first = catalog.begin_attempt("clicks", run_id="run-1")
     assert first == 1
     catalog.commit_checkpoint(row(1, first))
@@ -72,46 +73,33 @@ def test_commit_status_and_fencing(spark, tmp_path):
     assert catalog.jobs("clicks")[1]["last_heartbeat_ms"] >= before
 
 
-def test_commit_conflicts_are_recognised_converted_or_wrapped(spark):
-    from delta.exceptions.captured import ConcurrentAppendException
-
-    assert _is_conflict(ConcurrentAppendException("Files were added to [job_id=x]", stackTrace=""))
-    wrapped = RuntimeError(
-        "An error occurred while calling o123.execute.\n: io.delta.exceptions."
-        "ConcurrentAppendException: Files were added to partition [job_id=clicks] by a "
-        "concurrent update. Please try the operation again."
-    )
-    assert _is_conflict(wrapped)
+def test_commit_conflicts_are_recognised():
     from deltalake.exceptions import CommitFailedError
 
     assert _is_conflict(CommitFailedError("Transaction failed: version already exists"))
     assert not _is_conflict(ValueError("column refcount not found"))
 
 
-def test_restart_path_writes_run_no_spark_job_and_merge_older_schemas(spark, tmp_path):
-    """What a restarting driver writes before its first micro-batch (the fencing commit
-    included) goes through delta-rs: a Spark job on a freshly started JVM costs seconds.
-    A recoveries table from before the placement columns gains them."""
-    older = TABLES["recoveries"].split(", files_local")[0]
+def test_a_table_of_an_older_schema_gains_the_new_columns(tmp_path):
+    """A recoveries table from before the placement columns gains them on the next append."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from spark_jobs.catalog.tables import arrow_schema
+
+    schema = arrow_schema("recoveries")
+    older = schema.remove(schema.get_field_index("files_local"))
+    older = pa.schema([f for f in older if f.name not in ("files_remote", "placement")])
     recoveries = tmp_path / "warehouse" / "catalog" / "recoveries"
-    spark.createDataFrame([], older).write.format("delta").partitionBy("job_id").save(
-        str(recoveries)
-    )
-    catalog = DeltaCatalog(spark, tmp_path / "warehouse")
+    write_deltalake(str(recoveries), older.empty_table(), partition_by=["job_id"])
+    catalog = catalog_at(tmp_path)
     attempt = catalog.begin_attempt("clicks")
-    sc = spark.sparkContext
-    sc.setJobGroup("restart-path", "catalog writes of a restore")
-    try:
-        assert catalog.begin_attempt("clicks") == attempt + 1  # marks attempt 1 LOST
-        catalog.set_restored("clicks", attempt + 1, None, {"0": "host-a"})
-        catalog.record_recovery(
-            {"job_id": "clicks", "attempt": attempt + 1, "checkpoint_id": 7, "placement": "[]"}
-        )
-        catalog.heartbeat("clicks", attempt + 1)
-        spark_jobs = sc.statusTracker().getJobIdsForGroup("restart-path")
-    finally:
-        sc.setLocalProperty("spark.jobGroup.id", None)
-    assert spark_jobs == []
+    assert catalog.begin_attempt("clicks") == attempt + 1  # marks attempt 1 LOST
+    catalog.set_restored("clicks", attempt + 1, None, {"0": "host-a"})
+    catalog.record_recovery(
+        {"job_id": "clicks", "attempt": attempt + 1, "checkpoint_id": 7, "placement": "[]"}
+    )
+    catalog.heartbeat("clicks", attempt + 1)
     assert [j["status"] for j in catalog.jobs("clicks")] == ["LOST", "RUNNING"]
     assert catalog.jobs("clicks")[1]["restored_from"] is None
     [recovery] = catalog.recoveries("clicks")
@@ -122,8 +110,8 @@ def test_restart_path_writes_run_no_spark_job_and_merge_older_schemas(spark, tmp
     )
 
 
-def test_a_start_is_planned_without_spark_while_the_session_starts(spark, tmp_path):
-    """Once the tables exist, a driver begins its attempt (fencing the older one) and chooses
+def test_a_start_is_planned_without_spark_while_the_session_starts(tmp_path):
+    """A driver creates the tables, begins its attempt (fencing the older one) and chooses
     its checkpoint with no Spark session at all. A root that holds none of the checkpoints is a
     configuration error and marks nothing; a manifest naming a missing file is evidence: CORRUPT,
     and with nothing left to restore the start refuses to begin from nothing."""
@@ -140,13 +128,13 @@ def test_a_start_is_planned_without_spark_while_the_session_starts(spark, tmp_pa
 
     job = dataclasses.replace(get_job("clicks_per_user"), name="clicks")
     paths = RuntimePaths.under(tmp_path)
-    assert not DeltaCatalog.tables_exist(paths.warehouse)
-    catalog = DeltaCatalog(spark, paths.warehouse)
-    assert DeltaCatalog.tables_exist(paths.warehouse)
+    assert not DeltaCatalog.tables_exist(paths.catalog)
+    catalog = DeltaCatalog(paths.catalog)
+    assert DeltaCatalog.tables_exist(paths.catalog)
     first = catalog.begin_attempt("clicks")
     catalog.commit_checkpoint(row(1, first))  # its manifest was never written
 
-    sparkless = DeltaCatalog(None, paths.warehouse)
+    sparkless = DeltaCatalog(paths.catalog)
     storage = open_storage(paths.checkpoint_root)
     logged: list[str] = []
     with pytest.raises(ConfigurationError, match="holds none of the manifests"):
@@ -173,13 +161,13 @@ def test_a_start_is_planned_without_spark_while_the_session_starts(spark, tmp_pa
     assert (plan.attempt, plan.manifest, plan.fallbacks) == (4, None, [])
 
 
-def test_two_starters_never_share_an_attempt_number(spark, tmp_path):
+def test_two_starters_never_share_an_attempt_number(tmp_path):
     """Eight threads begin attempts of the same job at once: eight distinct numbers, and every
     attempt but the newest is fenced."""
     from concurrent.futures import ThreadPoolExecutor
 
-    DeltaCatalog(spark, tmp_path / "warehouse")
-    catalogs = [DeltaCatalog(None, tmp_path / "warehouse") for _ in range(8)]
+    catalog_at(tmp_path)
+    catalogs = [catalog_at(tmp_path) for _ in range(8)]
 
     def begin(catalog):
         try:
@@ -201,19 +189,21 @@ def test_two_starters_never_share_an_attempt_number(spark, tmp_path):
     report(f"8 concurrent starters: attempts {sorted(numbers)}; {results}")
 
 
+@pytest.mark.spark
 def test_registry_rewrites_never_lose_to_the_jobs_appends_and_replan_after_removals(
     spark, tmp_path
 ):
-    """GC's registry rewrite commits although the job appended new rows (a Spark blind append,
-    as a completed checkpoint registers its files) between its read and its commit; it is
-    planned again, on the rows as they are then, when a concurrent commit removed files it read;
-    and delta-spark reads, filters, compacts and checkpoints what it wrote."""
+    """GC's registry rewrite commits although the job appended new rows (a blind append, as a
+    completed checkpoint registers its files) between its read and its commit; it is planned
+    again, on the rows as they are then, when a concurrent commit removed files it read; the
+    catalog compacts and checkpoints the table; and delta-spark reads what they wrote (so a
+    user may query the catalog from Spark)."""
     from deltalake import DeltaTable
 
     from spark_jobs.catalog.shared_files import RegistryChanges
     from spark_jobs.catalog.tables import read_delta
 
-    catalog = DeltaCatalog(spark, tmp_path / "warehouse")
+    catalog = catalog_at(tmp_path)
     table = catalog.path("shared_state_files")
 
     def files(cid: int, n: int, job: str = "clicks") -> list[dict]:
@@ -249,7 +239,7 @@ def test_registry_rewrites_never_lose_to_the_jobs_appends_and_replan_after_remov
     assert [s[2] for s in statuses("other")] == ["LIVE", "LIVE"]
 
     # another pass rewrote (removed) files meanwhile: this plan is discarded and made again
-    other_pass = DeltaCatalog(None, tmp_path / "warehouse")
+    other_pass = catalog_at(tmp_path)
     plans.clear()
 
     def touch_live(rows: list[dict]) -> RegistryChanges:
@@ -268,8 +258,8 @@ def test_registry_rewrites_never_lose_to_the_jobs_appends_and_replan_after_remov
     assert sorted(r["refcount"] for r in after if r["status"] == "LIVE") == [1] * 5 + [2]
     assert all(r["last_used"] == 1 for r in after if r["status"] == "DELETED")
 
-    # delta-spark reads the rewritten files (data skipping has only their row counts), and
-    # compacts and checkpoints the table with them
+    # delta-spark reads the rewritten files (data skipping has only their row counts), and the
+    # table as compacted and checkpointed
     columns = ["job_id", "path", "status", "refcount", "last_used"]
 
     def spark_rows() -> list[tuple]:

@@ -14,6 +14,11 @@ from state.catalog import FencedError
 ENDS = {e: {"clicks": {"0": 100 * e, "1": 90 * e}} for e in range(10)}
 
 
+def roots(tmp_path) -> tuple[str, str]:
+    """The output and staging roots of a test's sinks."""
+    return str(tmp_path / "tables"), str(tmp_path / "staging")
+
+
 def stage(sink: DeltaSinkWriter, epoch: int, users: list[str], subtask: int = 0) -> None:
     """What a subtask of ``sink``'s attempt stages for ``epoch``."""
     table = pa.table({"user": users, "n": [epoch] * len(users)})
@@ -26,12 +31,12 @@ def rows(sink: DeltaSinkWriter) -> list[tuple]:
 
 
 def test_an_older_attempt_never_adds_to_what_a_newer_one_commits(tmp_path):
-    old = DeltaSinkWriter("job", "out", "out", tmp_path, attempt=1)
+    old = DeltaSinkWriter("job", "out", "out", *roots(tmp_path), attempt=1)
     old.fence()
     stage(old, 0, ["a", "b"])
     assert old.commit_through(0, ENDS) == 2
     stage(old, 1, ["a"])  # staged, its checkpoint still pending, when attempt 2 starts
-    new = DeltaSinkWriter("job", "out", "out", tmp_path, attempt=2)
+    new = DeltaSinkWriter("job", "out", "out", *roots(tmp_path), attempt=2)
     new.fence()
     new.discard_other_attempts()
     stage(old, 2, ["zombie"])  # the older attempt goes on staging after the newer one started
@@ -49,12 +54,12 @@ def test_an_older_attempt_never_adds_to_what_a_newer_one_commits(tmp_path):
 def test_a_restore_redoes_the_commit_of_the_attempt_that_staged_it(tmp_path):
     """Checkpoint n completed in the catalog, its driver died before the sink commit: the next
     attempt commits what the dead attempt staged, once."""
-    dead = DeltaSinkWriter("job", "out", "out", tmp_path, attempt=1)
+    dead = DeltaSinkWriter("job", "out", "out", *roots(tmp_path), attempt=1)
     dead.fence()
     stage(dead, 0, ["a"])
     stage(dead, 1, ["b"])
     stage(dead, 2, ["c"])  # after the checkpoint's epoch: recomputed, never committed
-    restorer = DeltaSinkWriter("job", "out", "out", tmp_path, attempt=2)
+    restorer = DeltaSinkWriter("job", "out", "out", *roots(tmp_path), attempt=2)
     restorer.fence()
     assert restorer.commit_through(1, ENDS, staged_by=1) == 2
     restorer.discard_other_attempts()
@@ -66,7 +71,7 @@ def test_a_restore_redoes_the_commit_of_the_attempt_that_staged_it(tmp_path):
 def test_epochs_without_output_are_committed_and_recorded(tmp_path):
     """A checkpoint whose epochs had no output still commits them (no rows): the history says
     where every committed epoch ended, which a replay after a fallback needs."""
-    sink = DeltaSinkWriter("job", "out", "out", tmp_path, attempt=1)
+    sink = DeltaSinkWriter("job", "out", "out", *roots(tmp_path), attempt=1)
     sink.fence()
     assert sink.commit_through(1, ENDS) == 0  # epochs 0 and 1: nothing staged
     assert sink.committed_epoch() == 1 and not sink.has_output()

@@ -67,7 +67,7 @@ def verify_retained(paths: RuntimePaths) -> list[int]:
     """Every COMPLETED checkpoint validates, checksums included; returns their ids."""
     storage = open_storage(paths.checkpoint_root)
     ids = []
-    for row in CatalogReader(paths.warehouse).checkpoints(JOB, (CheckpointStatus.COMPLETED,)):
+    for row in CatalogReader(paths.catalog).checkpoints(JOB, (CheckpointStatus.COMPLETED,)):
         problems = validate_checkpoint(
             read_manifest(storage, row.metadata_path), storage, checksums=True
         )
@@ -82,7 +82,7 @@ def settled_bytes(paths: RuntimePaths, since_s: float) -> tuple[int, int]:
     largest retained checkpoint (the +1: a checkpoint subsumed within the grace period)."""
     storage = open_storage(paths.checkpoint_root)
     old = sum(i.size for i in storage.list(JOB) if i.modified < since_s and "/_acks/" not in i.path)
-    rows = CatalogReader(paths.warehouse).checkpoints(JOB)
+    rows = CatalogReader(paths.catalog).checkpoints(JOB)
     full = max(r.full_size for r in rows if r.status == CheckpointStatus.COMPLETED)
     return old, (get_job(JOB).checkpoint.num_retained + 1) * full
 
@@ -134,12 +134,10 @@ def test_gc_while_the_job_runs_and_restores_keeps_storage_bounded_and_output_exa
     # the registry tells the truth: LIVE rows are exactly the stored shared files
     storage = open_storage(paths.checkpoint_root)
     stored = {i.path[len(JOB) + 1 :] for i in storage.list(JOB) if "/shared/" in "/" + i.path}
-    rows = CatalogReader(paths.warehouse).shared_files(JOB)
+    rows = CatalogReader(paths.catalog).shared_files(JOB)
     assert {r["path"] for r in rows if r["status"] == "LIVE"} == stored
     assert all(r["deleted_at_ms"] for r in rows if r["status"] == "DELETED")
-    latest = read_manifest(
-        storage, CatalogReader(paths.warehouse).checkpoints(JOB)[-1].metadata_path
-    )
+    latest = read_manifest(storage, CatalogReader(paths.catalog).checkpoints(JOB)[-1].metadata_path)
     for r in rows:
         if r["path"] in latest.shared_paths():
             assert r["refcount"] >= 1 and r["last_used"] == latest.checkpoint_id
@@ -160,7 +158,7 @@ def finished(tmp_path_factory) -> Path:
 def test_compaction_job_compacts_the_catalog_and_requests_state_compaction(spark, finished):
     home = finished
     paths = RuntimePaths.under(home)
-    reader = CatalogReader(paths.warehouse)
+    reader = CatalogReader(paths.catalog)
     before = {t: len(DeltaTable(reader.path(t)).file_uris()) for t in TABLES}
     checkpoints = reader.checkpoints(JOB)
     assert before["completed_checkpoints"] >= len(checkpoints) > 3  # a file per commit
@@ -252,7 +250,7 @@ def test_gc_killed_at_random_points_and_rerun_deletes_exactly_what_nothing_needs
     storage.put_bytes(f"{JOB}/chk-9999/op/0/000009.sst.abc", b"x" * 100)
     storage.put_bytes(f"{JOB}/shared/op/0/000009-0123456789abcdef.sst", b"x" * 100)
 
-    reader = CatalogReader(paths.warehouse)
+    reader = CatalogReader(paths.catalog)
     subsumed = reader.checkpoints(JOB, (CheckpointStatus.SUBSUMED,))
     assert len(subsumed) >= 5, "the runs left subsumed checkpoints for GC to collect"
     gc_args = ("gc", JOB, "--grace-s", "0", "--json")
@@ -346,7 +344,7 @@ def test_gc_passes_back_to_back_beside_a_job_checkpointing_every_second_all_exit
     time.sleep(GRACE_S)
     settled = _cutline_gc(home, paths, "settled")
 
-    history = DeltaTable(CatalogReader(paths.warehouse).path("shared_state_files")).history()
+    history = DeltaTable(CatalogReader(paths.catalog).path("shared_state_files")).history()
     inside = [c for c in history if window[0] * 1000 <= c["timestamp"] <= window[1] * 1000]
     appends = sum(1 for c in inside if c.get("isBlindAppend") is True)
     # commits (the job's appends) between the version each rewrite was planned on and its own
@@ -379,7 +377,7 @@ def test_gc_passes_back_to_back_beside_a_job_checkpointing_every_second_all_exit
     verify_retained(paths)
     storage = open_storage(paths.checkpoint_root)
     stored = {i.path[len(JOB) + 1 :] for i in storage.list(JOB) if "/shared/" in "/" + i.path}
-    reader = CatalogReader(paths.warehouse)
+    reader = CatalogReader(paths.catalog)
     rows = reader.shared_files(JOB)
     assert len(rows) == len({r["path"] for r in rows})
     assert {r["path"] for r in rows if r["status"] == "LIVE"} == stored
@@ -415,7 +413,7 @@ def _cutline_gc(home: Path, paths: RuntimePaths, name: str, job: Popen | None = 
     if job is not None:
         wait_for(Path(f"{gate}.planned").exists, 120, "the registry plan", proc)
         # loaded now: the plan read this version or an older one
-        registry = DeltaTable(CatalogReader(paths.warehouse).path("shared_state_files"))
+        registry = DeltaTable(CatalogReader(paths.catalog).path("shared_state_files"))
         planned_on = registry.version()
 
         def appended() -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.driver.attempt_start import sink_writers
 from spark_jobs.job_loader import get_job
 from spark_jobs.sources.generate import generate
@@ -62,7 +63,7 @@ def damage_newest(home: Path, *, same_size: bool) -> tuple[CheckpointManifest, .
 
 def committed_epoch(home: Path) -> int:
     """The last epoch the job's output sink committed, as the sink itself reads it."""
-    return sink_writers(get_job(JOB), str(home / "warehouse"), attempt=0)[0].committed_epoch()
+    return sink_writers(get_job(JOB), RuntimePaths.under(home), attempt=0)[0].committed_epoch()
 
 
 def status(home: Path, checkpoint_id: int) -> str:

@@ -1,4 +1,4 @@
-"""The sensors against a real catalog (Delta tables written by delta-spark) and a test Dagster
+"""The sensors against a real catalog (Delta tables written by delta-rs) and a test Dagster
 instance: restore_on_failure, streaming_heartbeat, register_streaming_jobs; and the job that
 records a stop in the catalog."""
 
@@ -33,8 +33,6 @@ from orchestration.streaming import streaming_job
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.job_loader import job_names
 
-pytestmark = pytest.mark.spark
-
 JOB = "clicks_per_user"
 
 
@@ -50,8 +48,8 @@ def paths(tmp_path) -> CutlinePaths:
 
 
 @pytest.fixture
-def catalog(spark, paths) -> DeltaCatalog:
-    return DeltaCatalog(spark, paths.paths().warehouse)
+def catalog(paths) -> DeltaCatalog:
+    return DeltaCatalog(paths.paths().catalog)
 
 
 def make_run(instance, status=None, config=None, resources=None, **tags):

@@ -18,6 +18,7 @@ from spark_jobs.driver.restore_fallback import replay_epochs
 from spark_jobs.executor.reports import SubtaskStats
 from state.config import CheckpointConfig
 from state.manifest import CheckpointManifest, PartitionClock
+from tests.test_delta_sink import roots
 
 BOUND, IDLE = 2_000, 5_000
 SCHEMA = "user string, amount double, ts long"
@@ -164,7 +165,7 @@ def test_replay_epochs_take_their_recorded_processing_times():
 
 
 def test_the_sink_records_each_epochs_processing_time(tmp_path):
-    sink = DeltaSinkWriter("job", "out", "out", tmp_path, attempt=1)
+    sink = DeltaSinkWriter("job", "out", "out", *roots(tmp_path), attempt=1)
     sink.fence()
     ends = {e: {"orders": {"0": e}} for e in range(4)}
     sink.commit_through(1, {0: ends[0], 1: ends[1]})  # an older Cutline: no times

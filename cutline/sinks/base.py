@@ -79,5 +79,7 @@ class Sink(ABC):
         """What the sink writes to, for uniqueness checks and messages."""
 
     @abstractmethod
-    def writer(self, job_id: str, attempt: int, *, warehouse: str) -> SinkWriter:
-        """The writer of attempt ``attempt`` of job ``job_id``."""
+    def writer(self, job_id: str, attempt: int, *, output: str, staging: str) -> SinkWriter:
+        """The writer of attempt ``attempt`` of job ``job_id``: ``output`` is the deployment's
+        output root and ``staging`` its staging root (each a local path or an ``s3://`` URL,
+        reached by the driver and every executor alike)."""

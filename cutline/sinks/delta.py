@@ -29,25 +29,25 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutline.sinks.base import Sink, SinkWriter
-from cutline.sinks.staging import EPOCH_COLUMN, StagedEpochs, staging_root
+from cutline.sinks.staging import EPOCH_COLUMN, StagedEpochs
 from cutline.validation import check_name
 from state.catalog import FencedError
 from state.faults import kill_point
 from state.manifest import Positions
+from state.storage.tables import find_table, table_uri, write_table
 
 _TRIES = 40
 
 
 @dataclass(frozen=True)
 class DeltaSink(Sink):
-    """A Delta table under the warehouse, ``<warehouse>/tables/<table>``, to which every epoch's
+    """A Delta table under the output root, ``<output>/<table>``, to which every epoch's
     output of stage ``stage`` (default: the job's last stage) is appended, each row with its
     epoch (``_epoch``)."""
 
@@ -63,8 +63,8 @@ class DeltaSink(Sink):
     def target(self) -> str:
         return f"Delta table {self.table!r}"
 
-    def writer(self, job_id: str, attempt: int, *, warehouse: str) -> SinkWriter:
-        return DeltaSinkWriter(job_id, self.name, self.table, warehouse, attempt)
+    def writer(self, job_id: str, attempt: int, *, output: str, staging: str) -> SinkWriter:
+        return DeltaSinkWriter(job_id, self.name, self.table, output, staging, attempt)
 
 
 class DeltaSinkWriter:
@@ -72,11 +72,11 @@ class DeltaSinkWriter:
     :class:`~cutline.sinks.base.SinkWriter`."""
 
     def __init__(
-        self, job_id: str, sink: str, table: str, warehouse: str | Path, attempt: int
+        self, job_id: str, sink: str, table: str, output: str, staging: str, attempt: int
     ) -> None:
         self.job_id, self.sink, self.attempt = job_id, sink, attempt
-        self.table_path = str(Path(warehouse) / "tables" / table)
-        self.staged = StagedEpochs(staging_root(warehouse), job_id, sink, attempt)
+        self.table_path = table_uri(output, table)
+        self.staged = StagedEpochs(staging, job_id, sink, attempt)
         self.epoch_app = f"cutline-sink-{job_id}-{sink}"
         self.fence_app = f"cutline-fence-{job_id}-{sink}"
         self._lock = threading.Lock()
@@ -85,13 +85,7 @@ class DeltaSinkWriter:
     # -- reading the table ------------------------------------------------------------------
 
     def _table(self):
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
-
-        try:
-            return DeltaTable(self.table_path)
-        except TableNotFoundError:
-            return None
+        return find_table(self.table_path)
 
     def committed_epoch(self) -> int:
         """The last epoch committed to the table (-1 if none)."""
@@ -284,9 +278,7 @@ class DeltaSinkWriter:
         """Land ``data`` (maybe no rows) in one commit with ``properties``, planned on ``dt``'s
         version; ``first``: the table has only the epoch column yet, so ``data``'s schema
         replaces it. The append sink appends."""
-        from deltalake import write_deltalake
-
-        write_deltalake(
+        write_table(
             dt,
             data,
             mode="overwrite" if first else "append",
@@ -297,10 +289,8 @@ class DeltaSinkWriter:
     def _create(self) -> None:
         """An empty table holding only the epoch column: the first commit with output replaces
         the schema with the output's (so the table exists, and can be fenced, before any output)."""
-        from deltalake import write_deltalake
-
         try:
-            write_deltalake(
+            write_table(
                 self.table_path, pa.table({EPOCH_COLUMN: pa.array([], pa.int64())}), mode="append"
             )
         except Exception:

@@ -13,7 +13,6 @@ says which epoch last wrote it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,7 +28,7 @@ _ROW = "__row"  # the rows' order as staged, while picking each key's latest
 
 @dataclass(frozen=True)
 class DeltaUpsertSink(Sink):
-    """A Delta table under the warehouse, ``<warehouse>/tables/<table>``, holding per ``key``
+    """A Delta table under the output root, ``<output>/<table>``, holding per ``key``
     (a column of the stage's output, or a tuple of them) the latest row of stage ``stage``
     (default: the job's last stage). Key the sink as the stage is keyed (or by more columns):
     then a key's rows come from one subtask, in the order the stage emitted them. ``order_by``:
@@ -59,8 +58,8 @@ class DeltaUpsertSink(Sink):
     def target(self) -> str:
         return f"Delta table {self.table!r}"
 
-    def writer(self, job_id: str, attempt: int, *, warehouse: str) -> SinkWriter:
-        return DeltaUpsertWriter(self, job_id, warehouse, attempt)
+    def writer(self, job_id: str, attempt: int, *, output: str, staging: str) -> SinkWriter:
+        return DeltaUpsertWriter(self, job_id, output, staging, attempt)
 
 
 class DeltaUpsertWriter(DeltaSinkWriter):
@@ -68,9 +67,9 @@ class DeltaUpsertWriter(DeltaSinkWriter):
     landing rows by MERGE."""
 
     def __init__(
-        self, sink: DeltaUpsertSink, job_id: str, warehouse: str | Path, attempt: int
+        self, sink: DeltaUpsertSink, job_id: str, output: str, staging: str, attempt: int
     ) -> None:
-        super().__init__(job_id, sink.name, sink.table, warehouse, attempt)
+        super().__init__(job_id, sink.name, sink.table, output, staging, attempt)
         self.key, self.order_by = key_columns(sink.key), sink.order_by
 
     def _write(self, dt, data: pa.Table, first: bool, properties) -> None:

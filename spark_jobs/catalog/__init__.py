@@ -9,16 +9,16 @@ from pathlib import Path
 from state.catalog import JobCatalog
 
 
-def open_catalog(warehouse: str | Path, spark=None) -> JobCatalog:
-    """The catalog under ``warehouse`` (its tables created if missing). Without ``spark`` it
-    reads and commits through delta-rs alone; maintenance (OPTIMIZE, VACUUM) needs one."""
+def open_catalog(root: str | Path) -> JobCatalog:
+    """The catalog under the catalog root ``root`` (a local path or an ``s3://`` URL), its
+    tables created if missing. Reads and commits go through delta-rs alone: no Spark."""
     from spark_jobs.catalog.delta_catalog import DeltaCatalog
 
-    return DeltaCatalog(spark, warehouse)
+    return DeltaCatalog(root)
 
 
-def catalog_exists(warehouse: str | Path) -> bool:
-    """Whether every catalog table exists under ``warehouse``."""
+def catalog_exists(root: str | Path) -> bool:
+    """Whether every catalog table exists under the catalog root ``root``."""
     from spark_jobs.catalog.delta_catalog import DeltaCatalog
 
-    return DeltaCatalog.tables_exist(warehouse)
+    return DeltaCatalog.tables_exist(root)

@@ -1,12 +1,10 @@
 """The catalog on Delta tables (docs/design.md): `state.catalog.JobCatalog` for the runtime.
 
-Reads use delta-rs (``deltalake``), which needs no Spark job. So do the writes a start and a
-checkpoint make: a new attempt, its fencing commit, the LOST marking of its predecessors, the
-allocation it restored, recoveries, CORRUPT marking and checkpoint commits. A Delta UPDATE through
-Spark on a freshly started JVM took 4-15 s, and without Spark a driver plans its start while its
-JVM starts. So do subsumption and GC's registry updates, the latter as file rewrites that the
-running job's appends of new shared files cannot fail (shared_files.py). The job's registry
-appends and table maintenance go through delta-spark.
+Every read and every commit goes through delta-rs (``deltalake``): no Spark job, so a driver plans
+its start while its JVM starts, and the CLI, the sensors, GC and the Dagster maintenance jobs
+need no Spark session. One commit protocol for every writer is also what makes the catalog safe
+on S3 with writers in many processes (state/storage/tables.py). GC's registry updates are file
+rewrites that the running job's appends of new shared files cannot fail (shared_files.py).
 
 Conditional commits. The writes that decide something (which attempt a starter gets, whether a
 checkpoint of an attempt may complete) are compare-and-swap commits: planned on one version of
@@ -41,34 +39,18 @@ from spark_jobs.catalog.tables import (
 )
 from spark_jobs.errors import failure_summary
 from state.catalog import CheckpointStatus, CompletedCheckpoint, FencedError, JobCatalog
+from state.storage.tables import find_table, open_table, storage_options, table_uri, write_table
 
 _ATTEMPT_SHIFT = 32
 _UPDATE_TRIES = 10
 _CAS_TRIES = 40  # conditional commits lose to any concurrent commit of the table
-_CONFLICTS = (  # Delta's commit conflicts, by the names the JVM gives them
-    "ConcurrentAppendException",
-    "ConcurrentDeleteReadException",
-    "ConcurrentDeleteDeleteException",
-    "ConcurrentTransactionException",
-    "ConcurrentWriteException",
-    "MetadataChangedException",
-    "ProtocolChangedException",
-)
 
 
 def _is_conflict(error: BaseException) -> bool:
-    """Whether ``error`` is a Delta commit conflict: delta-rs's, delta-spark's, or one still
-    wrapped (a MERGE's conflict can arrive inside another JVM exception)."""
+    """Whether ``error`` is a Delta commit conflict (another writer committed first)."""
     from deltalake.exceptions import CommitFailedError
 
-    if isinstance(error, CommitFailedError):
-        return True
-    from delta.exceptions import DeltaConcurrentModificationException
-
-    if isinstance(error, DeltaConcurrentModificationException):
-        return True
-    text = f"{type(error).__name__}: {error}"
-    return any(name in text for name in _CONFLICTS)
+    return isinstance(error, CommitFailedError)
 
 
 def _checkpoint_row(checkpoint: CompletedCheckpoint) -> dict[str, Any]:
@@ -78,69 +60,60 @@ def _checkpoint_row(checkpoint: CompletedCheckpoint) -> dict[str, Any]:
 
 
 class DeltaCatalog(CatalogReader, JobCatalog):
-    """The four catalog tables under ``<warehouse>/catalog/``, written with delta-spark and,
-    on the restart path, delta-rs. Thread-safe.
+    """The four catalog tables under the catalog root (a local path or an ``s3://`` URL),
+    created if missing, read and committed with delta-rs alone: every writer of every process
+    commits the same way, which is what makes concurrent commits on S3 safe
+    (state/storage/tables.py). Thread-safe."""
 
-    Without a Spark session (``spark=None``) only the restart path's methods work, which need
-    none: ``begin_attempt``, the reads, ``mark_corrupt``, and ``streaming_jobs``/``recoveries``
-    writes; the tables must exist (:meth:`tables_exist`)."""
-
-    def __init__(self, spark, warehouse: str | Path) -> None:
-        super().__init__(warehouse)
-        self.spark = spark
+    def __init__(self, root: str | Path) -> None:
+        super().__init__(root)
         self._lock = threading.RLock()
         self.conflicts_retried = 0  # writes done again after a concurrent commit conflicted
-        if spark is not None:
-            self._ensure_tables()
+        self._ensure_tables()
 
     @staticmethod
-    def tables_exist(warehouse: str | Path) -> bool:
-        """Every catalog table has a Delta log under ``warehouse``."""
-        root = Path(warehouse) / "catalog"
-        return all(any((root / name / "_delta_log").glob("*.json")) for name in TABLES)
+    def tables_exist(root: str | Path) -> bool:
+        """Every catalog table exists under the catalog root ``root``."""
+        return all(find_table(table_uri(root, name)) is not None for name in TABLES)
 
     def _ensure_tables(self) -> None:
         """Create missing tables. Drivers of several jobs may race to create them on a fresh
-        warehouse: losing that race (Delta reports a concurrent protocol change) is fine as
-        long as the table exists afterwards."""
-        for name, ddl in TABLES.items():
-            log = Path(self.path(name)) / "_delta_log"
-            if any(log.glob("*.json")):  # a log with no commit: a creation killed midway
+        catalog: losing that race is fine as long as the table exists afterwards."""
+        from deltalake import DeltaTable
+
+        for name in TABLES:
+            uri = self.path(name)
+            if find_table(uri) is not None:
                 continue
             try:
-                self.spark.createDataFrame([], ddl).write.format("delta").mode(
-                    "ignore"
-                ).partitionBy("job_id").save(self.path(name))
+                DeltaTable.create(
+                    uri,
+                    schema=arrow_schema(name),
+                    partition_by=["job_id"],
+                    mode="ignore",
+                    storage_options=storage_options(uri),
+                )
             except Exception:
-                if not any(log.glob("*.json")):
+                if find_table(uri) is None:
                     raise
 
     # -- writes ------------------------------------------------------------------------------
 
-    def _append(self, table: str, rows: list[dict[str, Any]], **options: str) -> None:
-        if not rows:
-            return
-        df = self.spark.createDataFrame(rows, TABLES[table])
-        writer = df.write.format("delta").mode("append")
-        for key, value in options.items():
-            writer = writer.option(key, value)
-        writer.save(self.path(table))
-
-    def _rs_append(
+    def _append(
         self, table: str, rows: list[dict[str, Any]], transaction: tuple[str, int] | None = None
     ) -> None:
         """Append ``rows`` with delta-rs (no Spark job), in a commit that also records the
         idempotent-transaction id ``transaction`` (app id, version) if given: delta-spark's
         writes of that app id with a version up to it are skipped from then on."""
         import pyarrow as pa
-        from deltalake import CommitProperties, Transaction, write_deltalake
+        from deltalake import CommitProperties, Transaction
 
         data = pa.Table.from_pylist(rows, schema=arrow_schema(table))
         commit = CommitProperties(
             app_transactions=[Transaction(*transaction)] if transaction else None
         )
         self._retrying(
-            lambda: write_deltalake(
+            lambda: write_table(
                 self.path(table), data, mode="append", schema_mode="merge", commit_properties=commit
             )
         )
@@ -151,19 +124,19 @@ class DeltaCatalog(CatalogReader, JobCatalog):
         refuse; the rows are committed only on that version. When another writer committed
         first, the commit fails and is planned again on the new version. Returns ``result``."""
         import pyarrow as pa
-        from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+        from deltalake import CommitProperties, Transaction
         from deltalake.exceptions import CommitFailedError
 
         for tries in range(_CAS_TRIES):
             with self._lock:
-                dt = DeltaTable(self.path(table))
+                dt = open_table(self.path(table))
                 rows, transactions, result = plan(dt)
                 commit = CommitProperties(
                     max_commit_retries=0,
                     app_transactions=[Transaction(app, v) for app, v in transactions] or None,
                 )
                 try:
-                    write_deltalake(
+                    write_table(
                         dt,
                         pa.Table.from_pylist(rows, schema=arrow_schema(table)),
                         mode="append",
@@ -246,8 +219,7 @@ class DeltaCatalog(CatalogReader, JobCatalog):
     def import_checkpoints(self, checkpoints: list[CompletedCheckpoint]) -> None:
         """Load checkpoint rows as they are, in one unfenced commit (rebuilding a catalog from
         manifests, benchmarks); never beside a running attempt of the same job."""
-        with self._lock:
-            self._append("completed_checkpoints", [_checkpoint_row(c) for c in checkpoints])
+        self._append("completed_checkpoints", [_checkpoint_row(c) for c in checkpoints])
 
     def commit_checkpoint(self, checkpoint: CompletedCheckpoint) -> None:
         """Record ``checkpoint`` as COMPLETED, conditionally: only while no newer attempt of its
@@ -301,11 +273,9 @@ class DeltaCatalog(CatalogReader, JobCatalog):
 
     def _rs_update(self, table: str, condition: str, **values: str | int | None) -> None:
         """Set columns of the rows of ``table`` matching ``condition`` (delta-rs SQL; no Spark)."""
-        from deltalake import DeltaTable
-
         updates = {column: rs_literal(value) for column, value in values.items()}
         self._retrying(
-            lambda: DeltaTable(self.path(table)).update(updates=updates, predicate=condition)
+            lambda: open_table(self.path(table)).update(updates=updates, predicate=condition)
         )
 
     def _update_attempt(self, job_id: str, attempt: int, **values: str | int | None) -> None:
@@ -341,27 +311,27 @@ class DeltaCatalog(CatalogReader, JobCatalog):
         self._update_attempt(job_id, attempt, last_heartbeat_ms=now_ms())
 
     def record_recovery(self, row: dict[str, Any]) -> None:
-        self._rs_append("recoveries", [row])  # schema merged: tables from before a new column
+        self._append("recoveries", [row])  # schema merged: tables from before a new column
 
     def record_shared_files(self, rows: list[dict[str, Any]]) -> None:
-        with self._lock:
-            self._append("shared_state_files", rows)
+        self._append("shared_state_files", rows)
 
     def maintain(self, vacuum_retention_hours: float = 168.0) -> dict[str, int]:
         """Keep the catalog tables healthy as they grow by commits: compact small files
-        (OPTIMIZE), remove files no version within the retention needs (VACUUM), and write a log
-        checkpoint so readers replay a short log. Returns each table's data file count after."""
-        from delta.tables import DeltaTable
-
+        (OPTIMIZE; a compaction that loses to a concurrent rewrite is planned again), remove
+        files no version within the retention needs (VACUUM), and write a log checkpoint so
+        readers replay a short log. Returns each table's data file count after."""
         counts = {}
         for name in TABLES:
-            with self._lock:
-                table = DeltaTable.forPath(self.spark, self.path(name))
-                self._retrying(lambda t=table: t.optimize().executeCompaction())
-                table.vacuum(vacuum_retention_hours)
-                jvm = self.spark._jvm.org.apache.spark.sql.delta.DeltaLog
-                jvm.forTable(self.spark._jsparkSession, self.path(name)).checkpoint()
-                counts[name] = len(table.toDF().inputFiles())
+            self._retrying(lambda n=name: open_table(self.path(n)).optimize.compact())
+            table = open_table(self.path(name))
+            table.vacuum(
+                retention_hours=int(vacuum_retention_hours),
+                enforce_retention_duration=False,
+                dry_run=False,
+            )
+            table.create_checkpoint()
+            counts[name] = len(open_table(self.path(name)).file_uris())
         return counts
 
     def update_shared_files(

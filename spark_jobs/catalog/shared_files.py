@@ -26,7 +26,6 @@ more is refused, not misread.
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 import uuid
@@ -37,6 +36,8 @@ from typing import Any
 from urllib.parse import unquote
 
 from spark_jobs.catalog.tables import arrow_schema
+from state.storage import DurableStorage, open_storage
+from state.storage.tables import open_table
 
 TABLE = "shared_state_files"
 TRIES = 40
@@ -100,14 +101,15 @@ def _rewrite_once(
 ) -> RewriteResult:
     """One plan and its commit, on the table's current version. Raises ``CommitFailedError``
     if a commit since that version removed files (nothing of this plan stays behind)."""
-    from deltalake import CommitProperties, DeltaTable
+    from deltalake import CommitProperties
     from deltalake.exceptions import CommitFailedError
     from deltalake.transaction import AddAction, RemoveAction
 
-    dt = DeltaTable(root)
+    dt = open_table(root)
     _check_protocol(dt)
     files = _job_files(dt, job_id)
-    by_file = {name: _read_rows(root, name, job_id) for name in files}
+    storage = open_storage(root)
+    by_file = {name: _read_rows(storage, name, job_id) for name in files}
     changes = plan([row for rows in by_file.values() for row in rows])
     if not changes:
         return RewriteResult(False, 0, 0, 0, 0)
@@ -128,7 +130,7 @@ def _rewrite_once(
     # DELETED rows are never rewritten again
     live = [r for r in kept if r["status"] == LIVE]
     done = [r for r in kept if r["status"] != LIVE]
-    written = [_write_file(root, rows) for rows in (live, done) if rows]
+    written = [_write_file(storage, rows) for rows in (live, done) if rows]
     now = int(time.time() * 1000)
     actions = [RemoveAction(name, True, now, files[name], {"job_id": job_id}) for name in touched]
     actions += [
@@ -144,11 +146,9 @@ def _rewrite_once(
             commit_properties=commit,
         )  # fmt: skip
     except CommitFailedError:
-        current = _job_files(DeltaTable(root), job_id)
-        for name, *_ in written:
-            if name not in current:  # not committed: nothing refers to it
-                Path(root, name).unlink(missing_ok=True)
-        raise
+        current = _job_files(open_table(root), job_id)
+        storage.delete_many(name for name, *_ in written if name not in current)
+        raise  # (the files not committed are removed: nothing refers to them)
     return RewriteResult(True, changed, len(changes.inserts), len(touched), 0)
 
 
@@ -173,14 +173,14 @@ def _job_files(dt, job_id: str) -> dict[str, int]:
     return {n: s for n, s, v in zip(names, sizes, values, strict=True) if v == job_id}
 
 
-def _read_rows(root: str, name: str, job_id: str) -> list[dict[str, Any]]:
+def _read_rows(storage: DurableStorage, name: str, job_id: str) -> list[dict[str, Any]]:
     """The rows of one data file, with the partition value the log gives it (a file may hold
     the partition column too, as delta-spark's do: the log's value is the one that counts)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     schema = _file_schema()
-    data = pq.ParquetFile(os.path.join(root, unquote(name))).read()
+    data = pq.read_table(pa.BufferReader(storage.get_bytes(unquote(name))))
     columns = [
         data.column(f.name).cast(f.type)
         if f.name in data.column_names
@@ -197,7 +197,7 @@ def _file_schema():
     return schema.remove(schema.get_field_index("job_id"))
 
 
-def _write_file(root: str, rows: list[dict[str, Any]]) -> tuple[str, int, int, int]:
+def _write_file(storage: DurableStorage, rows: list[dict[str, Any]]) -> tuple[str, int, int, int]:
     """A new data file at the table's root (the log gives its partition value) holding ``rows``
     sorted by path; returns its name, size, modification time (ms) and row count. Not part of
     the table until committed; an uncommitted one is VACUUM's to remove."""
@@ -208,7 +208,8 @@ def _write_file(root: str, rows: list[dict[str, Any]]) -> tuple[str, int, int, i
     rows = sorted(rows, key=lambda r: r["path"])
     data = pa.Table.from_pylist([{f.name: r.get(f.name) for f in schema} for r in rows], schema)
     name = f"part-00000-cutline-gc-{uuid.uuid4()}.c000.snappy.parquet"
-    path = Path(root, name)
-    pq.write_table(data, path, compression="snappy")
-    stat = path.stat()
-    return name, stat.st_size, int(stat.st_mtime * 1000), len(rows)
+    sink = pa.BufferOutputStream()
+    pq.write_table(data, sink, compression="snappy")
+    storage.put_bytes(name, sink.getvalue().to_pybytes())
+    info = storage.stat(name)
+    return name, info.size, int(info.modified * 1000), len(rows)

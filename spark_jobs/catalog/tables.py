@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from state.catalog import CheckpointStatus, CompletedCheckpoint
+from state.storage.tables import open_table, table_uri
 
 TABLES: dict[str, str] = {
     "streaming_jobs": (
@@ -67,7 +68,8 @@ def rs_literal(value: str | int | None) -> str:
 def read_delta(
     table: str | Path | Any, job_id: str | None = None, columns: list[str] | None = None
 ):
-    """A Delta table (a path, or a ``deltalake.DeltaTable`` at the version it was loaded at), or
+    """A Delta table (a URI or path, or a ``deltalake.DeltaTable`` at the version it was loaded
+    at), or
     one job's rows of it, as a pyarrow Table (delta-rs; no Spark).
 
     Read through delta-rs's own query engine, not ``DeltaTable.to_pyarrow_table``: the latter's
@@ -79,19 +81,20 @@ def read_delta(
 
     select = ", ".join(f'"{c}"' for c in columns) if columns else "*"
     where = f" WHERE job_id = {rs_literal(job_id)}" if job_id is not None else ""
-    loaded = table if isinstance(table, DeltaTable) else DeltaTable(str(table))
+    loaded = table if isinstance(table, DeltaTable) else open_table(table)
     query = QueryBuilder().register("t", loaded)
     return pa.table(query.execute(f"SELECT {select} FROM t{where}").read_all())
 
 
 class CatalogReader:
-    """Read-only access to the catalog tables with delta-rs: no Spark needed (CLI, sensors)."""
+    """Read-only access to the catalog tables under the catalog root (a local path or an
+    ``s3://`` URL) with delta-rs: no Spark needed (CLI, sensors)."""
 
-    def __init__(self, warehouse: str | Path) -> None:
-        self.root = Path(warehouse) / "catalog"
+    def __init__(self, root: str | Path) -> None:
+        self.root = str(root)
 
     def path(self, table: str) -> str:
-        return str(self.root / table)
+        return table_uri(self.root, table)
 
     def _read(self, table: str, job_id: str) -> list[dict[str, Any]]:
         from deltalake.exceptions import TableNotFoundError

@@ -12,16 +12,16 @@ from state.restore import read_manifest, validate_checkpoint
 from state.storage import StorageError, open_storage
 
 
-def list_checkpoints(job: str, warehouse: str, *, as_json: bool = False) -> int:
+def list_checkpoints(job: str, catalog_root: str, *, as_json: bool = False) -> int:
     """Print ``job``'s checkpoints from the catalog (read with delta-rs; no Spark); 1 if it has
     none."""
     JobLayout(job)  # validates the name
-    rows = CatalogReader(warehouse).checkpoints(job)
+    rows = CatalogReader(catalog_root).checkpoints(job)
     if as_json:
         print(json.dumps([r.to_dict() for r in rows], indent=1))
         return 0
     if not rows:
-        print(f"no checkpoints of job {job!r} in the catalog under {warehouse}")
+        print(f"no checkpoints of job {job!r} in the catalog at {catalog_root}")
         return 1
     print(
         f"{'id':>5} {'attempt':>7} {'batch':>6} {'status':9} {'full B':>13} {'uploaded B':>13} "

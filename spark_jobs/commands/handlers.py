@@ -36,7 +36,7 @@ def checkpoints(args: argparse.Namespace) -> int:
     from spark_jobs.commands.checkpoint_listing import list_checkpoints
     from spark_jobs.job_loader import job_name_of
 
-    return list_checkpoints(job_name_of(args.job), runtime_paths(args).warehouse, as_json=args.json)
+    return list_checkpoints(job_name_of(args.job), runtime_paths(args).catalog, as_json=args.json)
 
 
 def verify(args: argparse.Namespace) -> int:
@@ -51,6 +51,7 @@ def demo(args: argparse.Namespace) -> int:
     """The main job on the embedded default: generate clicks, run clicks_per_user to the end."""
     from spark_jobs.commands.main import build_parser
     from spark_jobs.sources.generate import generate, records_in
+    from state.storage.tables import table_uri
 
     paths = runtime_paths(args)
     if records_in(paths.log_root, "clicks", 0) == 0:
@@ -63,7 +64,7 @@ def demo(args: argparse.Namespace) -> int:
     rc = run(run_args)
     args.json = False
     checkpoints(args)
-    print(f"output: Delta table {paths.warehouse}/tables/clicks_per_user")
+    print(f"output: Delta table {table_uri(paths.output, 'clicks_per_user')}")
     return rc
 
 

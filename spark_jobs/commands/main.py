@@ -34,7 +34,10 @@ def _add_global_options(parser: argparse.ArgumentParser, default: object) -> Non
     )
     for name, where in (
         ("checkpoint-root", "<home>/checkpoints; or s3://bucket/prefix"),
-        ("warehouse", "<home>/warehouse"),
+        ("warehouse", "<home>/warehouse; or s3://bucket/prefix"),
+        ("catalog-root", "<warehouse>/catalog"),
+        ("output-root", "<warehouse>/tables"),
+        ("staging-root", "<warehouse>/staging"),
         ("local-state-root", "<home>/local-state"),
         ("log-root", "<home>/log"),
     ):

@@ -7,11 +7,18 @@ checkpoints, catalog and output live. Precedence, highest first:
 
 1. an explicit value: a ``cutline`` flag, or a Dagster resource's config;
 2. the environment (``CUTLINE_HOME``, ``CUTLINE_CHECKPOINT_ROOT``, ``CUTLINE_WAREHOUSE``,
+   ``CUTLINE_CATALOG_ROOT``, ``CUTLINE_OUTPUT_ROOT``, ``CUTLINE_STAGING_ROOT``,
    ``CUTLINE_LOCAL_STATE_ROOT``, ``CUTLINE_LOG_ROOT``, ``CUTLINE_SPARK_MASTER``, and boto3's own
    ``AWS_ENDPOINT_URL_S3`` and ``AWS_DEFAULT_REGION``);
-3. the TOML file named by ``CUTLINE_CONFIG`` (keys ``home``, ``checkpoint_root``, ``warehouse``,
-   ``local_state_root``, ``log_root``, ``spark_master``, ``s3_endpoint``, ``s3_region``);
+3. the TOML file named by ``CUTLINE_CONFIG`` (the same names in lower case without
+   ``CUTLINE_``: ``home``, ``checkpoint_root``, ``warehouse``, ..., ``s3_endpoint``,
+   ``s3_region``);
 4. the embedded default: everything under the home directory (default ``./.cutline``).
+
+Each durable role has its own URL (a local path, ``file:///abs`` or ``s3://bucket/prefix``):
+the checkpoint root; the catalog, the output tables and the sinks' staging, which default to
+``catalog``, ``tables`` and ``staging`` under the warehouse. Only the local state root and the
+input log are an executor's or the driver's own disk.
 
 Credentials are never settings: boto3 finds them through its standard chain.
 """
@@ -25,12 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spark_jobs.errors import ConfigurationError
+from state.storage.tables import join_url
 
 CONFIG_ENV = "CUTLINE_CONFIG"
 _ENV = {
     "home": "CUTLINE_HOME",
     "checkpoint_root": "CUTLINE_CHECKPOINT_ROOT",
     "warehouse": "CUTLINE_WAREHOUSE",
+    "catalog_root": "CUTLINE_CATALOG_ROOT",
+    "output_root": "CUTLINE_OUTPUT_ROOT",
+    "staging_root": "CUTLINE_STAGING_ROOT",
     "local_state_root": "CUTLINE_LOCAL_STATE_ROOT",
     "log_root": "CUTLINE_LOG_ROOT",
     "spark_master": "CUTLINE_SPARK_MASTER",
@@ -39,14 +50,46 @@ _ENV = {
 }
 
 
+# the roles under the warehouse unless set: (RuntimePaths field, directory under the warehouse)
+WAREHOUSE_ROLES = (
+    ("catalog_root", "catalog"),
+    ("output_root", "tables"),
+    ("staging_root", "staging"),
+)
+
+
 @dataclass(frozen=True)
 class RuntimePaths:
-    """Where a job keeps its checkpoints, catalog and output, local state and input log."""
+    """Where a job keeps its checkpoints, catalog, output and staged output, local state and
+    input log. A role left None lives under the warehouse (:data:`WAREHOUSE_ROLES`); read the
+    effective roots through :attr:`catalog`, :attr:`output` and :attr:`staging`."""
 
     checkpoint_root: str
     warehouse: str
     local_state_root: str
     log_root: str
+    catalog_root: str | None = None
+    output_root: str | None = None
+    staging_root: str | None = None
+
+    def _role(self, field_name: str) -> str:
+        under = dict(WAREHOUSE_ROLES)[field_name]
+        return getattr(self, field_name) or join_url(self.warehouse, under)
+
+    @property
+    def catalog(self) -> str:
+        """The catalog tables' root."""
+        return self._role("catalog_root")
+
+    @property
+    def output(self) -> str:
+        """The output tables' root."""
+        return self._role("output_root")
+
+    @property
+    def staging(self) -> str:
+        """Where two-phase sinks stage epochs before their commit."""
+        return self._role("staging_root")
 
     @classmethod
     def under(cls, home: str | Path) -> RuntimePaths:
@@ -66,6 +109,9 @@ class Settings:
     home: str
     checkpoint_root: str | None = None
     warehouse: str | None = None
+    catalog_root: str | None = None
+    output_root: str | None = None
+    staging_root: str | None = None
     local_state_root: str | None = None
     log_root: str | None = None
     spark_master: str | None = None
@@ -88,7 +134,12 @@ class Settings:
 
 
 # the roles a driver checks before it starts anything: (label, RuntimePaths field)
-DRIVER_ROLES = (("checkpoint root", "checkpoint_root"), ("warehouse", "warehouse"))
+DRIVER_ROLES = (
+    ("checkpoint root", "checkpoint_root"),
+    ("catalog", "catalog"),
+    ("output", "output"),
+    ("staging", "staging"),
+)
 
 
 def check_roles(paths: RuntimePaths, roles=DRIVER_ROLES) -> None:
@@ -141,12 +192,16 @@ def explain_settings(
     under = RuntimePaths.under(home.value)
     defaults = {f.name: getattr(under, f.name) for f in dataclasses.fields(RuntimePaths)}
     defaults["spark_master"] = "local[*]"
+    warehouse = found["warehouse"].value if "warehouse" in found else defaults["warehouse"]
+    derived = {name: join_url(warehouse, under) for name, under in WAREHOUSE_ROLES}
     out = [home]
     for name in _ENV:
         if name == "home":
             continue
         if name in found:
             out.append(found[name])
+        elif name in derived:
+            out.append(Setting(name, derived[name], "default, under warehouse"))
         elif name in defaults:
             where = "default, under home" if name != "spark_master" else "default"
             out.append(Setting(name, defaults[name], where))

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from cutline.job import JobDefinition
 from cutline.sinks import SinkWriter
-from spark_jobs.catalog import catalog_exists, open_catalog
+from spark_jobs.catalog import open_catalog
 from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.driver.evolution import check_restorable
 from spark_jobs.errors import ConfigurationError, NoRestorableCheckpointError
@@ -60,10 +60,12 @@ class StartPlan:
     seconds: float = 0.0  # how long deciding took
 
 
-def sink_writers(job: JobDefinition, warehouse: str, attempt: int) -> list[SinkWriter]:
+def sink_writers(job: JobDefinition, paths: RuntimePaths, attempt: int) -> list[SinkWriter]:
     """The job's sinks (its output, and its dead-letter table if it keeps one) for one attempt;
     the first is the output."""
-    return [s.writer(job.name, attempt, warehouse=warehouse) for s in job.sinks()]
+    return [
+        s.writer(job.name, attempt, output=paths.output, staging=paths.staging) for s in job.sinks()
+    ]
 
 
 def plan_start(
@@ -78,12 +80,12 @@ def plan_start(
     reset_sink: bool = False,
     allow_non_restored: bool = False,
 ) -> StartPlan:
-    """Steps 1 to 4 of the module docstring. Needs no Spark session once the catalog tables
-    exist (delta-rs and durable storage only)."""
+    """Steps 1 to 4 of the module docstring. Needs no Spark session (delta-rs and durable
+    storage only)."""
     started = time.monotonic()
     attempt = catalog.begin_attempt(job.name, run_id=run_id, checkpoint_root=paths.checkpoint_root)
     try:
-        sinks = sink_writers(job, paths.warehouse, attempt)
+        sinks = sink_writers(job, paths, attempt)
         for sink in sinks:
             sink.fence()
         kill_point("restore-started")
@@ -120,26 +122,25 @@ def plan_start_early(
     *,
     reset_sink: bool = False,
     allow_non_restored: bool = False,
-) -> Future[StartPlan] | None:
-    """:func:`plan_start` on a thread of its own, to overlap the JVM's start; ``None`` when the
-    catalog tables do not exist yet (creating them takes Spark: the run plans after it)."""
-    if not catalog_exists(paths.warehouse):
-        return None
-    catalog = open_catalog(paths.warehouse)
-    storage = open_storage(paths.checkpoint_root)
+) -> Future[StartPlan]:
+    """:func:`plan_start` on a thread of its own (the catalog opened, its tables created if
+    missing, there too), to overlap the JVM's start."""
+
+    def plan() -> StartPlan:
+        return plan_start(
+            open_catalog(paths.catalog),
+            open_storage(paths.checkpoint_root),
+            job,
+            paths,
+            restore,
+            run_id,
+            log,
+            reset_sink=reset_sink,
+            allow_non_restored=allow_non_restored,
+        )
+
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cutline-plan")
-    future = pool.submit(
-        plan_start,
-        catalog,
-        storage,
-        job,
-        paths,
-        restore,
-        run_id,
-        log,
-        reset_sink=reset_sink,
-        allow_non_restored=allow_non_restored,
-    )
+    future = pool.submit(plan)
     pool.shutdown(wait=False)
     return future
 
@@ -155,7 +156,7 @@ def abandon_plan(
         attempt = plan.result().attempt
     except Exception:  # the plan failed too; no attempt to close, or it is left to the sensor
         return
-    open_catalog(paths.warehouse).set_job_status(job_id, attempt, "FAILED", reason)
+    open_catalog(paths.catalog).set_job_status(job_id, attempt, "FAILED", reason)
 
 
 def _same_root(a: str, b: str) -> bool:

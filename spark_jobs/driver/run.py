@@ -42,7 +42,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from cutline.job import JobDefinition
-from cutline.sinks.staging import staging_root
 from cutline.sources.log import with_log_root
 from spark_jobs.catalog import open_catalog
 from spark_jobs.catalog.tables import now_ms
@@ -116,7 +115,7 @@ class StreamingRun:
         self.timeline = timeline or StartupTimeline()
         self._early_plan = plan  # the attempt and checkpoint, decided while the session started
         self.storage = open_storage(paths.checkpoint_root)
-        self.catalog = open_catalog(paths.warehouse, spark)
+        self.catalog = open_catalog(paths.catalog)
         self.layout = JobLayout(job.name)
         self.exactly_once = job.checkpoint.mode == EXACTLY_ONCE
         self.state = RunState()  # what the threads share: the failure, the stop, the report
@@ -158,14 +157,14 @@ class StreamingRun:
         job = self.job
         plan = self._plan_start()
         self.attempt = plan.attempt
-        self.sinks = sink_writers(job, self.paths.warehouse, self.attempt)
+        self.sinks = sink_writers(job, self.paths, self.attempt)
         manifest = plan.manifest
         self.ctx = RunContext(
             job=job,
             attempt=self.attempt,
             checkpoint_root=self.paths.checkpoint_root,
             local_state_root=self.paths.local_state_root,
-            staging_root=str(staging_root(self.paths.warehouse)),
+            staging_root=self.paths.staging,
         )
         self.state.restored(manifest.checkpoint_id if manifest else None, ())
         self.batches = MicroBatches(

@@ -57,7 +57,7 @@ def request_compaction(
     job_name, cfg = job.name, job.checkpoint
     max_files = cfg.compaction_max_files if max_files is None else max_files
     max_checkpoints = cfg.compaction_max_checkpoints if max_checkpoints is None else max_checkpoints
-    rows = CatalogReader(paths.warehouse).checkpoints(job_name, (CheckpointStatus.COMPLETED,))
+    rows = CatalogReader(paths.catalog).checkpoints(job_name, (CheckpointStatus.COMPLETED,))
     decision = CompactionDecision(job_name, rows[-1].checkpoint_id if rows else None)
     storage = open_storage(paths.checkpoint_root)
     layout = JobLayout(job_name)

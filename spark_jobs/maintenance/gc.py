@@ -81,13 +81,13 @@ def collect_garbage(
     job = get_job(job_ref)
     job_name = job.name
     grace = job.checkpoint.timeout_ms / 1000 if grace_s is None else grace_s
-    if not catalog_exists(paths.warehouse):
+    if not catalog_exists(paths.catalog):
         # without the catalog every stored file would look unreferenced: refuse, delete nothing
         raise ConfigurationError(
             f"{job_name}: no catalog under {paths.warehouse} (is the warehouse right?); GC "
             "needs the catalog's checkpoints to know what is referenced, and deletes nothing"
         )
-    catalog = open_catalog(paths.warehouse)  # reads and commits through delta-rs: no Spark
+    catalog = open_catalog(paths.catalog)  # reads and commits through delta-rs: no Spark
     storage = open_storage(paths.checkpoint_root)
     layout = JobLayout(job_name)
     report = GcReport(job_name, dry_run)
