@@ -59,6 +59,14 @@ def s3_bucket(s3_server: str) -> str:
     return name
 
 
+@pytest.fixture
+def s3_root(s3_server: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``s3://<fresh bucket>``, with the endpoint in this process's environment (as a
+    deployment sets it), so every role under it is reached by boto3 and delta-rs alike."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server)
+    return f"s3://{s3_bucket}"
+
+
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> DurableStorage:
     """A LocalFileStorage on tmp_path, or an S3Storage on a fresh bucket under a prefix.

@@ -1,4 +1,5 @@
-"""moto's standalone S3 server as a subprocess on 127.0.0.1, for tests and benchmarks."""
+"""moto's S3 server as a subprocess on 127.0.0.1, for tests and benchmarks (conditional writes
+made atomic, as S3's are: tests/moto_serving.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 START_TIMEOUT_S = 30.0
+SERVING = Path(__file__).with_name("moto_serving.py")
 
 
 class MotoServerError(RuntimeError):
@@ -49,7 +51,7 @@ class MotoServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                [sys.executable, str(SERVING), "127.0.0.1", str(self.port)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=log,

@@ -28,7 +28,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from spark_jobs.catalog.shared_files import RegistryChanges, RewriteResult, rewrite_rows
+from spark_jobs.catalog.shared_files import (
+    TABLE,
+    RegistryChanges,
+    RewriteResult,
+    every_row,
+    rewrite_rows,
+)
 from spark_jobs.catalog.tables import (
     TABLES,
     CatalogReader,
@@ -317,13 +323,22 @@ class DeltaCatalog(CatalogReader, JobCatalog):
         self._append("shared_state_files", rows)
 
     def maintain(self, vacuum_retention_hours: float = 168.0) -> dict[str, int]:
-        """Keep the catalog tables healthy as they grow by commits: compact small files
-        (OPTIMIZE; a compaction that loses to a concurrent rewrite is planned again), remove
+        """Keep the catalog tables healthy as they grow by commits: compact small files, remove
         files no version within the retention needs (VACUUM), and write a log checkpoint so
-        readers replay a short log. Returns each table's data file count after."""
+        readers replay a short log. Returns each table's data file count after.
+
+        ``shared_state_files`` is compacted by GC's own rewrite (every row rewritten, none
+        changed), not by OPTIMIZE: OPTIMIZE's removes say the data did not change, so a GC
+        rewrite planned before it would commit its removes of files OPTIMIZE had already
+        replaced and leave their rows twice. Rewrites conflict with each other, and the loser
+        is planned again (shared_files.py)."""
         counts = {}
         for name in TABLES:
-            self._retrying(lambda n=name: open_table(self.path(n)).optimize.compact())
+            if name == TABLE:
+                for job_id in self._partitions(name):
+                    self.update_shared_files(job_id, every_row)
+            else:
+                self._retrying(lambda n=name: open_table(self.path(n)).optimize.compact())
             table = open_table(self.path(name))
             table.vacuum(
                 retention_hours=int(vacuum_retention_hours),
@@ -333,6 +348,11 @@ class DeltaCatalog(CatalogReader, JobCatalog):
             table.create_checkpoint()
             counts[name] = len(open_table(self.path(name)).file_uris())
         return counts
+
+    def _partitions(self, table: str) -> list[str]:
+        """The jobs with rows in ``table``."""
+        adds = open_table(self.path(table)).get_add_actions(flatten=True)
+        return sorted(set(adds.column("partition.job_id").to_pylist()) - {None})
 
     def update_shared_files(
         self, job_id: str, plan: Callable[[list[dict[str, Any]]], RegistryChanges]
