@@ -138,3 +138,32 @@ def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None
             raise AssertionError(f"process exited ({proc.returncode}) while waiting for {what}")
         time.sleep(0.5)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def gc_left_only_what_is_needed(paths, job: str) -> list[int]:
+    """After a GC pass with no grace over a job that is not running: storage under the job's
+    root holds exactly the retained checkpoints' manifests and the files they reference, each
+    of those checkpoints verifies (checksums included), and the registry's LIVE rows are the
+    shared files stored. Returns the retained checkpoint ids."""
+    from spark_jobs.catalog.tables import CatalogReader
+    from state.catalog import CheckpointStatus
+    from state.restore import read_manifest, validate_checkpoint
+    from state.storage import open_storage
+
+    storage = open_storage(paths.checkpoint_root)
+    reader = CatalogReader(paths.catalog)
+    kept = reader.checkpoints(job, (CheckpointStatus.COMPLETED,))
+    needed = set()
+    for row in kept:
+        manifest = read_manifest(storage, row.metadata_path)
+        problems = validate_checkpoint(manifest, storage, checksums=True)
+        assert not problems, f"checkpoint {row.checkpoint_id}: {problems}"
+        needed |= {f"{job}/{p}" for p in manifest.referenced_paths()} | {row.metadata_path}
+    stored = {i.path for i in storage.list(job)}
+    assert stored == needed, (sorted(stored - needed)[:10], sorted(needed - stored)[:10])
+    rows = reader.shared_files(job)
+    assert {f"{job}/{r['path']}" for r in rows if r["status"] == "LIVE"} == {
+        p for p in stored if p.startswith(f"{job}/shared/")
+    }
+    assert all(r["deleted_at_ms"] for r in rows if r["status"] == "DELETED")
+    return [row.checkpoint_id for row in kept]

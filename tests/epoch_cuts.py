@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from spark_jobs.catalog.tables import read_delta
+from state.storage.tables import open_table
 
 EPOCH = "_epoch"  # the sink's epoch column, and the epoch the reference assigns each record
 
@@ -86,15 +87,13 @@ class EpochCuts:
         return out
 
 
-def committed_cuts(table: Path) -> EpochCuts:
+def committed_cuts(table: Path | str) -> EpochCuts:
     """The epoch cuts an exactly-once sink table's commits recorded (since its last reset).
     Fails if an epoch is recorded twice with different ends, or if the committed epochs have a
     gap (output of the missing epochs could never be checked)."""
-    from deltalake import DeltaTable
-
     ends: dict[int, Positions] = {}
     times: dict[int, int] = {}
-    for entry in sorted(DeltaTable(str(table)).history(), key=lambda h: h["version"]):
+    for entry in sorted(open_table(table).history(), key=lambda h: h["version"]):
         if entry.get("operation") == "DELETE":  # a start-over's reset: the input is read again
             ends, times = {}, {}
         info = json.loads(entry["cutline"]) if entry.get("cutline") else {}
@@ -111,7 +110,7 @@ def committed_cuts(table: Path) -> EpochCuts:
     return EpochCuts(ends, times).contiguous(str(table))
 
 
-def output(table: Path) -> pd.DataFrame:
+def output(table: Path | str) -> pd.DataFrame:
     """A sink table's rows, strictly: a table that cannot be read fails the check."""
     return read_delta(table).to_pandas()
 

@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from state.storage.tables import table_uri
 from tests.epoch_cuts import EPOCH, EpochCuts, committed_cuts, first_epoch_at_least, watermarks
 from tests.epoch_cuts import output as read_table
 from tests.row_check import compare_rows
@@ -86,8 +87,13 @@ def read_log(home: Path, topic: str, *, bad: bool = False) -> pd.DataFrame:
     return pd.DataFrame(found) if found else pd.DataFrame(columns=["partition", "offset", "raw"])
 
 
-def output(home: Path, table: str) -> pd.DataFrame:
-    return read_table(home / "warehouse" / "tables" / table)
+def output_root(home: Path) -> str:
+    """The output root of a run under ``home`` with the embedded default."""
+    return str(home / "warehouse" / "tables")
+
+
+def output(home: Path, table: str, root: str | None = None) -> pd.DataFrame:
+    return read_table(table_uri(root or output_root(home), table))
 
 
 @dataclass(frozen=True)
@@ -342,13 +348,13 @@ def clock_of(epochs: list[int], times: dict[int, int] | None) -> dict[int, int]:
     return dict(times or {})
 
 
-def job_cuts(home: Path, tables: list[str]) -> EpochCuts:
+def job_cuts(home: Path, tables: list[str], root: str | None = None) -> EpochCuts:
     """The committed epochs of a job with these sink tables (each table records the epochs its
     commits covered, and their processing times; they must agree)."""
     ends: dict[int, dict] = {}
     times: dict[int, int] = {}
     for table in tables:
-        cuts = committed_cuts(home / "warehouse" / "tables" / table)
+        cuts = committed_cuts(table_uri(root or output_root(home), table))
         for epoch, where in cuts.ends.items():
             if ends.setdefault(epoch, where) != where:
                 raise AssertionError(f"{table}: epoch {epoch} ended at {where}, not {ends[epoch]}")
@@ -360,12 +366,13 @@ def job_cuts(home: Path, tables: list[str]) -> EpochCuts:
     return EpochCuts(ends, times).contiguous(", ".join(tables))
 
 
-def check(job: str, home: Path) -> str:
-    """Fail unless ``job``'s output in ``home`` is exactly the reference's (see the module
-    docstring); returns a summary."""
+def check(job: str, home: Path, root: str | None = None) -> str:
+    """Fail unless ``job``'s output in ``home`` (its tables under ``root``, default the
+    embedded one under ``home``) is exactly the reference's (see the module docstring); returns
+    a summary."""
     reference = REFERENCES[job]
     tables = list(reference.tables)
-    cuts = job_cuts(home, tables)
+    cuts = job_cuts(home, tables, root)
     inputs = {t: cuts.assign(read_log(home, t), t) for t in reference.topics}
-    outputs = {table: output(home, table) for table in tables}
+    outputs = {table: output(home, table, root) for table in tables}
     return compare_outputs(job, inputs, cuts.epochs, outputs, cuts.times)

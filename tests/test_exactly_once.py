@@ -9,12 +9,16 @@ commit and the sink commit, inside the sink commit), counted only when the point
 says it fired; or at a random moment within 4 s of the attempt's first micro-batch (never during
 the JVM's start, which proves nothing), with or without uploads slowed down so that checkpoints
 are pending, counted only if the attempt was still running. Input is appended between attempts.
-The output is compared epoch by epoch with the reference (tests/reference.py). Reproduce a run
-with ``CUTLINE_TEST_SEED``; set ``CUTLINE_TEST_KILLS`` for more kills.
+The output is compared epoch by epoch with the reference (tests/reference.py). Some jobs run with
+every durable role on the S3 server on loopback (checkpoints, catalog, output tables, staged
+epochs); after their kills a GC pass must leave exactly what the retained checkpoints need, each
+of which verifies, checksums included. Reproduce a run with ``CUTLINE_TEST_SEED``; set
+``CUTLINE_TEST_KILLS`` for more kills.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import time
@@ -22,10 +26,19 @@ from pathlib import Path
 
 import pytest
 
+from spark_jobs.deploy.settings import RuntimePaths
+from spark_jobs.job_loader import job_name_of
 from spark_jobs.sources.generate import generate
 from state.faults import ENV as KILL_ENV
 from state.faults import KILL_POINTS, RECORD_ENV
-from tests.e2e_util import cutline, finish, kill_driver, report, run_to_end
+from tests.e2e_util import (
+    cutline,
+    finish,
+    gc_left_only_what_is_needed,
+    kill_driver,
+    report,
+    run_to_end,
+)
 from tests.reference import check, output, read_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -51,6 +64,7 @@ INPUTS = {
     # two stages keyed by composite keys, the second re-partitioning by (url, bucket)
     "cutline_sessions.pipelines:page_visits": [("clicks", 16_000, 4_000)],
 }
+ON_S3 = {"windowed_revenue", "enriched_orders", "cutline_sessions.jobs:sessions"}
 IN_TASKS = {"subtask-restored", "batch-applied", "snapshot-taken"}  # counted per Python worker
 ONCE = {"restore-started", "sink-recovered"}  # reached once per attempt
 MODES = [*KILL_POINTS, "random", "uploads in flight"]
@@ -61,7 +75,7 @@ def append_input(home: Path, job: str, first: bool) -> None:
         generate(home / "log", kind, kind, count=initial if first else more, seed=7, users=3_000)
 
 
-def one_attempt(home: Path, job: str, rng: random.Random) -> str | None:
+def one_attempt(home: Path, job: str, rng: random.Random, roles: list[str]) -> str | None:
     """Start an attempt and kill it as ``rng`` says; what killed it, or None if it ended."""
     mode = rng.choice(MODES)
     if mode in KILL_POINTS:
@@ -69,7 +83,7 @@ def one_attempt(home: Path, job: str, rng: random.Random) -> str | None:
         record = home / "faults.log"  # where the kill point says it fired (state/faults.py)
         record.unlink(missing_ok=True)
         env = {KILL_ENV: f"{mode}@{nth}", RECORD_ENV: str(record)}
-        rc = finish(cutline(home, "run", job, *RUN, env=env), timeout=300)
+        rc = finish(cutline(home, "run", job, *RUN, *roles, env=env), timeout=300)
         # killed at the point: SIGKILL of the driver's process group, which can reach the driver
         # a moment after its JVM died under it and a native thread crashed (SIGSEGV)
         killed = rc < 0 and record.exists() and f"killed at {mode}\n" in record.read_text()
@@ -81,7 +95,7 @@ def one_attempt(home: Path, job: str, rng: random.Random) -> str | None:
     delay = rng.uniform(0.0, 4.0)
     log = home / "driver.log"
     since = log.stat().st_size if log.exists() else 0
-    proc = cutline(home, "run", job, *RUN, env=env)
+    proc = cutline(home, "run", job, *RUN, *roles, env=env)
     # timed from this attempt's first micro-batch: a kill during the JVM's start proves nothing
     while proc.poll() is None and b"\nstartup: " not in log.read_bytes()[since:]:
         time.sleep(0.1)
@@ -95,25 +109,38 @@ def one_attempt(home: Path, job: str, rng: random.Random) -> str | None:
     return f"{mode} {delay:.1f} s after the first micro-batch"
 
 
-@pytest.mark.parametrize("job", list(INPUTS))
-def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, tmp_path):
+@pytest.mark.parametrize(
+    "job",
+    [pytest.param(job, marks=pytest.mark.s3, id=f"{job}-s3") if job in ON_S3 else job
+     for job in INPUTS],
+)  # fmt: skip
+def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, tmp_path, request):
     rng = random.Random(f"{SEED}/{job}")
     report(f"\n{job}: seed {SEED} (CUTLINE_TEST_SEED={SEED} reproduces the kill plan)")
     home = tmp_path / "home"
+    paths = RuntimePaths.under(home)
+    if job in ON_S3:  # every durable role on the S3 server
+        root = request.getfixturevalue("s3_root")
+        paths = dataclasses.replace(paths, checkpoint_root=f"{root}/chk", warehouse=f"{root}/wh")
+    roles = ["--checkpoint-root", paths.checkpoint_root, "--warehouse", paths.warehouse]
     kills: list[str] = []
     attempts = 0
     while len(kills) < KILLS:
         assert attempts < 4 * KILLS, f"only {len(kills)} kills in {attempts} attempts: {kills}"
         append_input(home, job, first=attempts == 0)
         attempts += 1
-        killed = one_attempt(home, job, rng)
+        killed = one_attempt(home, job, rng, roles)
         if killed:
             kills.append(killed)
     # the rest of the input in bigger micro-batches: the kills are over
-    run_to_end(home, "run", job, *RUN, "--max-records-per-partition", "16000")
-    summary = check(job.rpartition(":")[2], home)
+    run_to_end(home, "run", job, *RUN, *roles, "--max-records-per-partition", "16000")
+    summary = check(job.rpartition(":")[2], home, paths.output)
     report(f"{job}: {len(kills)} kills in {attempts} attempts: {kills}")
     report(f"{job}: output == reference ({summary})")
+    if job in ON_S3:
+        run_to_end(home, "gc", job, "--grace-s", "0", *roles)
+        kept = gc_left_only_what_is_needed(paths, job_name_of(job))
+        report(f"{job}: on S3, GC left exactly what checkpoints {kept} need; they verify")
 
 
 def test_at_least_once_loses_nothing_and_reports_duplicates(tmp_path):

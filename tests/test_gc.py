@@ -41,6 +41,7 @@ from tests.e2e_util import (
     completed_checkpoints,
     cutline,
     finish,
+    gc_left_only_what_is_needed,
     kill_driver,
     report,
     run_to_end,
@@ -272,21 +273,9 @@ def test_gc_killed_at_random_points_and_rerun_deletes_exactly_what_nothing_needs
             assert needed <= live | _unrecorded(reader, needed), (point, needed - live)
 
     run_to_end(home, *gc_args)
-    # nothing unreferenced is left (grace 0, the job is not running) ...
-    kept = reader.checkpoints(JOB, (CheckpointStatus.COMPLETED,))
+    # nothing unreferenced is left (grace 0, the job is not running), the registry says so ...
+    kept = gc_left_only_what_is_needed(paths, JOB)
     assert len(kept) == get_job(JOB).checkpoint.num_retained
-    needed = set()
-    for row in kept:
-        m = read_manifest(storage, row.metadata_path)
-        needed |= {f"{JOB}/{p}" for p in m.referenced_paths()} | {row.metadata_path}
-    stored = {i.path for i in storage.list(JOB)}
-    assert stored == needed, (stored - needed, needed - stored)
-    # ... the registry says so ...
-    rows = reader.shared_files(JOB)
-    assert {f"{JOB}/{r['path']}" for r in rows if r["status"] == "LIVE"} == {
-        p for p in stored if p.startswith(f"{JOB}/shared/")
-    }
-    assert all(r["deleted_at_ms"] for r in rows if r["status"] == "DELETED")
     # ... and the job restores its latest checkpoint and ends with exact output
     run_to_end(home, "run", JOB, "--idle-timeout", "3")
     report(check("clicks_per_user", home))
