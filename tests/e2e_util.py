@@ -167,3 +167,28 @@ def gc_left_only_what_is_needed(paths, job: str) -> list[int]:
     }
     assert all(r["deleted_at_ms"] for r in rows if r["status"] == "DELETED")
     return [row.checkpoint_id for row in kept]
+
+
+def completed_checkpoints_at(paths, job: str) -> list[dict]:
+    """The job's rows of ``completed_checkpoints`` in the catalog of ``paths`` (any root)."""
+    from state.storage.tables import table_uri
+
+    return read_delta(table_uri(paths.catalog, "completed_checkpoints"), job).to_pylist()
+
+
+def verify_retained(paths, job: str) -> list[int]:
+    """Every COMPLETED checkpoint of ``job`` validates, checksums included; returns their ids."""
+    from spark_jobs.catalog.tables import CatalogReader
+    from state.catalog import CheckpointStatus
+    from state.restore import read_manifest, validate_checkpoint
+    from state.storage import open_storage
+
+    storage = open_storage(paths.checkpoint_root)
+    ids = []
+    for row in CatalogReader(paths.catalog).checkpoints(job, (CheckpointStatus.COMPLETED,)):
+        problems = validate_checkpoint(
+            read_manifest(storage, row.metadata_path), storage, checksums=True
+        )
+        assert not problems, f"checkpoint {row.checkpoint_id}: {problems}"
+        ids.append(row.checkpoint_id)
+    return ids

@@ -34,7 +34,7 @@ from spark_jobs.sources.generate import generate
 from state.catalog import CheckpointStatus
 from state.compaction import read_request
 from state.paths import JobLayout
-from state.restore import read_manifest, validate_checkpoint
+from state.restore import read_manifest
 from state.storage import open_storage
 from tests.e2e_util import (
     checkpoints_so_far,
@@ -45,6 +45,7 @@ from tests.e2e_util import (
     kill_driver,
     report,
     run_to_end,
+    verify_retained,
     wait_for,
 )
 from tests.reference import check
@@ -62,19 +63,6 @@ def make_home(base: Path, name: str) -> Path:
 
 
 GRACE_S = 4.0
-
-
-def verify_retained(paths: RuntimePaths) -> list[int]:
-    """Every COMPLETED checkpoint validates, checksums included; returns their ids."""
-    storage = open_storage(paths.checkpoint_root)
-    ids = []
-    for row in CatalogReader(paths.catalog).checkpoints(JOB, (CheckpointStatus.COMPLETED,)):
-        problems = validate_checkpoint(
-            read_manifest(storage, row.metadata_path), storage, checksums=True
-        )
-        assert not problems, f"checkpoint {row.checkpoint_id}: {problems}"
-        ids.append(row.checkpoint_id)
-    return ids
 
 
 def settled_bytes(paths: RuntimePaths, since_s: float) -> tuple[int, int]:
@@ -117,7 +105,7 @@ def test_gc_while_the_job_runs_and_restores_keeps_storage_bounded_and_output_exa
         gc_pass()
     kill_driver(proc)
     gc_pass()  # while nothing runs: the killed attempt still says RUNNING
-    verify_retained(paths)
+    verify_retained(paths, JOB)
 
     proc = cutline(home, "run", JOB, "--idle-timeout", IDLE)  # restores, runs to the end
     measure = True
@@ -128,7 +116,7 @@ def test_gc_while_the_job_runs_and_restores_keeps_storage_bounded_and_output_exa
     gc_pass()
     report(f"\n{passes} GC passes, {deleted} files deleted; settled/bound at worst {worst:.2f}")
     assert deleted > 0 and worst <= 1.0, history
-    retained = verify_retained(paths)
+    retained = verify_retained(paths, JOB)
     assert len(retained) == get_job(JOB).checkpoint.num_retained
     report(check("clicks_per_user", home))
 
@@ -214,7 +202,7 @@ def test_dry_run_deletes_nothing_and_the_dagster_job_reports_what_it_reclaimed(s
     assert mat.metadata["files_deleted"].value == dry.files_deleted
     assert mat.metadata["reclaimed_mib"].value == round(dry.bytes_reclaimed / 2**20, 3)
     assert len(list(storage.list(JOB))) == len(before) - dry.files_deleted
-    verify_retained(paths)
+    verify_retained(paths, JOB)
 
 
 def kill_points(rng: random.Random) -> list[tuple[str, float]]:
@@ -266,7 +254,7 @@ def test_gc_killed_at_random_points_and_rerun_deletes_exactly_what_nothing_needs
         assert proc.returncode == -9, (point, proc.returncode)
         # what a kill leaves: every completed checkpoint restorable, the catalog readable,
         # and the rows of the files they need still LIVE
-        verify_retained(paths)
+        verify_retained(paths, JOB)
         live = {r["path"] for r in reader.shared_files(JOB) if r["status"] == "LIVE"}
         for row in reader.checkpoints(JOB, (CheckpointStatus.COMPLETED,)):
             needed = read_manifest(storage, row.metadata_path).shared_paths()
@@ -363,7 +351,7 @@ def test_gc_passes_back_to_back_beside_a_job_checkpointing_every_second_all_exit
 
     # the registry tells the truth: one row per file ever registered, LIVE ones exactly the
     # stored shared files, and the latest checkpoint's with their refcount and last use
-    verify_retained(paths)
+    verify_retained(paths, JOB)
     storage = open_storage(paths.checkpoint_root)
     stored = {i.path[len(JOB) + 1 :] for i in storage.list(JOB) if "/shared/" in "/" + i.path}
     reader = CatalogReader(paths.catalog)

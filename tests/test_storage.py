@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import http.client
 import os
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import boto3
 import pytest
@@ -29,6 +26,7 @@ from state.storage import (
     StorageError,
     open_storage,
 )
+from tests.s3_proxy import FAIL, LOSE, PASS, FaultyProxy, first_failing
 
 MiB = 2**20
 BAD_PATHS = ["../x", "/abs", "a//b", "a/../b", "", "a/./b", "a\\b"]
@@ -426,113 +424,20 @@ def test_s3_delete_many_batches_by_1000() -> None:
 
 # --- retries through a faulty proxy -------------------------------------------------------------
 
-_SLOWDOWN = (
-    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
-    b"<Message>Please reduce your request rate.</Message><RequestId>cutline</RequestId></Error>"
-)
-_HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "expect", "proxy-connection"}
-
-
-class _FaultyProxy:
-    """Loopback HTTP proxy that answers the first ``fail_first`` requests with 503 SlowDown;
-    with ``lose_answers``, it first passes them on (so they take effect) and loses the answer."""
-
-    def __init__(self, upstream: str, fail_first: int, lose_answers: bool = False) -> None:
-        target = urlsplit(upstream)
-        self.fail_first, self.lose_answers = fail_first, lose_answers
-        self.seen: list[tuple[str, str, int]] = []
-        lock = threading.Lock()
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def _body(self) -> bytes:
-                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                    chunks = []
-                    while True:
-                        size = int(self.rfile.readline().split(b";")[0], 16)
-                        chunk = self.rfile.read(size)
-                        self.rfile.readline()
-                        if size == 0:
-                            return b"".join(chunks)
-                        chunks.append(chunk)
-                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
-            def handle_any(self) -> None:
-                body = self._body()
-                with lock:
-                    fail = len(proxy.seen) < proxy.fail_first
-                    proxy.seen.append((self.command, self.path, 503 if fail else 0))
-                if fail and proxy.lose_answers:
-                    forward = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
-                    headers = {
-                        k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS
-                    }
-                    headers["Content-Length"] = str(len(body))
-                    forward.request(self.command, self.path, body=body, headers=headers)
-                    forward.getresponse().read()
-                    forward.close()
-                if fail:
-                    self.send_response_only(503, "Slow Down")
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(_SLOWDOWN)))
-                    self.end_headers()
-                    if self.command != "HEAD":
-                        self.wfile.write(_SLOWDOWN)
-                    return
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
-                headers["Content-Length"] = str(len(body))
-                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
-                try:
-                    conn.request(self.command, self.path, body=body, headers=headers)
-                    response = conn.getresponse()
-                    payload = response.read()
-                    self.send_response_only(response.status, response.reason)
-                    for key, value in response.getheaders():
-                        if key.lower() not in _HOP_HEADERS | {"content-length"}:
-                            self.send_header(key, value)
-                    length = response.getheader("Content-Length")
-                    if self.command != "HEAD" or length is None:
-                        length = str(len(payload))
-                    self.send_header("Content-Length", length)
-                    self.end_headers()
-                    if self.command != "HEAD":
-                        self.wfile.write(payload)
-                finally:
-                    conn.close()
-
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = handle_any
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
-
 
 @pytest.fixture
-def faulty_proxy(s3_server: str) -> Iterator[_FaultyProxy]:
-    proxy = _FaultyProxy(s3_server, fail_first=2)
-    yield proxy
-    proxy.close()
+def faulty_proxy(s3_server: str) -> Iterator[FaultyProxy]:
+    with FaultyProxy(s3_server, first_failing(2)) as proxy:
+        yield proxy
 
 
 @pytest.mark.s3
-def test_s3_retries_transient_errors(faulty_proxy: _FaultyProxy, s3_bucket: str) -> None:
+def test_s3_retries_transient_errors(faulty_proxy: FaultyProxy, s3_bucket: str) -> None:
     s3 = S3Storage(s3_bucket, "p", endpoint_url=faulty_proxy.url)
     s3.put_bytes("chk-1/_metadata", b"survives two 503s")
     assert s3.get_bytes("chk-1/_metadata") == b"survives two 503s"
-    statuses = [status for _, _, status in faulty_proxy.seen]
-    assert statuses[:2] == [503, 503] and 503 not in statuses[2:]
+    faults = [fault for _, _, fault in faulty_proxy.seen]
+    assert faults[:2] == [FAIL, FAIL] and FAIL not in faults[2:]
     # The two failures and the success are the same PUT, retried by botocore.
     assert {(m, p.split("?")[0]) for m, p, _ in faulty_proxy.seen[:3]} == {
         ("PUT", f"/{s3_bucket}/p/chk-1/_metadata")
@@ -547,21 +452,18 @@ def test_an_exclusive_put_whose_answer_was_lost_is_its_own_on_the_retry(
     """The first PUT stores the claim but its answer is lost (503); botocore's retry finds the
     object (412): the same bytes are this writer's own, so the claim succeeded. Another
     writer's bytes at the path stay a refusal."""
-    proxy = _FaultyProxy(s3_server, fail_first=1, lose_answers=True)
-    try:
+    with FaultyProxy(s3_server, first_failing(1, LOSE)) as proxy:
         s3 = S3Storage(s3_bucket, "p", endpoint_url=proxy.url)
         s3.put_bytes("job/claims/chk-7", b'{"attempt": 3}', exclusive=True)
-        assert [status for m, _, status in proxy.seen if m == "PUT"] == [503, 0]
+        assert [fault for m, _, fault in proxy.seen if m == "PUT"] == [LOSE, PASS]
         assert s3.get_bytes("job/claims/chk-7") == b'{"attempt": 3}'
         with pytest.raises(AlreadyExistsError, match="chk-7"):
             s3.put_bytes("job/claims/chk-7", b'{"attempt": 4}', exclusive=True)
-    finally:
-        proxy.close()
 
 
 @pytest.mark.s3
 def test_s3_without_retries_surfaces_storage_error(
-    faulty_proxy: _FaultyProxy, s3_bucket: str
+    faulty_proxy: FaultyProxy, s3_bucket: str
 ) -> None:
     s3 = S3Storage(s3_bucket, "p", endpoint_url=faulty_proxy.url, max_attempts=1)
     with pytest.raises(StorageError) as excinfo:
