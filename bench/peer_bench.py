@@ -400,6 +400,7 @@ def spark_worker(system: str, home: Path, batch_records: int) -> None:
         "local[2]",
         f"peer-{system}",
         shuffle_partitions=2,
+        delta=True,  # the peer writes its output with delta-spark
         extra={
             "spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution."
             "streaming.state.RocksDBStateStoreProvider",

@@ -85,10 +85,11 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> DurableStorage:
 
 @pytest.fixture(scope="session")
 def spark():
-    """One local Spark session (Delta configured) for every test that needs Spark."""
+    """One local Spark session (Delta configured, to read tables with Spark as a user would)
+    for every test that needs Spark."""
     from spark_jobs.deploy.session import build_spark
 
-    session = build_spark("local[2]", "cutline-tests")
+    session = build_spark("local[2]", "cutline-tests", delta=True)
     try:
         yield session
     finally:

@@ -21,7 +21,7 @@ from spark_jobs.deploy.session import (
 def test_jars_resolved_once_are_passed_as_files_while_they_exist(tmp_path, monkeypatch):
     monkeypatch.setenv("CUTLINE_IVY_DIR", str(tmp_path / "ivy"))
     monkeypatch.delenv("CUTLINE_MAVEN_REPO", raising=False)
-    first = session_conf("local[2]")
+    first = session_conf("local[2]", delta=True)
     assert first["spark.jars.packages"] == delta_package()
     assert "spark.jars" not in first
 
@@ -34,26 +34,26 @@ def test_jars_resolved_once_are_passed_as_files_while_they_exist(tmp_path, monke
     # what Spark reports after resolving: file URLs of the jars it put in the Ivy cache
     remember_resolved_jars(first, ",".join(f"file://{j}" for j in jars))
 
-    second = session_conf("local[2]")
+    second = session_conf("local[2]", delta=True)
     assert "spark.jars.packages" not in second
     assert second["spark.jars"] == ",".join(str(j) for j in jars)
     # other packages are resolved on their own
     other = {"spark.jars.packages": delta_package() + ",org.example:other:1.0"}
-    assert "spark.jars.packages" in session_conf("local[2]", extra=other)
+    assert "spark.jars.packages" in session_conf("local[2]", extra=other, delta=True)
 
     jars[1].unlink()  # the cache lost a file: Ivy resolves again
-    assert session_conf("local[2]")["spark.jars.packages"] == delta_package()
+    assert session_conf("local[2]", delta=True)["spark.jars.packages"] == delta_package()
 
 
 def test_nothing_is_recorded_unless_every_package_resolved_to_a_file(tmp_path, monkeypatch):
     monkeypatch.setenv("CUTLINE_IVY_DIR", str(tmp_path / "ivy"))
-    conf = session_conf("local[2]")
+    conf = session_conf("local[2]", delta=True)
     remember_resolved_jars(conf, f"file://{tmp_path}/missing.jar")
-    assert session_conf("local[2]")["spark.jars.packages"] == delta_package()
+    assert session_conf("local[2]", delta=True)["spark.jars.packages"] == delta_package()
     other = tmp_path / "other.jar"  # a jar of its own, not the package's
     other.write_bytes(b"PK")
     remember_resolved_jars(conf, f"file://{other}")
-    assert session_conf("local[2]")["spark.jars.packages"] == delta_package()
+    assert session_conf("local[2]", delta=True)["spark.jars.packages"] == delta_package()
 
 
 def test_a_configuration_with_jars_of_its_own_always_resolves(tmp_path, monkeypatch):
@@ -62,9 +62,9 @@ def test_a_configuration_with_jars_of_its_own_always_resolves(tmp_path, monkeypa
     monkeypatch.setenv("CUTLINE_IVY_DIR", str(tmp_path / "ivy"))
     own = tmp_path / "own.jar"
     own.write_bytes(b"PK")
-    conf = session_conf("local[2]", extra={"spark.jars": str(own)})
+    conf = session_conf("local[2]", extra={"spark.jars": str(own)}, delta=True)
     remember_resolved_jars(conf, f"file://{own}")
-    again = session_conf("local[2]", extra={"spark.jars": str(own)})
+    again = session_conf("local[2]", extra={"spark.jars": str(own)}, delta=True)
     assert (again["spark.jars.packages"], again["spark.jars"]) == (delta_package(), str(own))
     assert not (tmp_path / "ivy" / "resolved").exists()
 

@@ -1,7 +1,7 @@
 """The driver JVM's class-data archive (the JDK's dynamic CDS): faster driver starts.
 
 Every recovery is a fresh driver start, and a driver spends much of its start loading the
-classes of Spark, Delta and the streaming query. A dynamic CDS archive, dumped once at the end
+classes of Spark and the streaming query. A dynamic CDS archive, dumped once at the end
 of a representative run (a short run of ``clicks_per_user`` and its restore), lets later JVMs
 map those classes from one file instead of reading and verifying each jar entry again.
 
@@ -45,6 +45,7 @@ def _archive_key() -> str | None:
     stat = real.stat()
     jars = sorted(p.name for p in (spark_home() / "jars").glob("*.jar"))
     parts = [str(real), str(stat.st_size), str(int(stat.st_mtime)), pyspark.__version__, *jars]
+    parts.append("driver classpath: Spark's own and a job's packages, no Delta")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 

@@ -1,4 +1,5 @@
-"""The Spark session factory: Delta and the Kafka connector through ``spark.jars.packages``.
+"""The Spark session factory: a job's packages (the Kafka connector; Delta Lake on request)
+through ``spark.jars.packages``.
 
 Packages resolve through Ivy into a local cache (``$CUTLINE_IVY_DIR``, default
 ``~/.cache/cutline/ivy``) from Maven Central, or from ``$CUTLINE_MAVEN_REPO`` when set (a mirror,
@@ -57,20 +58,17 @@ def session_conf(
     shuffle_partitions: int = 4,
     extra: Mapping[str, str] | None = None,
     quiet: bool = False,
+    delta: bool = False,
 ) -> dict[str, str]:
-    """The configuration :func:`build_spark` applies: Delta's package and what the job's
-    sources ``needs`` on the classpath (``extra`` wins)."""
-    packages = [delta_package(), *needs.packages]
+    """The configuration :func:`build_spark` applies: what the job's sources ``needs`` on the
+    classpath, and with ``delta`` Delta Lake's package and SQL extension, for reading the
+    output or the catalog with Spark (the runtime needs neither: every Delta table it writes
+    is written through delta-rs). ``extra`` wins."""
+    packages = [*([delta_package()] if delta else []), *needs.packages]
     conf = {
         "spark.master": master or os.environ.get("CUTLINE_SPARK_MASTER", "local[*]"),
-        "spark.jars.packages": ",".join(packages),
         "spark.jars.ivy": str(ivy_dir()),
-        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
-        # Delta's VACUUM lists a table's directories with this many tasks (Spark's default,
-        # 10,000, made VACUUM of a small catalog table take 30 s on 2 cores instead of 3 s)
-        "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(2 * shuffle_partitions),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         # Python workers fork from a daemon that imported the runtime's modules already
         "spark.python.daemon.module": "spark_jobs.executor.worker_daemon",
@@ -83,12 +81,17 @@ def session_conf(
         "spark.locality.wait.node": "1h",
         "spark.ui.showConsoleProgress": "false",
         "spark.log.level": os.environ.get("CUTLINE_SPARK_LOG_LEVEL", "WARN"),
-        "spark.databricks.delta.snapshotPartitions": "2",
         "spark.sql.session.timeZone": "UTC",
         # Python workers use this interpreter (the project's venv), not whatever is on PATH.
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
     }
+    if packages:
+        conf["spark.jars.packages"] = ",".join(packages)
+    if delta:
+        conf["spark.sql.extensions"] = "io.delta.sql.DeltaSparkSessionExtension"
+        conf["spark.sql.catalog.spark_catalog"] = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+        conf["spark.databricks.delta.snapshotPartitions"] = "2"
     master_url = conf["spark.master"]
     if master_url.startswith(("local", "spark://127.", "spark://localhost")):
         # a driver for a local or loopback cluster stays on loopback, whatever the hostname says
@@ -182,6 +185,7 @@ def build_spark(
     shuffle_partitions: int = 4,
     extra: Mapping[str, str] | None = None,
     quiet: bool = False,
+    delta: bool = False,
 ) -> SparkSession:
     """Get or create the session (``quiet``: see the module docstring); raises
     ``JavaMissingError`` with a clear message without Java."""
@@ -193,7 +197,12 @@ def build_spark(
         builder = builder.config(key, value)
     if not launched_by_spark_submit():  # otherwise spark-submit applied submit_command()'s conf
         applied = session_conf(
-            master, needs=needs, shuffle_partitions=shuffle_partitions, extra=extra, quiet=quiet
+            master,
+            needs=needs,
+            shuffle_partitions=shuffle_partitions,
+            extra=extra,
+            quiet=quiet,
+            delta=delta,
         )
         for key, value in applied.items():
             builder = builder.config(key, value)
