@@ -9,9 +9,11 @@ the lost attempt's allocation as hints, must put every subtask back on its host 
 from the local copy; or a host is lost, and its subtasks restore from the primary copy on the
 surviving host while the survivor's restore locally. Either way the output is exact.
 
-The host-lost run keeps its checkpoints on the S3 server: only the driver is told where S3 is
-(``AWS_ENDPOINT_URL_S3``), the workers' environment does not say it, and the executors upload and
-download all the same (spark_jobs/deploy/session.py ``executor_env``)."""
+The host-lost run keeps every durable role on the S3 server (checkpoints, catalog, output,
+staged epochs): only the driver is told where S3 is (``AWS_ENDPOINT_URL_S3``), the workers'
+environment does not say it, and the executors upload, stage and download all the same
+(spark_jobs/deploy/session.py ``executor_env``). Nothing crosses a disk: the driver's home holds
+no file an executor wrote, and each worker's local state root holds only its own subtasks'."""
 
 from __future__ import annotations
 
@@ -21,12 +23,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from deltalake.exceptions import TableNotFoundError
 
 from spark_jobs.catalog.tables import read_delta
+from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.deploy.standalone import StandaloneCluster
 from spark_jobs.sources.generate import generate
+from state.storage.tables import table_uri
 from tests.e2e_util import (
-    checkpoints_so_far,
     cutline,
     kill_driver,
     report,
@@ -58,26 +62,39 @@ def job_args(cluster: StandaloneCluster, home: Path, hints: dict[str, str], *ext
     )  # fmt: skip
 
 
-def catalog(home: Path, table: str) -> list[dict]:
-    rows = read_delta(home / "warehouse" / "catalog" / table, JOB).to_pylist()
-    return [r for r in rows if r["job_id"] == JOB]
+def catalog(home: Path, table: str, root: str | None = None) -> list[dict]:
+    """The job's rows of a catalog table (under ``root``, default the home's)."""
+    uri = table_uri(root or str(home / "warehouse" / "catalog"), table)
+    return [r for r in read_delta(uri, JOB).to_pylist() if r["job_id"] == JOB]
 
 
-def latest_allocation(home: Path) -> dict[str, str]:
-    attempts = sorted(catalog(home, "streaming_jobs"), key=lambda r: r["attempt"])
+def latest_allocation(home: Path, root: str | None = None) -> dict[str, str]:
+    attempts = sorted(catalog(home, "streaming_jobs", root), key=lambda r: r["attempt"])
     return json.loads(attempts[-1]["allocation"])
 
 
 def start_and_wait_for_checkpoints(
-    cluster, home: Path, n: int, *extra: str, env: dict[str, str] | None = None
+    cluster,
+    home: Path,
+    n: int,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    catalog_root: str | None = None,
 ) -> subprocess.Popen:
     home.mkdir(parents=True)
     generate(home / "log", "clicks", "clicks", count=100_000, seed=7, users=20_000)
     driver = cutline(
         home, *job_args(cluster, home, SPREAD, "--idle-timeout", "30", *extra), env=env
     )
-    wait_for(lambda: len(checkpoints_so_far(home, JOB)) >= n, 400, "checkpoints", driver)
-    first = latest_allocation(home)
+
+    def checkpoints() -> int:
+        try:
+            return len(catalog(home, "completed_checkpoints", catalog_root))
+        except TableNotFoundError:
+            return 0
+
+    wait_for(lambda: checkpoints() >= n, 400, "checkpoints", driver)
+    first = latest_allocation(home, catalog_root)
     assert first == SPREAD, "the first run placed its subtasks as hinted"
     return driver
 
@@ -101,20 +118,24 @@ def test_driver_killed_restores_every_subtask_locally_on_its_host(cluster, tmp_p
 
 
 def test_host_lost_restores_its_subtasks_remotely_and_the_others_locally(
-    s3_server, s3_bucket, cluster, tmp_path
+    s3_server, s3_bucket, cluster, tmp_path, monkeypatch
 ):
     home = tmp_path / "home"
     assert not any(k.startswith("AWS_ENDPOINT_URL") for k in os.environ), "the workers' env"
     env = {"AWS_ENDPOINT_URL_S3": s3_server}  # the driver's alone
-    s3 = ("--checkpoint-root", f"s3://{s3_bucket}/chk")
-    driver = start_and_wait_for_checkpoints(cluster, home, 3, *s3, env=env)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server)  # this process reads the catalog
+    paths = RuntimePaths(f"s3://{s3_bucket}/chk", f"s3://{s3_bucket}/wh", "", "")
+    s3 = ("--checkpoint-root", paths.checkpoint_root, "--warehouse", paths.warehouse)
+    driver = start_and_wait_for_checkpoints(
+        cluster, home, 3, *s3, env=env, catalog_root=paths.catalog
+    )
     lost = HOSTS[1]
     cluster.kill_host(lost)
     rc = driver.wait(timeout=300)
     assert rc != 0, "the attempt failed with its host"
     log = (home / "driver.log").read_text(errors="replace")
 
-    allocation = latest_allocation(home)
+    allocation = latest_allocation(home, paths.catalog)
     run_to_end(
         home,
         *job_args(cluster, home, allocation, "--idle-timeout", "8", "--executor-wait-s", "5", *s3),
@@ -122,7 +143,7 @@ def test_host_lost_restores_its_subtasks_remotely_and_the_others_locally(
         env=env,
     )
 
-    recovery = catalog(home, "recoveries")[-1]
+    recovery = catalog(home, "recoveries", paths.catalog)[-1]
     placement = {p["subtask"]: p for p in json.loads(recovery["placement"])}
     report(f"host lost: restore placement {placement}")
     on_lost = {int(s) for s, h in allocation.items() if h == lost}
@@ -132,4 +153,16 @@ def test_host_lost_restores_its_subtasks_remotely_and_the_others_locally(
         assert p["source"] == ("remote" if subtask in on_lost else "local"), p
     assert recovery["subtasks_remote"] == len(on_lost)
     assert recovery["subtasks_local"] == 4 - len(on_lost)
-    report(check("clicks_per_user", home))
+    # nothing crossed a disk: the driver's home holds its input, its log and its hints alone
+    # (no catalog, no output, no staged epoch, no local state), and each worker's local state
+    # root holds only the subtasks it ran
+    assert sorted(p.name for p in home.iterdir() if not p.name.startswith("hints-")) == [
+        "driver.log",
+        "log",
+    ]
+    held = {
+        host: {int(d.name) for d in (cluster.workers[host].local_state_root / JOB).glob("*/*")}
+        for host in HOSTS
+    }  # <local state root>/<job>/<operator>/<subtask>
+    assert held[lost] == on_lost and held[HOSTS[0]] == {0, 1, 2, 3}, held
+    report(check("clicks_per_user", home, paths.output))
