@@ -3,11 +3,14 @@
 Builds keyed state of ``--state-mib`` MiB in one subtask's RocksDB store (100-byte values), then
 takes ``--checkpoints`` checkpoints, changing the fraction ``--churn`` of the keys before each.
 Uploads go to an S3 server (moto's standalone server, started on 127.0.0.1 unless
-``--s3-endpoint`` is given) or, with ``--storage local``, to a local directory.
+``--s3-endpoint`` is given) and to a local directory, one after the other in one invocation
+(``--storage both``, the default), or to one of them. On S3 it counts the requests each
+checkpoint made, by S3 operation (what object storage bills).
 
-Prints progress, then as its last line one JSON object with full_bytes_median,
-incremental_bytes_median, sync_ms_median, sync_ms_p95, async_ms_median, restore_local_s and
-restore_remote_s; the same object is written to ``bench/results/snapshot_<N>mib.json``.
+Prints progress, then one JSON object per storage with full_bytes_median,
+incremental_bytes_median, sync_ms_median, sync_ms_p95, async_ms_median, restore_local_s,
+restore_remote_s and, on S3, requests_per_checkpoint; each is written to
+``bench/results/snapshot_<N>mib_<storage>.json``.
 
     .venv/bin/python bench/snapshot_bench.py --state-mib 100 --churn 0.01 --checkpoints 20
 """
@@ -15,6 +18,7 @@ restore_remote_s; the same object is written to ``bench/results/snapshot_<N>mib.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import shutil
@@ -45,9 +49,21 @@ VALUE_BYTES = 100
 JOB = "bench"
 
 
-def open_bench_storage(args: argparse.Namespace, work: Path) -> tuple[DurableStorage, object]:
-    if args.storage == "local":
-        return LocalFileStorage(work / "remote"), None
+class RequestCounter:
+    """Counts the S3 requests a boto3 client makes, by operation (retries included)."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __call__(self, model, **_: object) -> None:
+        self.counts[model.name] += 1
+
+
+def open_bench_storage(
+    storage: str, args: argparse.Namespace, work: Path
+) -> tuple[DurableStorage, object, RequestCounter | None]:
+    if storage == "local":
+        return LocalFileStorage(work / "remote"), None, None
     proc = None
     endpoint = args.s3_endpoint
     if endpoint is None:
@@ -57,10 +73,18 @@ def open_bench_storage(args: argparse.Namespace, work: Path) -> tuple[DurableSto
         proc = MotoServer(work / "moto.stderr").start()
         endpoint = proc.endpoint
     import boto3
+    from botocore.config import Config
 
     bucket = f"bench-{uuid.uuid4().hex[:8]}"
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
-    return S3Storage(bucket, "checkpoints", endpoint_url=endpoint), proc
+    counter = RequestCounter()
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        config=Config(retries={"mode": "standard", "total_max_attempts": 8}),
+    )
+    client.meta.events.register("before-call.s3", counter)
+    return S3Storage(bucket, "checkpoints", client=client), proc, counter
 
 
 def write_keys(store: RocksDBStore, ids: np.ndarray, batch: int) -> None:
@@ -86,7 +110,7 @@ def main() -> None:
     parser.add_argument("--state-mib", type=int, default=100)
     parser.add_argument("--churn", type=float, default=0.01)
     parser.add_argument("--checkpoints", type=int, default=20)
-    parser.add_argument("--storage", choices=["s3", "local"], default="s3")
+    parser.add_argument("--storage", choices=["both", "s3", "local"], default="both")
     parser.add_argument("--s3-endpoint", default=None)
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument("--seed", type=int, default=7)
@@ -97,10 +121,28 @@ def main() -> None:
         help="keys per write batch, i.e. per micro-batch of the subtask (default 20000)",
     )
     args = parser.parse_args()
+    results = [
+        run(args, storage)
+        for storage in (["s3", "local"] if args.storage == "both" else [args.storage])
+    ]
+    if len(results) == 2:
+        print(f"\n{'':<26} {'s3':>10} {'local':>10}")
+        for key in (
+            "incremental_bytes_median",
+            "sync_ms_median",
+            "async_ms_median",
+            "restore_local_s",
+            "restore_remote_s",
+        ):
+            print(f"{key:<26} {results[0][key]:>10} {results[1][key]:>10}")  # fmt: skip
+        print(f"S3 requests per checkpoint (median): {results[0]['requests_per_checkpoint']}")
 
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="cutline-bench-"))
+
+def run(args: argparse.Namespace, storage_kind: str) -> dict:
+    """One benchmark run against ``storage_kind``; prints and writes its result."""
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="cutline-bench-")) / storage_kind
     work.mkdir(parents=True, exist_ok=True)
-    storage, server = open_bench_storage(args, work)
+    storage, server, counter = open_bench_storage(storage_kind, args, work)
     rng = np.random.default_rng(args.seed)
     n_keys = args.state_mib * 2**20 // (KEY_BYTES + VALUE_BYTES)
     churn_keys = max(1, int(n_keys * args.churn))
@@ -121,10 +163,14 @@ def main() -> None:
         copies.confirm(0)
         print(f"initial full checkpoint: {handle.full_size / 2**20:.1f} MiB", flush=True)
         full, incremental, sync_ms, async_ms = [], [], [], []
+        requests: list[collections.Counter[str]] = []
         for n in range(1, args.checkpoints + 1):
             write_keys(store, rng.choice(n_keys, churn_keys, replace=False), args.batch_keys)
+            before = collections.Counter(counter.counts) if counter else None
             handle = snapshotter.snapshot(store, n, handle).result()
             copies.confirm(n)
+            if counter:
+                requests.append(counter.counts - before)
             full.append(handle.full_size)
             incremental.append(handle.uploaded_bytes)
             sync_ms.append(handle.sync_ms)
@@ -152,7 +198,7 @@ def main() -> None:
             "state_mib": args.state_mib,
             "churn": args.churn,
             "checkpoints": args.checkpoints,
-            "storage": args.storage,
+            "storage": storage_kind,
             "batch_keys": args.batch_keys,
             "keys": n_keys,
             "full_bytes_median": int(statistics.median(full)),
@@ -168,16 +214,22 @@ def main() -> None:
             "restore_remote_s": round(remote.duration_s, 3),
             "restore_speedup": round(remote.duration_s / max(local.duration_s, 1e-9), 1),
         }
-        out = ROOT / "bench" / "results" / f"snapshot_{args.state_mib}mib.json"
+        if requests:
+            operations = sorted(set().union(*requests))
+            result["requests_per_checkpoint"] = {
+                op: statistics.median(r[op] for r in requests) for op in operations
+            }
+        out = ROOT / "bench" / "results" / f"snapshot_{args.state_mib}mib_{storage_kind}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result))
+        return result
     finally:
         pool.shutdown()
         if server is not None:
             server.stop()
         if args.workdir is None:
-            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(work.parent, ignore_errors=True)
 
 
 if __name__ == "__main__":
