@@ -160,3 +160,77 @@ def test_concurrent_writers_in_separate_processes_lose_no_commit(s3_root, tmp_pa
         f"catalog on S3, 4 writing processes, {time.monotonic() - started:.1f} s: "
         + json.dumps(results, sort_keys=True)
     )
+
+
+def lost_answers_writer(root: str, out: str) -> None:
+    """Begins an attempt, commits three checkpoints and their files, beats, subsumes, and
+    commits two epochs to a sink, every log entry's first answer lost on the way."""
+    import pyarrow as pa
+
+    from cutline.sinks.delta import DeltaSinkWriter
+
+    catalog = DeltaCatalog(f"{root}/catalog")
+    attempt = catalog.begin_attempt(JOB, run_id="lost answers")
+    for cid in (1, 2, 3):
+        catalog.commit_checkpoint(checkpoint(cid, attempt))
+        catalog.record_shared_files(shared_files(cid))
+        catalog.heartbeat(JOB, attempt)
+    catalog.mark_subsumed(JOB, [1, 2])
+    sink = DeltaSinkWriter(JOB, "out", "out", f"{root}/tables", f"{root}/staging", attempt)
+    sink.fence()
+    ends = {e: {"log": {"0": e}} for e in (0, 1)}
+    for epoch in (0, 1):
+        sink.staged.write(epoch, "part-00000", pa.table({"user": [f"u{epoch}"]}))
+        rows = sink.commit_through(epoch, ends)
+    _write(out, {"attempt": attempt, "last_rows": rows, "epoch": sink.committed_epoch()})
+
+
+def test_commits_whose_answers_were_lost_land_once(s3_server, s3_bucket, tmp_path):
+    """The S3 server stores each commit's log entry and the proxy loses the answer (a 503): the
+    writer's retry finds the entry taken. Every conditional commit recognises its own commit by
+    its token and is not made again, and the blind appends and updates stay single: one
+    attempt, each checkpoint and file once, each epoch's rows once."""
+    from spark_jobs.catalog.tables import read_delta
+    from state.storage.tables import table_uri
+    from tests.s3_proxy import LOSE, PASS, FaultyProxy
+
+    lost: set[str] = set()
+
+    def plan(method: str, path: str, n: int) -> tuple[str, float]:
+        entry = path.split("?")[0]
+        first_answer = "/_delta_log/" in entry and entry.endswith(".json") and entry not in lost
+        if method == "PUT" and first_answer and not entry.endswith("/00000000000000000000.json"):
+            lost.add(entry)
+            return LOSE, 0.0
+        return PASS, 0.0
+
+    root = f"s3://{s3_bucket}"
+    out = str(tmp_path / "writer.json")
+    with FaultyProxy(s3_server, plan) as proxy:
+        # the writer runs in its own process: delta-rs holds this one's interpreter while it
+        # waits for the proxy, which is Python
+        spawn = multiprocessing.get_context("spawn")
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("AWS_ENDPOINT_URL_S3", proxy.url)
+            writer = spawn.Process(target=lost_answers_writer, args=(root, out))
+            writer.start()
+        writer.join(300)
+    assert writer.exitcode == 0
+    result = json.loads(Path(out).read_text())
+    assert len(lost) >= 10, sorted(lost)
+
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AWS_ENDPOINT_URL_S3", s3_server)
+        catalog = DeltaCatalog(f"{root}/catalog")
+        assert [r["attempt"] for r in catalog.jobs(JOB)] == [1] == [result["attempt"]]
+        checkpoints = catalog.checkpoints(JOB)
+        assert [c.checkpoint_id for c in checkpoints] == [1, 2, 3]
+        assert [c.status for c in checkpoints] == [CheckpointStatus.SUBSUMED] * 2 + [
+            CheckpointStatus.COMPLETED
+        ]
+        paths = sorted(f["path"] for f in catalog.shared_files(JOB))
+        assert paths == sorted(f["path"] for cid in (1, 2, 3) for f in shared_files(cid))
+        rows = read_delta(table_uri(f"{root}/tables", "out")).to_pylist()
+        assert sorted((r["user"], r["_epoch"]) for r in rows) == [("u0", 0), ("u1", 1)]
+        assert result["epoch"] == 1
+    report(f"lost answers: {len(lost)} log entries stored with their answers lost; none doubled")

@@ -28,6 +28,7 @@ import json
 import random
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +41,7 @@ from cutline.validation import check_name
 from state.catalog import FencedError
 from state.faults import kill_point
 from state.manifest import Positions
-from state.storage.tables import find_table, table_uri, write_table
+from state.storage.tables import COMMIT_TOKEN, committed_since, find_table, table_uri, write_table
 
 _TRIES = 40
 
@@ -251,10 +252,11 @@ class DeltaSinkWriter:
             if data is None and commit is None and fence == self.attempt:
                 return result
             transactions = [Transaction(self.fence_app, self.attempt)]
-            metadata = None
+            token = uuid.uuid4().hex  # a commit whose answer was lost is recognised by it
+            metadata = {COMMIT_TOKEN: token}
             if commit is not None:
                 transactions.append(Transaction(self.epoch_app, int(commit[0])))
-                metadata = {"cutline": json.dumps(commit[1], sort_keys=True)}
+                metadata["cutline"] = json.dumps(commit[1], sort_keys=True)
             if data is None:
                 data = pa.table({EPOCH_COLUMN: pa.array([], pa.int64())})
             first_data = data.num_rows > 0 and [f.name for f in dt.schema().fields] == [
@@ -267,6 +269,9 @@ class DeltaSinkWriter:
             try:
                 self._write(dt, data, first_data, properties)
             except CommitFailedError:
+                if committed_since(self.table_path, dt.version(), token):
+                    kill_point("sink-committed")
+                    return result
                 self.conflicts_retried += 1
                 time.sleep(min(2.0, 0.02 * 2**tries) * random.uniform(0.5, 1.5))
                 continue

@@ -24,6 +24,7 @@ import json
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,15 @@ from spark_jobs.catalog.tables import (
 )
 from spark_jobs.errors import failure_summary
 from state.catalog import CheckpointStatus, CompletedCheckpoint, FencedError, JobCatalog
-from state.storage.tables import find_table, open_table, storage_options, table_uri, write_table
+from state.storage.tables import (
+    COMMIT_TOKEN,
+    committed_since,
+    find_table,
+    open_table,
+    storage_options,
+    table_uri,
+    write_table,
+)
 
 _ATTEMPT_SHIFT = 32
 _UPDATE_TRIES = 10
@@ -105,30 +114,22 @@ class DeltaCatalog(CatalogReader, JobCatalog):
 
     # -- writes ------------------------------------------------------------------------------
 
-    def _append(
-        self, table: str, rows: list[dict[str, Any]], transaction: tuple[str, int] | None = None
-    ) -> None:
-        """Append ``rows`` with delta-rs (no Spark job), in a commit that also records the
-        idempotent-transaction id ``transaction`` (app id, version) if given: delta-spark's
-        writes of that app id with a version up to it are skipped from then on."""
-        import pyarrow as pa
-        from deltalake import CommitProperties, Transaction
-
-        data = pa.Table.from_pylist(rows, schema=arrow_schema(table))
-        commit = CommitProperties(
-            app_transactions=[Transaction(*transaction)] if transaction else None
-        )
-        self._retrying(
-            lambda: write_table(
-                self.path(table), data, mode="append", schema_mode="merge", commit_properties=commit
-            )
-        )
+    def _append(self, table: str, rows: list[dict[str, Any]]) -> None:
+        """Append ``rows`` exactly once: a blind append, committed as :meth:`_cas_commit` does
+        (so a commit whose answer was lost is not made again), planned again on every version
+        another writer got in first."""
+        if rows:
+            self._cas_commit(table, lambda dt: (rows, [], None))
 
     def _cas_commit(self, table: str, plan) -> Any:
         """A compare-and-swap append: ``plan(dt)`` looks at ``table`` as of one version (a
         ``deltalake.DeltaTable``) and returns ``(rows, app transactions, result)`` or raises to
         refuse; the rows are committed only on that version. When another writer committed
-        first, the commit fails and is planned again on the new version. Returns ``result``."""
+        first, the commit fails and is planned again on the new version. Returns ``result``.
+
+        A commit that landed although its writer was told otherwise (object storage stored the
+        log entry and the answer was lost; the retry then found the entry taken) is recognised
+        by the token its commit info carries, and is not made again."""
         import pyarrow as pa
         from deltalake import CommitProperties, Transaction
         from deltalake.exceptions import CommitFailedError
@@ -137,9 +138,11 @@ class DeltaCatalog(CatalogReader, JobCatalog):
             with self._lock:
                 dt = open_table(self.path(table))
                 rows, transactions, result = plan(dt)
+                token = uuid.uuid4().hex
                 commit = CommitProperties(
                     max_commit_retries=0,
                     app_transactions=[Transaction(app, v) for app, v in transactions] or None,
+                    custom_metadata={COMMIT_TOKEN: token},
                 )
                 try:
                     write_table(
@@ -151,7 +154,8 @@ class DeltaCatalog(CatalogReader, JobCatalog):
                     )
                     return result
                 except CommitFailedError:
-                    pass
+                    if committed_since(self.path(table), dt.version(), token):
+                        return result
             time.sleep(min(2.0, 0.02 * 2**tries) * random.uniform(0.5, 1.5))
         raise RuntimeError(f"{table}: no conditional commit landed in {_CAS_TRIES} tries")
 
@@ -279,10 +283,21 @@ class DeltaCatalog(CatalogReader, JobCatalog):
 
     def _rs_update(self, table: str, condition: str, **values: str | int | None) -> None:
         """Set columns of the rows of ``table`` matching ``condition`` (delta-rs SQL; no Spark)."""
+        from deltalake import CommitProperties
+        from deltalake.exceptions import CommitFailedError
+
         updates = {column: rs_literal(value) for column, value in values.items()}
-        self._retrying(
-            lambda: open_table(self.path(table)).update(updates=updates, predicate=condition)
-        )
+
+        def update() -> None:
+            dt, token = open_table(self.path(table)), uuid.uuid4().hex
+            properties = CommitProperties(custom_metadata={COMMIT_TOKEN: token})
+            try:
+                dt.update(updates=updates, predicate=condition, commit_properties=properties)
+            except CommitFailedError:
+                if not committed_since(self.path(table), dt.version(), token):
+                    raise  # (a commit whose answer was lost is this update's: it is done)
+
+        self._retrying(update)
 
     def _update_attempt(self, job_id: str, attempt: int, **values: str | int | None) -> None:
         condition = f"job_id = {rs_literal(job_id)} AND attempt = {int(attempt)}"

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+COMMIT_TOKEN = "cutline_commit"  # commit info key: which plan a conditional commit came from
 
 
 def is_url(root: str | Path) -> bool:
@@ -86,3 +87,15 @@ def write_table(target: Any, data: Any, **kwargs: Any) -> None:
         target = str(target)
         kwargs.setdefault("storage_options", storage_options(target))
     write_deltalake(target, data, **kwargs)
+
+
+def committed_since(uri: str | Path, version: int, token: str) -> bool:
+    """Whether a commit after ``version`` of the table at ``uri`` carries ``token`` under
+    :data:`COMMIT_TOKEN` in its commit info: how a writer whose commit failed tells whether
+    its own commit landed after all (object storage kept the log entry, the answer was lost,
+    and the retry found the entry taken)."""
+    table = open_table(uri)
+    newer = table.version() - version
+    if newer <= 0:
+        return False
+    return any(entry.get(COMMIT_TOKEN) == token for entry in table.history(newer))
