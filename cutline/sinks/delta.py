@@ -173,8 +173,9 @@ class DeltaSinkWriter:
         output are committed too (a commit of no rows), so the table's history says where every
         committed epoch ended. Repeating it commits nothing twice."""
         attempt = self.attempt if staged_by is None else staged_by
-        staged = [e for e in self.staged.epochs(attempt) if e <= epoch]
-        everything = self.staged.read(staged, attempt)  # read once; each try takes what is new
+        parts = self.staged.parts(attempt)  # listed once for the read and the drop
+        staged = [e for e in sorted(parts) if e <= epoch]
+        everything = self.staged.read(staged, attempt, parts)  # each try takes what is new
 
         def plan(committed):
             if epoch <= committed:
@@ -190,7 +191,7 @@ class DeltaSinkWriter:
 
         with self._lock:
             rows = self._conditional_commit(plan)
-            self.staged.drop(staged, attempt)
+            self.staged.drop(staged, attempt, parts)
         return rows
 
     def append_now(
@@ -198,7 +199,8 @@ class DeltaSinkWriter:
     ) -> int:
         """At-least-once: append epoch ``epoch``'s output immediately (no skip of replays)."""
 
-        data = self.staged.read([epoch])
+        parts = self.staged.parts()
+        data = self.staged.read([epoch], parts=parts)
 
         def plan(committed):
             if data is None:
@@ -210,7 +212,7 @@ class DeltaSinkWriter:
 
         with self._lock:
             rows = self._conditional_commit(plan)
-            self.staged.drop([epoch])
+            self.staged.drop([epoch], parts=parts)
         return rows
 
     def reset(self) -> int:

@@ -50,8 +50,9 @@ class StagedEpochs:
             f"{self.directory(epoch)}/{part}{_PART}", buffer.getvalue().to_pybytes()
         )
 
-    def _parts(self, attempt: int | None) -> dict[int, list[str]]:
-        """The staged parts of ``attempt``, by epoch, each epoch's in part order."""
+    def parts(self, attempt: int | None = None) -> dict[int, list[str]]:
+        """The staged parts of ``attempt`` (default: this one), by epoch, each epoch's in part
+        order: one listing, which :meth:`read` and :meth:`drop` can take instead of their own."""
         parts: dict[int, list[str]] = {}
         prefix = self._attempt_prefix(attempt)
         for info in self.storage.list(prefix):
@@ -62,23 +63,33 @@ class StagedEpochs:
 
     def epochs(self, attempt: int | None = None) -> list[int]:
         """The epochs ``attempt`` (default: this one) staged, ascending."""
-        return sorted(self._parts(attempt))
+        return sorted(self.parts(attempt))
 
-    def read(self, epochs: list[int], attempt: int | None = None) -> pa.Table | None:
+    def read(
+        self,
+        epochs: list[int],
+        attempt: int | None = None,
+        parts: dict[int, list[str]] | None = None,
+    ) -> pa.Table | None:
         """The staged rows of ``epochs`` in epoch order, then part order, then row order (None
         if there are none)."""
         import pyarrow.parquet as pq
 
-        staged = self._parts(attempt)
+        staged = self.parts(attempt) if parts is None else parts
         files = [path for e in sorted(epochs) for path in staged.get(e, [])]
         if not files:
             return None
         tables = [pq.read_table(pa.BufferReader(self.storage.get_bytes(f))) for f in files]
         return pa.concat_tables(tables, promote_options="permissive").combine_chunks()
 
-    def drop(self, epochs: list[int], attempt: int | None = None) -> None:
+    def drop(
+        self,
+        epochs: list[int],
+        attempt: int | None = None,
+        parts: dict[int, list[str]] | None = None,
+    ) -> None:
         """Delete what ``attempt`` staged for ``epochs``."""
-        staged = self._parts(attempt)
+        staged = self.parts(attempt) if parts is None else parts
         self.storage.delete_many(path for e in epochs for path in staged.get(e, []))
 
     def discard_other_attempts(self) -> None:

@@ -59,6 +59,7 @@ from state.storage.tables import (
 _ATTEMPT_SHIFT = 32
 _UPDATE_TRIES = 10
 _CAS_TRIES = 40  # conditional commits lose to any concurrent commit of the table
+_EXISTING: set[str] = set()  # catalog roots whose tables this process saw (never dropped)
 
 
 def _is_conflict(error: BaseException) -> bool:
@@ -88,14 +89,21 @@ class DeltaCatalog(CatalogReader, JobCatalog):
 
     @staticmethod
     def tables_exist(root: str | Path) -> bool:
-        """Every catalog table exists under the catalog root ``root``."""
-        return all(find_table(table_uri(root, name)) is not None for name in TABLES)
+        """Every catalog table exists under the catalog root ``root`` (looked up once per
+        process: a start opens the catalog twice, GC checks and opens it)."""
+        if str(root) not in _EXISTING and all(
+            find_table(table_uri(root, name)) is not None for name in TABLES
+        ):
+            _EXISTING.add(str(root))
+        return str(root) in _EXISTING
 
     def _ensure_tables(self) -> None:
         """Create missing tables. Drivers of several jobs may race to create them on a fresh
         catalog: losing that race is fine as long as the table exists afterwards."""
         from deltalake import DeltaTable
 
+        if self.tables_exist(self.root):
+            return
         for name in TABLES:
             uri = self.path(name)
             if find_table(uri) is not None:
