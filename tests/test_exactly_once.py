@@ -8,11 +8,12 @@ with snapshot uploads in flight, between ``_metadata`` and the catalog commit, b
 commit and the sink commit, inside the sink commit), counted only when the point's own record
 says it fired; or at a random moment within 4 s of the attempt's first micro-batch (never during
 the JVM's start, which proves nothing), with or without uploads slowed down so that checkpoints
-are pending, counted only if the attempt was still running. Input is appended between attempts.
-The output is compared epoch by epoch with the reference (tests/reference.py). Some jobs run with
-every durable role on the S3 server on loopback (checkpoints, catalog, output tables, staged
-epochs); after their kills a GC pass must leave exactly what the retained checkpoints need, each
-of which verifies, checksums included. Reproduce a run with ``CUTLINE_TEST_SEED``; set
+are pending, counted only if the attempt was still running. Input is appended between attempts
+(records to the local log, or new files to the file source's directory). The output is compared
+epoch by epoch with the reference (tests/reference.py). Some jobs run with every durable role on
+the S3 server on loopback (checkpoints, catalog, output tables, staged epochs; the file source's
+files too); after their kills a GC pass must leave exactly what the retained checkpoints need,
+each of which verifies, checksums included. Reproduce a run with ``CUTLINE_TEST_SEED``; set
 ``CUTLINE_TEST_KILLS`` for more kills.
 """
 
@@ -39,6 +40,8 @@ from tests.e2e_util import (
     report,
     run_to_end,
 )
+from tests.file_input import clicks, put_file, read_files
+from tests.file_jobs import FILES_ENV
 from tests.reference import check, output, read_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -46,6 +49,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.spark]
 SEED = int(os.environ.get("CUTLINE_TEST_SEED") or random.SystemRandom().randrange(1 << 30))
 KILLS = int(os.environ.get("CUTLINE_TEST_KILLS", "10"))
 RUN = ["--idle-timeout", "3", "--interval-ms", "1000", "--max-records-per-partition", "4000"]
+FILE_JOB = "tests.file_jobs:file_clicks"
 # per job: (kind, records per partition at first, records per partition appended per attempt)
 INPUTS = {
     # clicks_per_user's count, then a two-input stage joining its output with a second source
@@ -63,19 +67,32 @@ INPUTS = {
     "cutline_sessions.pipelines:country_clicks": [("clicks", 16_000, 4_000)],
     # two stages keyed by composite keys, the second re-partitioning by (url, bucket)
     "cutline_sessions.pipelines:page_visits": [("clicks", 16_000, 4_000)],
+    # the file source (tests/file_jobs.py): clicks_per_user over JSON files of 4,000 clicks each,
+    # each file a partition: (kind, files at first, files added per attempt)
+    FILE_JOB: [("files", 4, 1)],
 }
-ON_S3 = {"windowed_revenue", "enriched_orders", "cutline_sessions.jobs:sessions"}
+ON_S3 = {"windowed_revenue", "enriched_orders", "cutline_sessions.jobs:sessions", FILE_JOB}
+# per job: more arguments of every attempt (a file is read in micro-batches of 1,000 records)
+ARGS = {FILE_JOB: ["--max-records-per-partition", "1000"]}
 IN_TASKS = {"subtask-restored", "batch-applied", "snapshot-taken"}  # counted per Python worker
 ONCE = {"restore-started", "sink-recovered"}  # reached once per attempt
 MODES = [*KILL_POINTS, "random", "uploads in flight"]
 
 
-def append_input(home: Path, job: str, first: bool) -> None:
+def append_input(home: Path, job: str, attempt: int) -> None:
+    """Attempt ``attempt``'s new input (from 0, the first has more): records appended to the
+    local log, or new files in ``$CUTLINE_TEST_FILES``."""
     for kind, initial, more in INPUTS[job]:
-        generate(home / "log", kind, kind, count=initial if first else more, seed=7, users=3_000)
+        count = initial if attempt == 0 else more
+        if kind == "files":
+            first = 0 if attempt == 0 else initial + (attempt - 1) * more
+            for n in range(first, first + count):
+                put_file(os.environ[FILES_ENV], f"clicks-{n:03d}.json", clicks(4_000, n))
+        else:
+            generate(home / "log", kind, kind, count=count, seed=7, users=3_000)
 
 
-def one_attempt(home: Path, job: str, rng: random.Random, roles: list[str]) -> str | None:
+def one_attempt(home: Path, job: str, rng: random.Random, flags: list[str]) -> str | None:
     """Start an attempt and kill it as ``rng`` says; what killed it, or None if it ended."""
     mode = rng.choice(MODES)
     if mode in KILL_POINTS:
@@ -83,7 +100,7 @@ def one_attempt(home: Path, job: str, rng: random.Random, roles: list[str]) -> s
         record = home / "faults.log"  # where the kill point says it fired (state/faults.py)
         record.unlink(missing_ok=True)
         env = {KILL_ENV: f"{mode}@{nth}", RECORD_ENV: str(record)}
-        rc = finish(cutline(home, "run", job, *RUN, *roles, env=env), timeout=300)
+        rc = finish(cutline(home, "run", job, *RUN, *flags, env=env), timeout=300)
         # killed at the point: SIGKILL of the driver's process group, which can reach the driver
         # a moment after its JVM died under it and a native thread crashed (SIGSEGV)
         killed = rc < 0 and record.exists() and f"killed at {mode}\n" in record.read_text()
@@ -95,7 +112,7 @@ def one_attempt(home: Path, job: str, rng: random.Random, roles: list[str]) -> s
     delay = rng.uniform(0.0, 4.0)
     log = home / "driver.log"
     since = log.stat().st_size if log.exists() else 0
-    proc = cutline(home, "run", job, *RUN, *roles, env=env)
+    proc = cutline(home, "run", job, *RUN, *flags, env=env)
     # timed from this attempt's first micro-batch: a kill during the JVM's start proves nothing
     while proc.poll() is None and b"\nstartup: " not in log.read_bytes()[since:]:
         time.sleep(0.1)
@@ -122,19 +139,23 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
     if job in ON_S3:  # every durable role on the S3 server
         root = request.getfixturevalue("s3_root")
         paths = dataclasses.replace(paths, checkpoint_root=f"{root}/chk", warehouse=f"{root}/wh")
+    if job == FILE_JOB:  # its files beside the roles: on the S3 server
+        request.getfixturevalue("monkeypatch").setenv(FILES_ENV, f"{root}/files")
     roles = ["--checkpoint-root", paths.checkpoint_root, "--warehouse", paths.warehouse]
+    flags = [*roles, *ARGS.get(job, [])]  # every attempt's
     kills: list[str] = []
     attempts = 0
     while len(kills) < KILLS:
         assert attempts < 4 * KILLS, f"only {len(kills)} kills in {attempts} attempts: {kills}"
-        append_input(home, job, first=attempts == 0)
+        append_input(home, job, attempts)
         attempts += 1
-        killed = one_attempt(home, job, rng, roles)
+        killed = one_attempt(home, job, rng, flags)
         if killed:
             kills.append(killed)
     # the rest of the input in bigger micro-batches: the kills are over
-    run_to_end(home, "run", job, *RUN, *roles, "--max-records-per-partition", "16000")
-    summary = check(job.rpartition(":")[2], home, paths.output)
+    run_to_end(home, "run", job, *RUN, *flags, "--max-records-per-partition", "16000")
+    read = (lambda _: read_files(os.environ[FILES_ENV])) if job == FILE_JOB else None
+    summary = check(job_name_of(job), home, paths.output, read)
     report(f"{job}: {len(kills)} kills in {attempts} attempts: {kills}")
     report(f"{job}: output == reference ({summary})")
     if job in ON_S3:

@@ -9,9 +9,7 @@ import json
 import random
 import time
 import zlib
-from pathlib import Path
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -21,30 +19,11 @@ from cutline.sources.files import _Ends, list_files, partition_of, read_records
 from state.storage import S3Storage
 from tests.e2e_util import checkpoints_so_far, cutline, finish, kill_driver, report, wait_for
 from tests.epoch_cuts import output
+from tests.file_input import clicks, json_lines, put_file, read_files
 from tests.file_jobs import FILES_ENV
 from tests.reference import compare_outputs, job_cuts
 
 SCHEMA = pa.schema([("user", pa.string()), ("url", pa.string()), ("ts", pa.int64())])
-
-
-def clicks(n: int, seed: int) -> list[dict]:
-    rng = random.Random(seed)
-    return [
-        {"user": f"u{rng.randrange(300)}", "url": f"/p/{rng.randrange(50)}", "ts": 1_000 * i}
-        for i in range(n)
-    ]
-
-
-def json_lines(records: list[dict]) -> bytes:
-    return b"".join(json.dumps(r).encode() + b"\n" for r in records)
-
-
-def write_file(directory: Path, name: str, records: list[dict]) -> None:
-    """Written aside and renamed in: the source never sees a file change."""
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".{name}.tmp"
-    tmp.write_bytes(json_lines(records))
-    tmp.rename(directory / name)
 
 
 def colliding_names() -> tuple[str, str]:
@@ -59,8 +38,8 @@ def colliding_names() -> tuple[str, str]:
 
 
 def test_each_file_is_a_partition_numbered_by_its_name(tmp_path):
-    write_file(tmp_path, "a.json", clicks(3, 1))
-    write_file(tmp_path / "2026", "b.jsonl", clicks(2, 2))
+    put_file(tmp_path, "a.json", clicks(3, 1))
+    put_file(tmp_path / "2026", "b.jsonl", clicks(2, 2))
     (tmp_path / "_SUCCESS").write_bytes(b"")
     (tmp_path / "notes.txt").write_bytes(b"not data")
     files = list_files(str(tmp_path), "json")
@@ -68,8 +47,8 @@ def test_each_file_is_a_partition_numbered_by_its_name(tmp_path):
     source = FileSource("clicks", str(tmp_path), "user string, url string, ts long")
     assert source.current_partitions() == (sorted(files), 0)
     first, second = colliding_names()
-    write_file(tmp_path, first, clicks(1, 3))
-    write_file(tmp_path, second, clicks(1, 4))
+    put_file(tmp_path, first, clicks(1, 3))
+    put_file(tmp_path, second, clicks(1, 4))
     with pytest.raises(ValueError, match="have the same partition number") as refused:
         list_files(str(tmp_path), "json")
     assert repr(first) in str(refused.value) and repr(second) in str(refused.value)
@@ -131,32 +110,19 @@ def test_definitions_are_checked():
         FileSource("c", "", "user string")
 
 
-def read_files(directory: Path) -> pd.DataFrame:
-    """Every record of the directory's JSON files with its partition (the CRC-32 of the file's
-    name, 31 bits) and byte offset, computed here without Cutline's code."""
-    rows = []
-    for path in sorted(directory.rglob("*.json")):
-        name = path.relative_to(directory).as_posix()
-        partition, offset = zlib.crc32(name.encode()) & 0x7FFFFFFF, 0
-        for line in path.read_bytes().splitlines(keepends=True):
-            rows.append({**json.loads(line), "partition": partition, "offset": offset})
-            offset += len(line)
-    return pd.DataFrame(rows)
-
-
 @pytest.mark.slow
 @pytest.mark.spark
 def test_a_job_on_arriving_files_is_killed_restores_and_its_output_is_exact(tmp_path):
     home, files = tmp_path / "home", tmp_path / "files"
     for i in range(3):
-        write_file(files, f"clicks-{i:03d}.json", clicks(4_000, i))
+        put_file(files, f"clicks-{i:03d}.json", clicks(4_000, i))
     env = {FILES_ENV: str(files)}
     run = ("run", "tests.file_jobs:file_clicks", "--interval-ms", "500", "--idle-timeout", "6")
     job = cutline(home, *run, env=env)
     try:
         wait_for(lambda: len(checkpoints_so_far(home, "file_clicks")) >= 2, 300, "checkpoints", job)
         for i in range(3, 5):  # new files while it runs: picked up, from their start
-            write_file(files, f"clicks-{i:03d}.json", clicks(3_000, i))
+            put_file(files, f"clicks-{i:03d}.json", clicks(3_000, i))
         new = {str(partition_of(f"clicks-{i:03d}.json")) for i in range(3, 5)}
 
         def read_new_files() -> bool:  # a checkpoint has positions in both new files
@@ -168,7 +134,7 @@ def test_a_job_on_arriving_files_is_killed_restores_and_its_output_is_exact(tmp_
         wait_for(read_new_files, 120, "a checkpoint reading the files added while it ran", job)
     finally:
         kill_driver(job)
-    write_file(files / "later", "clicks-005.json", clicks(2_000, 5))
+    put_file(files / "later", "clicks-005.json", clicks(2_000, 5))
     started = time.monotonic()
     assert finish(cutline(home, *run, env=env), 600) == 0, (home / "driver.log").read_text()[-4000:]
     cuts = job_cuts(home, ["clicks_per_user"])
