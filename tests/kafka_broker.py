@@ -1,8 +1,9 @@
 """A real single-node Kafka broker (KRaft, broker and controller in one JVM) on 127.0.0.1.
 
 Kafka's jars come from Maven Central through the Ivy jar that PySpark ships, into
-``~/.cache/cutline/kafka`` (fetched once, about 50 MB). Records are produced with Kafka's own
-console producer, keyed, so a key always lands in the same partition.
+``~/.cache/cutline/kafka`` (fetched once, about 50 MB). Text records are produced with Kafka's
+own console producer, binary ones (Avro) with kafka-python's producer; both keyed, so a key always
+lands in the same partition.
 """
 
 from __future__ import annotations
@@ -144,6 +145,21 @@ class KafkaBroker:
             capture_output=True,
             timeout=300,
         )  # fmt: skip
+
+    def produce_binary(self, topic: str, records: list[tuple[str, bytes]]) -> list[tuple[int, int]]:
+        """Produce ``(key, value)`` records with binary values, keyed; where the broker stored
+        each, ``(partition, offset)``, as its acknowledgements (acks from every replica) say."""
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(
+            bootstrap_servers=self.bootstrap, acks="all", retries=0, linger_ms=20
+        )
+        try:
+            sent = [producer.send(topic, key=k.encode(), value=v) for k, v in records]
+            producer.flush(timeout=120)
+            return [(m.partition, m.offset) for m in (f.get(timeout=60) for f in sent)]
+        finally:
+            producer.close(timeout=30)
 
     def records(self, topic: str) -> list[tuple[int, int, bytes]]:
         """Every record of ``topic`` as the broker stored it: ``(partition, offset, value)``,

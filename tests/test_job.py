@@ -198,3 +198,22 @@ def test_kafka_consumer_properties_pass_through_to_the_connector():
         KafkaSource("c", "c", "user string", 1, options={"subscribe": "other"})
     with pytest.raises(JobDefinitionError, match="give the brokers as bootstrap_servers"):
         KafkaSource("c", "c", "user string", 1, options={"kafka.bootstrap.servers": "x:1"})
+
+
+def test_kafka_avro_definitions_are_checked():
+    from cutline import KafkaSource
+    from tests.kafka_jobs import CLICK_AVRO
+
+    source = KafkaSource("c", "c", "user string", 2, value_format="avro", avro_schema=CLICK_AVRO)
+    packages = source.spark_dependencies().packages
+    assert any("spark-avro" in p for p in packages), packages
+    with pytest.raises(JobDefinitionError, match="value_format must be one of"):
+        KafkaSource("c", "c", "user string", 1, value_format="protobuf")
+    with pytest.raises(JobDefinitionError, match="avro_schema goes with value_format='avro'"):
+        KafkaSource("c", "c", "user string", 1, avro_schema=CLICK_AVRO)
+    with pytest.raises(JobDefinitionError, match="avro_schema goes with value_format='avro'"):
+        KafkaSource("c", "c", "user string", 1, value_format="avro")
+    with pytest.raises(JobDefinitionError, match="avro_schema is not JSON"):
+        KafkaSource("c", "c", "user string", 1, value_format="avro", avro_schema="{record")
+    with pytest.raises(JobDefinitionError, match="must be an Avro record"):
+        KafkaSource("c", "c", "user string", 1, value_format="avro", avro_schema='"string"')

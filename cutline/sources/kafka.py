@@ -1,5 +1,5 @@
-"""A Kafka topic of JSON records, read with Spark's Kafka connector; positions are offsets per
-partition."""
+"""A Kafka topic of JSON or Avro records, read with Spark's Kafka connector; positions are
+offsets per partition."""
 
 from __future__ import annotations
 
@@ -22,18 +22,24 @@ from cutline.sources.base import (
 from cutline.validation import JobDefinitionError, check_name
 
 EARLIEST = -2  # the connector's "earliest" offset
+VALUE_FORMATS = ("json", "avro")
 TOKEN_PROVIDER_VERSION = "4.0.0"  # the newest Maven Central has (see token_provider_jar)
 
 
 @dataclass(frozen=True)
 class KafkaSource(Source):
-    """Topic ``topic`` of JSON records (``schema``: a Spark DDL string of their fields) with
-    ``partitions`` partitions. ``bootstrap_servers`` defaults to ``$CUTLINE_KAFKA_BOOTSTRAP``;
-    ``max_records_per_partition`` bounds a micro-batch (``maxOffsetsPerTrigger`` is this times
-    ``partitions``). ``options``: Kafka consumer properties, each ``kafka.<property>`` as
-    Spark's connector takes them (``kafka.security.protocol``, ``kafka.sasl.mechanism``,
-    ``kafka.sasl.jaas.config``, ``kafka.ssl.truststore.location``, ...); read secrets from the
-    environment in the job's code, never write them into it (logs mask them either way)."""
+    """Topic ``topic`` with ``partitions`` partitions, its records' values JSON objects or, with
+    ``value_format="avro"``, Avro binary of the writer's schema ``avro_schema`` (Avro's JSON
+    form of a record; plain Avro, no schema-registry header). ``schema``: a Spark DDL string of
+    the fields the job reads; with Avro each must be in the record, of the type Spark's Avro
+    reader gives it (checked when the stream is built). A value that does not decode is a bad
+    record (with Avro, its raw bytes are reported in base64). ``bootstrap_servers`` defaults to
+    ``$CUTLINE_KAFKA_BOOTSTRAP``; ``max_records_per_partition`` bounds a micro-batch
+    (``maxOffsetsPerTrigger`` is this times ``partitions``). ``options``: Kafka consumer
+    properties, each ``kafka.<property>`` as Spark's connector takes them
+    (``kafka.security.protocol``, ``kafka.sasl.mechanism``, ``kafka.sasl.jaas.config``,
+    ``kafka.ssl.truststore.location``, ...); read secrets from the environment in the job's
+    code, never write them into it (logs mask them either way)."""
 
     name: str
     topic: str
@@ -42,11 +48,24 @@ class KafkaSource(Source):
     max_records_per_partition: int = 10_000
     bootstrap_servers: str | None = None
     options: dict[str, str] = field(default_factory=dict)
+    value_format: str = "json"
+    avro_schema: str | None = None
 
     def __post_init__(self) -> None:
         check_name("source.name", self.name)
         if not self.topic:
             raise JobDefinitionError("source.topic must not be empty")
+        if self.value_format not in VALUE_FORMATS:
+            raise JobDefinitionError(
+                f"source {self.name!r}: value_format must be one of {VALUE_FORMATS}, got "
+                f"{self.value_format!r}"
+            )
+        if (self.value_format == "avro") != (self.avro_schema is not None):
+            raise JobDefinitionError(
+                f"source {self.name!r}: avro_schema goes with value_format='avro', and only there"
+            )
+        if self.avro_schema is not None:
+            _check_avro_record(self.name, self.avro_schema)
         if self.partitions < 1:
             raise JobDefinitionError("source.partitions must be >= 1")
         if self.max_records_per_partition < 1:
@@ -81,8 +100,10 @@ class KafkaSource(Source):
 
         from spark_jobs.deploy.session import SCALA
 
+        kafka = f"org.apache.spark:spark-sql-kafka-0-10_{SCALA}:{pyspark.__version__}"
+        avro = f"org.apache.spark:spark-avro_{SCALA}:{pyspark.__version__}"
         return SparkDependencies(
-            packages=(f"org.apache.spark:spark-sql-kafka-0-10_{SCALA}:{pyspark.__version__}",),
+            packages=(kafka, avro) if self.value_format == "avro" else (kafka,),
             excludes=(_token_provider(),),
             jars=(str(token_provider_jar()),),
         )
@@ -118,30 +139,80 @@ class KafkaSource(Source):
         return reader
 
     def _records(self, raw, key: tuple[str, ...]):
-        """The JSON records with the position and bad-record columns: a record is bad when it
-        does not parse as a JSON object of the schema or a key column is null."""
+        """The decoded records with the position and bad-record columns: a record is bad when
+        its value does not decode (JSON: not an object of the schema; Avro: not a record of
+        ``avro_schema``) or a key column is null."""
         from pyspark.sql import functions as F
 
-        value = F.col("value").cast("string")
+        if self.value_format == "avro":
+            from pyspark.sql.avro.functions import from_avro
+
+            decoded = from_avro(F.col("value"), self.avro_schema, {"mode": "PERMISSIVE"})
+            raw_text, what = F.base64("value"), "not Avro of the source's avro_schema"
+        else:
+            raw_text = F.col("value").cast("string")
+            decoded, what = F.from_json(raw_text, self.schema), "not a JSON object of the schema"
         parsed = raw.select(
-            F.from_json(value, self.schema).alias("_v"),
-            value.alias(BAD_RAW),
+            decoded.alias("_v"),
+            raw_text.alias(BAD_RAW),
             F.col("partition").alias(PARTITION_COLUMN),
             (F.col("offset") + 1).alias(NEXT_OFFSET_COLUMN),
             F.col("offset").alias(BAD_OFFSET),
         )
-        reason = F.when(F.col("_v").isNull(), F.lit("not a JSON object of the source's schema"))
+        fields, undecoded = self._fields(parsed)
+        reason = F.when(undecoded, F.lit(what))
         for column in key:
             reason = reason.when(F.col(f"_v.{column}").isNull(), F.lit(f"null key {column!r}"))
         reason = reason.otherwise(F.lit(None).cast("string"))
         return parsed.select(
-            "_v.*",
+            *fields,
             PARTITION_COLUMN,
             NEXT_OFFSET_COLUMN,
             reason.alias(BAD_REASON),
             F.when(reason.isNotNull(), F.col(BAD_RAW)).alias(BAD_RAW),
             F.when(reason.isNotNull(), F.col(BAD_OFFSET)).alias(BAD_OFFSET),
         )
+
+    def _fields(self, parsed) -> tuple[list, Any]:
+        """The columns of ``schema`` out of the decoded struct ``_v``, and when a value did not
+        decode. Spark's Avro reader answers an undecodable value with a record of nulls, not a
+        null; a field of the schema missing from ``avro_schema``, or of another type, is a
+        definition error naming it."""
+        from functools import reduce
+
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import _parse_datatype_string
+
+        if self.value_format == "json":
+            return ["_v.*"], F.col("_v").isNull()
+        decoded = {f.name: f.dataType for f in parsed.schema["_v"].dataType.fields}
+        wanted = _parse_datatype_string(self.schema).fields
+        for f in wanted:
+            if f.name not in decoded:
+                raise JobDefinitionError(
+                    f"source {self.name!r}: field {f.name!r} of schema is not in avro_schema "
+                    f"(its fields: {', '.join(decoded)})"
+                )
+            got, want = decoded[f.name].simpleString(), f.dataType.simpleString()
+            if got != want:
+                raise JobDefinitionError(
+                    f"source {self.name!r}: field {f.name!r} is {got} in avro_schema, {want} "
+                    "in schema"
+                )
+        all_null = reduce(lambda a, b: a & b, [F.col(f"_v.{n}").isNull() for n in decoded])
+        return [F.col(f"_v.{f.name}").alias(f.name) for f in wanted], all_null
+
+
+def _check_avro_record(source: str, avro_schema: str) -> None:
+    """``avro_schema`` must be Avro's JSON form of a record with fields."""
+    try:
+        parsed = json.loads(avro_schema)
+    except ValueError as e:
+        raise JobDefinitionError(f"source {source!r}: avro_schema is not JSON: {e}") from None
+    if not isinstance(parsed, dict) or parsed.get("type") != "record":
+        raise JobDefinitionError(f"source {source!r}: avro_schema must be an Avro record")
+    if not isinstance(parsed.get("fields"), list) or not parsed["fields"]:
+        raise JobDefinitionError(f"source {source!r}: avro_schema's record has no fields")
 
 
 def token_provider_jar() -> Path:
