@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from deltalake import DeltaTable
@@ -28,12 +29,20 @@ def report(line: str) -> None:
     print(line)
 
 
-def cutline(home: Path, *args: str, env: dict[str, str] | None = None, log: Path | None = None):
-    """Start ``cutline --home HOME ARGS`` in its own process group (driver and its JVM)."""
+def cutline(
+    home: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    log: Path | None = None,
+    view: Callable[[list[str]], list[str]] | None = None,
+):
+    """Start ``cutline --home HOME ARGS`` in its own process group (driver and its JVM);
+    ``view`` wraps the command (a private view of the disks: StandaloneCluster.driver_view)."""
     home.mkdir(parents=True, exist_ok=True)
     out = open(log or home / "driver.log", "ab")  # noqa: SIM115 - owned by the process
+    command = [sys.executable, "-m", "spark_jobs.commands", "--home", str(home), *args]
     return subprocess.Popen(
-        [sys.executable, "-m", "spark_jobs.commands", "--home", str(home), *args],
+        view(command) if view else command,
         cwd=ROOT,
         stdout=out,
         stderr=subprocess.STDOUT,
@@ -64,9 +73,11 @@ def last_line(home: Path, log: str = "driver.log") -> str:
     return lines[-1] if lines else ""
 
 
-def run_to_end(home: Path, *args: str, timeout: float = 600, env=None, rc: int = 0) -> None:
+def run_to_end(
+    home: Path, *args: str, timeout: float = 600, env=None, rc: int = 0, view=None
+) -> None:
     """Run ``cutline`` to its end; it must exit ``rc``."""
-    got = finish(cutline(home, *args, env=env), timeout)
+    got = finish(cutline(home, *args, env=env, view=view), timeout)
     log = (home / "driver.log").read_text(errors="replace")
     assert got == rc, f"cutline {' '.join(args)} exited {got}, not {rc}:\n{log[-6000:]}"
 

@@ -138,3 +138,22 @@ def test_avro_records_decode_with_the_given_schema_and_bad_ones_are_dead_lettere
     expected = cuts.assign(bad[["partition", "offset", "raw"]], "clicks")
     report(compare_rows(dead, expected, ["partition", "offset"], ["raw"], "dead letters"))
     assert sorted(dead["reason"]) == sorted(BAD_AVRO.values())
+
+
+def test_a_schema_field_missing_from_avro_or_of_another_type_is_refused_naming_it(spark):
+    from cutline import JobDefinitionError, KafkaSource
+    from tests.kafka_jobs import CLICK_AVRO
+
+    decoded = spark.createDataFrame([], "_v struct<user:string,url:string,ts:bigint>")
+    source = KafkaSource(
+        "c", "c", "user string, ts bigint", 2, value_format="avro", avro_schema=CLICK_AVRO
+    )
+    columns, _ = source._fields(decoded)
+    assert len(columns) == 2
+    for schema, message in [
+        ("user string, ts int", "field 'ts' is bigint in avro_schema, int in schema"),
+        ("user string, country string", "field 'country' of schema is not in avro_schema"),
+    ]:
+        wrong = KafkaSource("c", "c", schema, 2, value_format="avro", avro_schema=CLICK_AVRO)
+        with pytest.raises(JobDefinitionError, match=message):
+            wrong._fields(decoded)

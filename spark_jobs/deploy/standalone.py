@@ -4,7 +4,12 @@ executors their own local state root and host name (``CUTLINE_LOCAL_STATE_ROOT``
 ``CUTLINE_HOST``). Tests and benchmarks start one to show task-local recovery across hosts.
 
 Master and workers are started with ``spark-class`` from the installed PySpark, each in its own
-process group, and stopped with SIGKILL of those groups (executors included).
+process group, and stopped with SIGKILL of those groups (executors included). Each worker's
+directory (``<work_dir>/<host>``: its Spark work and temporary directories, its local state root)
+is its disk. With ``private``, a worker and its executors run in a mount namespace of their own
+where the other workers' disks and the ``hidden`` directories (the driver's) are empty and
+read-only (:func:`private_view`): a code path that reads or writes another process's disk fails,
+as it would across machines.
 """
 
 from __future__ import annotations
@@ -12,12 +17,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +48,30 @@ def _wait(predicate, timeout: float, what: str) -> None:
             return
         time.sleep(0.2)
     raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+
+
+def private_view(command: list[str], hidden: Sequence[Path]) -> list[str]:
+    """``command`` run in a mount namespace of its own in which each of ``hidden`` (existing
+    directories) is an empty read-only tmpfs: neither it nor any process it starts can read or
+    write what others keep there. The process keeps its pid (``unshare`` and ``sh`` exec it).
+    Needs the right to mount (root or CAP_SYS_ADMIN): see :func:`can_hide`."""
+    if not hidden:
+        return command
+    mounts = "".join(
+        f"mount -t tmpfs -o ro,size=4k cutline-hidden {shlex.quote(str(p))} && " for p in hidden
+    )
+    script = f'{mounts}exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *command]
+
+
+def can_hide() -> bool:
+    """Whether this machine lets :func:`private_view` mount (containers may not)."""
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            probe = subprocess.run(private_view(["true"], [Path(d)]), capture_output=True)
+        except OSError:  # no unshare
+            return False
+        return probe.returncode == 0
 
 
 @dataclass
@@ -67,17 +99,31 @@ class StandaloneCluster:
     memory_per_worker: str = "1g"
     master_port: int = 0
     ui_port: int = 0
+    private: bool = False  # each worker sees neither the others' disks nor ``hidden``
+    hidden: tuple[Path, ...] = ()
     master: subprocess.Popen | None = None
     workers: dict[str, Worker] = field(default_factory=dict)
+
+    def disk(self, host: str) -> Path:
+        """Everything the worker on ``host`` and its executors keep on local disk."""
+        return Path(self.work_dir) / host
+
+    def driver_view(self, command: list[str]) -> list[str]:
+        """``command`` (a driver) seeing no worker's disk, when the cluster is private."""
+        if not self.private:
+            return command
+        return private_view(command, [self.disk(h) for h in self.hosts])
 
     @property
     def master_url(self) -> str:
         return f"spark://{MASTER_HOST}:{self.master_port}"
 
-    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    def _spawn(
+        self, name: str, args: list[str], env: dict[str, str], hidden: Sequence[Path] = ()
+    ) -> subprocess.Popen:
         log = open(self.work_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
         return subprocess.Popen(
-            [str(spark_home() / "bin" / "spark-class"), *args],
+            private_view([str(spark_home() / "bin" / "spark-class"), *args], hidden),
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "SPARK_HOME": str(spark_home()), **env},
@@ -97,12 +143,17 @@ class StandaloneCluster:
         _wait(lambda: self._status() is not None, timeout, "the Spark master")
         python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         for host in self.hosts:
-            home = self.work_dir / host
+            (self.disk(host) / "tmp").mkdir(parents=True, exist_ok=True)
+        for host in self.hosts:
+            home = self.disk(host)
             root = home / "local-state"
             root.mkdir(parents=True, exist_ok=True)
+            others = [self.disk(h) for h in self.hosts if h != host]
             env = {
                 "SPARK_LOCAL_IP": host,
                 "SPARK_WORKER_DIR": str(home / "work"),
+                "SPARK_LOCAL_DIRS": str(home / "tmp"),  # its executors' scratch space
+                "TMPDIR": str(home / "tmp"),
                 "CUTLINE_HOST": host,
                 "CUTLINE_LOCAL_STATE_ROOT": str(root),
                 "PYSPARK_PYTHON": sys.executable,
@@ -114,6 +165,7 @@ class StandaloneCluster:
                  "--cores", str(self.cores_per_worker), "--memory", self.memory_per_worker,
                  "--webui-port", str(free_port(host)), self.master_url],
                 env,
+                [*others, *self.hidden] if self.private else (),
             )  # fmt: skip
             self.workers[host] = Worker(host, root, proc)
         _wait(lambda: len(self.alive_hosts()) == len(self.hosts), timeout, "the workers")
