@@ -1,30 +1,31 @@
 """Task-local recovery across hosts, on a two-worker standalone cluster
-(spark_jobs/deploy/standalone.py)
-whose workers are hosts 127.0.0.2 and 127.0.0.3, each with its own local state root.
+(spark_jobs/deploy/standalone.py) whose workers are hosts 127.0.0.2 and 127.0.0.3, deployed as
+on machines without a shared disk.
 
-``clicks_per_user`` runs with parallelism 4: every micro-batch task of a subtask must run on the
-host that restored it (placement.py), or it fails on missing working state; a run that finishes
-shows that Spark never moved one. Then the driver is killed (``kill -9``) and the restore, given
-the lost attempt's allocation as hints, must put every subtask back on its host and restore it
-from the local copy; or a host is lost, and its subtasks restore from the primary copy on the
-surviving host while the survivor's restore locally. Either way the output is exact.
+``clicks_per_user`` reads JSON files on the S3 server (the file source) and keeps every durable
+role there (checkpoints, catalog, output, staged epochs); only the driver is told where S3 is
+(``AWS_ENDPOINT_URL_S3``), the workers' environment does not say it, and the executors read,
+upload, stage and download all the same (spark_jobs/deploy/session.py ``executor_env``). Each
+process has a disk of its own that no other sees: each worker and its executors run in a mount
+namespace where the other worker's directory and the driver's home are empty and read-only, and
+the driver runs where neither worker's directory is (standalone.py ``private_view``), so a code
+path that read or wrote another process's disk would fail the run.
 
-The host-lost run is a deployment without a shared disk: ``clicks_per_user`` reads JSON files on
-the S3 server (the file source) and keeps every durable role there (checkpoints, catalog, output,
-staged epochs); only the driver is told where S3 is (``AWS_ENDPOINT_URL_S3``), the workers'
-environment does not say it, and the executors read, upload, stage and download all the same
-(spark_jobs/deploy/session.py ``executor_env``). Each process has a disk of its own that no other
-sees: each worker and its executors run in a mount namespace where the other worker's directory
-and the driver's home are empty and read-only, and the driver runs where neither worker's
-directory is (spark_jobs/deploy/standalone.py ``private_view``), so a code path that read or wrote
-another process's disk would fail the run. Afterwards the driver's home holds only its log and
-scratch space, and each worker's local state root only its own subtasks."""
+The job runs with parallelism 4: every micro-batch task of a subtask must run on the host that
+restored it (placement.py), or it fails on missing working state; a run that finishes shows that
+Spark never moved one. Then the driver is killed (``kill -9``) and the restore, given the lost
+attempt's allocation as hints, must put every subtask back on its host and restore it from the
+local copy; or a host is lost, and its subtasks restore from the primary copy on the surviving
+host while the survivor's restore locally. Either way the output is exact, the driver's home holds
+only its log and scratch space, and each worker's local state root only its own subtasks."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -33,8 +34,6 @@ from deltalake.exceptions import TableNotFoundError
 from spark_jobs.catalog.tables import read_delta
 from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.deploy.standalone import StandaloneCluster, can_hide
-from spark_jobs.job_loader import job_name_of
-from spark_jobs.sources.generate import generate
 from state.storage.tables import table_uri
 from tests.e2e_util import (
     cutline,
@@ -49,130 +48,141 @@ from tests.reference import check
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
-JOB = "clicks_per_user"
-FILE_JOB = "tests.file_jobs:file_clicks"  # clicks_per_user on the file source
+JOB = "tests.file_jobs:file_clicks"  # clicks_per_user on the file source
+NAME = "file_clicks"
 HOSTS = ("127.0.0.2", "127.0.0.3")
 # a first run spreads the subtasks over both hosts (later runs get the lost attempt's allocation)
 SPREAD = {str(i): HOSTS[i % 2] for i in range(4)}
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    with StandaloneCluster(tmp_path / "cluster", hosts=HOSTS) as c:
-        yield c
+@dataclass
+class Deployment:
+    """The private cluster, the driver's home, and where everything durable is on S3."""
+
+    cluster: StandaloneCluster
+    home: Path
+    files: str  # the job's input
+    paths: RuntimePaths
+    driver: dict  # how the driver starts: its own environment and private view
+
+    @property
+    def s3(self) -> tuple[str, ...]:
+        return (
+            "--checkpoint-root",
+            self.paths.checkpoint_root,
+            "--warehouse",
+            self.paths.warehouse,
+        )
 
 
 @pytest.fixture
-def private_cluster(tmp_path):
-    """The two workers, each seeing neither the other's disk nor the driver's home."""
+def deployment(s3_server, s3_bucket, tmp_path, monkeypatch) -> Iterator[Deployment]:
+    """Two workers, each seeing neither the other's disk nor the driver's home; the input, 4
+    files of 16,000 clicks, and every durable role on the S3 server, whose endpoint only the
+    driver (and this process) is given."""
     if not can_hide():
         pytest.skip("no mount namespaces here (unshare --mount): private disks cannot be shown")
     home = tmp_path / "home"
-    home.mkdir()
-    hosts = {"hosts": HOSTS, "private": True, "hidden": (home,)}
-    with StandaloneCluster(tmp_path / "cluster", **hosts) as c:
-        yield c
+    (home / "tmp").mkdir(parents=True)
+    assert not any(k.startswith("AWS_ENDPOINT_URL") for k in os.environ), "the workers' env"
+    with StandaloneCluster(tmp_path / "cluster", HOSTS, private=True, hidden=(home,)) as cluster:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server)  # this process writes and reads S3
+        files = f"s3://{s3_bucket}/files"
+        monkeypatch.setenv(FILES_ENV, files)  # where the job's definition reads them from
+        for n in range(4):
+            put_file(files, f"clicks-{n:03d}.json", clicks(16_000, n))
+        scratch = str(home / "tmp")  # the driver's Spark and Python scratch space, on its disk
+        env = {"AWS_ENDPOINT_URL_S3": s3_server, "SPARK_LOCAL_DIRS": scratch, "TMPDIR": scratch}
+        paths = RuntimePaths(f"s3://{s3_bucket}/chk", f"s3://{s3_bucket}/wh", "", "")
+        yield Deployment(cluster, home, files, paths, {"env": env, "view": cluster.driver_view})
 
 
-def job_args(
-    cluster: StandaloneCluster, home: Path, hints: dict[str, str], *extra: str, job: str = JOB
-):
-    hints_file = home / f"hints-{len(list(home.glob('hints-*')))}.json"
+def run_args(d: Deployment, hints: dict[str, str], *extra: str) -> tuple[str, ...]:
+    hints_file = d.home / f"hints-{len(list(d.home.glob('hints-*')))}.json"
     hints_file.write_text(json.dumps(hints))
     return (
-        "run", job, "--master", cluster.master_url, "--parallelism", "4",
-        "--interval-ms", "1000", "--hints", str(hints_file), *extra,
+        "run", JOB, "--master", d.cluster.master_url, "--parallelism", "4",
+        "--interval-ms", "1000", "--hints", str(hints_file), *d.s3, *extra,
     )  # fmt: skip
 
 
-def catalog(home: Path, table: str, root: str | None = None, job: str = JOB) -> list[dict]:
-    """The job's rows of a catalog table (under ``root``, default the home's)."""
-    uri = table_uri(root or str(home / "warehouse" / "catalog"), table)
-    return [r for r in read_delta(uri, job).to_pylist() if r["job_id"] == job]
+def catalog(d: Deployment, table: str) -> list[dict]:
+    """The job's rows of a catalog table."""
+    rows = read_delta(table_uri(d.paths.catalog, table), NAME).to_pylist()
+    return [r for r in rows if r["job_id"] == NAME]
 
 
-def latest_allocation(home: Path, root: str | None = None, job: str = JOB) -> dict[str, str]:
-    attempts = sorted(catalog(home, "streaming_jobs", root, job), key=lambda r: r["attempt"])
+def latest_allocation(d: Deployment) -> dict[str, str]:
+    attempts = sorted(catalog(d, "streaming_jobs"), key=lambda r: r["attempt"])
     return json.loads(attempts[-1]["allocation"])
 
 
-def start_and_wait_for_checkpoints(
-    cluster: StandaloneCluster, home: Path, n: int, *extra: str, job: str = JOB, **where
-) -> subprocess.Popen:
-    """Start ``job`` spread over both hosts; return once ``n`` checkpoints completed. ``where``:
-    the driver's ``env`` and ``view``, and the ``catalog_root`` to read (default: the home's)."""
-    root = where.pop("catalog_root", None)
-    name = job_name_of(job)
-    args = job_args(cluster, home, SPREAD, "--idle-timeout", "30", *extra, job=job)
-    driver = cutline(home, *args, **where)
+def start_and_wait_for_checkpoints(d: Deployment, n: int) -> subprocess.Popen:
+    """Start the job spread over both hosts; return once ``n`` checkpoints completed."""
+    driver = cutline(d.home, *run_args(d, SPREAD, "--idle-timeout", "30"), **d.driver)
 
     def checkpoints() -> int:
         try:
-            return len(catalog(home, "completed_checkpoints", root, name))
+            return len(catalog(d, "completed_checkpoints"))
         except TableNotFoundError:
             return 0
 
     wait_for(lambda: checkpoints() >= n, 400, "checkpoints", driver)
-    first = latest_allocation(home, root, name)
-    assert first == SPREAD, "the first run placed its subtasks as hinted"
+    assert latest_allocation(d) == SPREAD, "the first run placed its subtasks as hinted"
     return driver
 
 
-def test_driver_killed_restores_every_subtask_locally_on_its_host(cluster, tmp_path):
-    home = tmp_path / "home"
-    generate(home / "log", "clicks", "clicks", count=100_000, seed=7, users=20_000)
-    driver = start_and_wait_for_checkpoints(cluster, home, 3)
-    kill_driver(driver)
+def restore_to_end(d: Deployment, *extra: str) -> None:
+    """Restore with the lost attempt's allocation as hints and run to the end of the input."""
+    args = run_args(d, latest_allocation(d), "--idle-timeout", "8", *extra)
+    run_to_end(d.home, *args, timeout=900, **d.driver)
 
-    allocation = latest_allocation(home)
-    run_to_end(home, *job_args(cluster, home, allocation, "--idle-timeout", "8"), timeout=900)
 
-    recovery = catalog(home, "recoveries")[-1]
+def nothing_crossed_a_disk(d: Deployment, held: dict[str, set[int]]) -> None:
+    """The driver's home holds its log, hints and scratch space alone (no catalog, output,
+    staged epoch or local state), and each worker's local state root the subtasks ``held``."""
+    kept = sorted(p.name for p in d.home.iterdir() if not p.name.startswith("hints-"))
+    assert kept == ["driver.log", "tmp"], kept
+    found = {
+        host: {int(p.name) for p in (d.cluster.workers[host].local_state_root / NAME).glob("*/*")}
+        for host in HOSTS
+    }  # <local state root>/<job>/<operator>/<subtask>
+    assert found == held, found
+
+
+def output_is_exact(d: Deployment) -> None:
+    report(check(NAME, d.home, d.paths.output, lambda _: read_files(d.files)))
+
+
+def test_driver_killed_restores_every_subtask_locally_on_its_host(deployment):
+    d = deployment
+    kill_driver(start_and_wait_for_checkpoints(d, 3))
+    allocation = latest_allocation(d)
+    restore_to_end(d)
+
+    recovery = catalog(d, "recoveries")[-1]
     placement = json.loads(recovery["placement"])
     local = recovery["subtasks_local"] / len(placement)
     report(f"driver kill: {local:.0%} of subtasks restored from local copies: {placement}")
     assert local >= 0.95
     assert all(p["host"] == p["hint"] == allocation[str(p["subtask"])] for p in placement)
     assert recovery["bytes_remote"] == 0
-    report(check("clicks_per_user", home))
+    by_host = {h: {int(s) for s, on in allocation.items() if on == h} for h in HOSTS}
+    nothing_crossed_a_disk(d, by_host)
+    output_is_exact(d)
 
 
-def test_host_lost_restores_its_subtasks_remotely_and_the_others_locally(
-    s3_server, s3_bucket, private_cluster, tmp_path, monkeypatch
-):
-    cluster, home = private_cluster, tmp_path / "home"
-    assert not any(k.startswith("AWS_ENDPOINT_URL") for k in os.environ), "the workers' env"
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server)  # this process writes and reads S3
-    files = f"s3://{s3_bucket}/files"
-    monkeypatch.setenv(FILES_ENV, files)  # where the job's definition reads them from
-    for n in range(4):
-        put_file(files, f"clicks-{n:03d}.json", clicks(16_000, n))
-    scratch = str(home / "tmp")  # the driver's Spark and Python scratch space, on its disk
-    env = {  # the driver's alone
-        "AWS_ENDPOINT_URL_S3": s3_server,
-        "SPARK_LOCAL_DIRS": scratch,
-        "TMPDIR": scratch,
-    }
-    (home / "tmp").mkdir()
-    paths = RuntimePaths(f"s3://{s3_bucket}/chk", f"s3://{s3_bucket}/wh", "", "")
-    s3 = ("--checkpoint-root", paths.checkpoint_root, "--warehouse", paths.warehouse)
-    where = {"env": env, "view": cluster.driver_view}
-    driver = start_and_wait_for_checkpoints(
-        cluster, home, 3, *s3, job=FILE_JOB, catalog_root=paths.catalog, **where
-    )
+def test_host_lost_restores_its_subtasks_remotely_and_the_others_locally(deployment):
+    d = deployment
+    driver = start_and_wait_for_checkpoints(d, 3)
     lost = HOSTS[1]
-    cluster.kill_host(lost)
-    rc = driver.wait(timeout=300)
-    assert rc != 0, "the attempt failed with its host"
-    log = (home / "driver.log").read_text(errors="replace")
+    d.cluster.kill_host(lost)
+    assert driver.wait(timeout=300) != 0, "the attempt failed with its host"
+    log = (d.home / "driver.log").read_text(errors="replace")
+    allocation = latest_allocation(d)
+    restore_to_end(d, "--executor-wait-s", "5")
 
-    name = job_name_of(FILE_JOB)
-    allocation = latest_allocation(home, paths.catalog, name)
-    again = ("--idle-timeout", "8", "--executor-wait-s", "5", *s3)
-    args = job_args(cluster, home, allocation, *again, job=FILE_JOB)
-    run_to_end(home, *args, timeout=900, **where)
-
-    recovery = catalog(home, "recoveries", paths.catalog, name)[-1]
+    recovery = catalog(d, "recoveries")[-1]
     placement = {p["subtask"]: p for p in json.loads(recovery["placement"])}
     report(f"host lost: restore placement {placement}")
     on_lost = {int(s) for s, h in allocation.items() if h == lost}
@@ -182,16 +192,5 @@ def test_host_lost_restores_its_subtasks_remotely_and_the_others_locally(
         assert p["source"] == ("remote" if subtask in on_lost else "local"), p
     assert recovery["subtasks_remote"] == len(on_lost)
     assert recovery["subtasks_local"] == 4 - len(on_lost)
-    # the driver's home holds its log, its hints and its scratch space alone (no catalog, no
-    # output, no staged epoch, no local state), and each worker's local state root holds only
-    # the subtasks it ran
-    assert sorted(p.name for p in home.iterdir() if not p.name.startswith("hints-")) == [
-        "driver.log",
-        "tmp",
-    ]
-    held = {
-        host: {int(d.name) for d in (cluster.workers[host].local_state_root / name).glob("*/*")}
-        for host in HOSTS
-    }  # <local state root>/<job>/<operator>/<subtask>
-    assert held[lost] == on_lost and held[HOSTS[0]] == {0, 1, 2, 3}, held
-    report(check(name, home, paths.output, lambda _: read_files(files)))
+    nothing_crossed_a_disk(d, {lost: on_lost, HOSTS[0]: {0, 1, 2, 3}})
+    output_is_exact(d)
