@@ -1,0 +1,154 @@
+"""Rescaling keyed state on restore (state/rescale.py), on real RocksDB over the local filesystem
+and moto's S3 server: subtasks at one parallelism snapshot, and the state is restored at another,
+then snapshotted and restored again: 2 -> 3 -> 1 -> 4. After each step every key (value and map
+state) is in exactly one new subtask, the one whose key-group range holds its key group, with its
+value; nothing outside a subtask's range is left in its database."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from state.handles import SubtaskStateHandle
+from state.keygroups import KeyGroupRange, key_group_range, key_groups
+from state.local_copies import LocalCopies
+from state.paths import JobLayout
+from state.rescale import RescaleError, overlapping, restore_rescaled
+from state.rocksdb_store import RocksDBStore, StoreOptions
+from state.snapshot import SubtaskSnapshotter
+
+JOB, OPERATOR, MAX = "job1", "count", 128
+OPTS = StoreOptions(write_buffer_mib=1, target_file_size_mib=1)
+KEYS = np.array([f"user-{i:06d}".encode() for i in range(12_000)], dtype=object)
+GROUPS = key_groups(list(KEYS), "binary", MAX)
+
+
+def expected_state() -> dict[tuple[str, bytes], bytes]:
+    """Every key's value state, and one map entry per third key."""
+    out = {("v", k): b"v" + k + os.urandom(40) for k in KEYS}
+    out.update({("m", k): b"m" + k for k in KEYS[::3]})
+    return out
+
+
+def write(store: RocksDBStore, state: dict[tuple[str, bytes], bytes]) -> None:
+    """The entries of ``state`` whose key group is the store's."""
+    mine = np.isin(GROUPS, list(store.key_group_range))
+    keys, groups = KEYS[mine], GROUPS[mine]
+    txn = store.begin()
+    txn.put("v", groups, list(keys), [state[("v", k)] for k in keys])
+    maps = [i for i, k in enumerate(keys) if ("m", k) in state]
+    txn.map_put(
+        "m",
+        groups[maps],
+        list(keys[maps]),
+        [b"mk"] * len(maps),
+        [state[("m", keys[i])] for i in maps],
+    )
+    txn.commit()
+
+
+def read(path, key_range: KeyGroupRange) -> dict[tuple[str, bytes], bytes]:
+    """Everything in the database at ``path``, whatever the key groups (read as the widest
+    range, so a key left outside ``key_range`` shows)."""
+    out = {}
+    with RocksDBStore(path, KeyGroupRange(0, MAX - 1)) as store:
+        for kg in range(MAX):
+            for k, v in store.items("v", kg):
+                assert kg in key_range, f"key group {kg} left in a subtask owning {key_range}"
+                out[("v", k)] = v
+        for k, kg in zip(KEYS[::3], GROUPS[::3], strict=True):
+            items = dict(store.map_items("m", int(kg), k))
+            if items:
+                out[("m", k)] = items[b"mk"]
+    return out
+
+
+class Layout:
+    """The job's local state root and snapshots over one storage."""
+
+    def __init__(self, tmp_path, storage) -> None:
+        self.root, self.storage = tmp_path / "local", storage
+        self.pool = ThreadPoolExecutor(2)
+
+    def copies(self, subtask: int, attempt: int) -> LocalCopies:
+        return LocalCopies(self.root, JOB, OPERATOR, subtask, attempt)
+
+    def snapshot(self, parallelism: int, attempt: int, checkpoint_id: int) -> list:
+        handles = []
+        for i in range(parallelism):
+            copies = self.copies(i, attempt)
+            snap = SubtaskSnapshotter(self.storage, copies, JOB, OPERATOR, i, executor=self.pool)
+            with RocksDBStore(copies.db_dir, key_group_range(i, parallelism, MAX), OPTS) as store:
+                handle = snap.snapshot(store, checkpoint_id, None).result()
+            copies.retain(handle)
+            handles.append(handle)
+        return handles
+
+    def rescale(self, handles: list[SubtaskStateHandle], parallelism: int, attempt: int, local):
+        reports = []
+        for j in range(parallelism):
+            new_range = key_group_range(j, parallelism, MAX)
+            copies = self.copies(j, attempt)
+            report = restore_rescaled(
+                handles,
+                j,
+                new_range,
+                self.storage,
+                JobLayout(JOB),
+                copies.db_dir,
+                lambda i: self.copies(i, attempt - 1) if local else None,
+                OPTS,
+            )
+            reports.append(report)
+        return reports
+
+
+def test_state_restored_at_2_then_3_then_1_then_4_subtasks_keeps_every_key_once(tmp_path, storage):
+    job = Layout(tmp_path, storage)
+    state = expected_state()
+    for i in range(2):
+        with RocksDBStore(job.copies(i, 1).db_dir, key_group_range(i, 2, MAX), OPTS) as store:
+            write(store, state)
+    handles = job.snapshot(2, attempt=1, checkpoint_id=1)
+    for step, parallelism in enumerate([3, 1, 4], start=2):
+        reports = job.rescale(handles, parallelism, attempt=step, local=step % 2 == 0)
+        seen: dict = {}
+        for j, report in enumerate(reports):
+            got = read(job.copies(j, step).db_dir, key_group_range(j, parallelism, MAX))
+            assert not seen.keys() & got.keys(), "a key restored into two subtasks"
+            seen.update(got)
+            assert report.source == ("local" if step % 2 == 0 else "remote"), report
+        assert seen == state, f"{len(seen)} entries after rescaling to {parallelism}"
+        handles = job.snapshot(parallelism, attempt=step, checkpoint_id=step)
+    job.pool.shutdown()
+
+
+def test_scale_in_copies_the_overlap_of_every_other_old_subtask(tmp_path, storage):
+    job = Layout(tmp_path, storage)
+    state = expected_state()
+    for i in range(4):
+        with RocksDBStore(job.copies(i, 1).db_dir, key_group_range(i, 4, MAX), OPTS) as store:
+            write(store, state)
+    handles = job.snapshot(4, attempt=1, checkpoint_id=1)
+    [first, second] = job.rescale(handles, 2, attempt=2, local=True)
+    assert [len(r.restores) for r in (first, second)] == [2, 2]  # each from two old subtasks
+    held = int(np.isin(GROUPS, list(key_group_range(1, 4, MAX))).sum())
+    assert first.keys_copied >= held  # the second old subtask's keys, copied in
+    job.pool.shutdown()
+
+
+def test_old_state_that_does_not_cover_the_new_range_is_refused_naming_the_key_groups(
+    tmp_path, storage
+):
+    job = Layout(tmp_path, storage)
+    for i in range(2):
+        RocksDBStore(job.copies(i, 1).db_dir, key_group_range(i, 2, MAX), OPTS).close()
+    handles = job.snapshot(2, attempt=1, checkpoint_id=1)
+    with pytest.raises(RescaleError, match=r"key groups 64\.\.127 are in no old subtask's state"):
+        overlapping(handles[:1], KeyGroupRange(0, 127))
+    with pytest.raises(RescaleError, match=r"key groups 32\.\.63 are in no"):
+        overlapping(handles[1:], KeyGroupRange(32, 95))
+    job.pool.shutdown()
