@@ -66,6 +66,18 @@ class RescaleReport:
         return sum(r.bytes_remote for r in self.restores)
 
     @property
+    def files_local(self) -> int:
+        return sum(r.files_local for r in self.restores)
+
+    @property
+    def files_remote(self) -> int:
+        return sum(r.files_remote for r in self.restores)
+
+    @property
+    def fallbacks(self) -> list[str]:
+        return [f for r in self.restores for f in r.fallbacks]
+
+    @property
     def source(self) -> str:
         """``local``, ``remote`` or ``mixed``, over every old subtask read."""
         sources = {r.source for r in self.restores}

@@ -53,9 +53,14 @@ def upload_snapshot(
     """Upload snapshot ``directory`` and return its handle (timings left at zero).
 
     With ``incremental``, an SST file whose name and size match a file of ``base`` is re-referenced
-    instead of uploaded. ``base`` must come from the last *confirmed* checkpoint.
+    instead of uploaded. ``base`` must come from the last *confirmed* checkpoint; a base of
+    another key-group range (the subtask was rescaled since) shares nothing: its files hold other
+    keys, whatever their names.
     """
-    reusable = {f.local_name: f for f in base.files if f.shared} if base and incremental else {}
+    same_keys = base is not None and base.key_group_range == key_group_range
+    reusable = (
+        {f.local_name: f for f in base.files if f.shared} if same_keys and incremental else {}
+    )
     # Remote names are unique per snapshot, so two attempts that reach the same checkpoint id
     # (a zombie and its successor) never overwrite each other's files.
     token = uuid.uuid4().hex[:16]

@@ -11,7 +11,7 @@ from cutline_examples.jobs import clicks_per_user
 from cutline_sessions.jobs import sessions
 
 from cutline.operators import KeyedAggregate
-from spark_jobs.driver.evolution import check_restorable
+from spark_jobs.driver.evolution import check_restorable, checkpoint_parallelism
 from spark_jobs.errors import IncompatibleStateError, exit_code
 from state.handles import SubtaskStateHandle
 from state.keygroups import key_group_range
@@ -79,8 +79,9 @@ def test_a_stage_keyed_differently_is_refused():
     refused(changed, checkpoint_of(job), r"keyed by key<string> .* is keyed by key<string,string>")
 
 
-def test_a_checkpoint_at_another_parallelism_is_refused_naming_both():
-    """Until rescaling exists: refused before anything runs (exit 2), not retried."""
+def test_a_checkpoint_at_another_parallelism_is_rescaled_and_another_max_parallelism_refused():
+    """Another parallelism restores (rescaled, state/rescale.py); another max parallelism, or a
+    layout with a subtask missing, is refused before anything runs (exit 2), not retried."""
     job = clicks_per_user()  # parallelism 2
     uid = job.stages[0].uid
 
@@ -91,15 +92,11 @@ def test_a_checkpoint_at_another_parallelism_is_refused_naming_both():
         )
         return dataclasses.replace(checkpoint_of(job), subtasks=handles)
 
-    check_restorable(job, at(2))
-    for parallelism, max_parallelism in ((3, job.max_parallelism), (1, job.max_parallelism)):
-        refused(
-            job,
-            at(parallelism, max_parallelism),
-            f"taken at parallelism {parallelism} .*now runs at parallelism 2 .*"
-            f"--parallelism {parallelism}",
-        )
-    refused(
-        job, at(2, 64), rf"\(max parallelism 64\), but .*\(max parallelism {job.max_parallelism}\)"
-    )
+    for parallelism in (1, 2, 3, job.max_parallelism):
+        check_restorable(job, at(parallelism))
+        assert checkpoint_parallelism(job, at(parallelism)) == parallelism
+    refused(job, at(2, 64), rf"max_parallelism 64, but the job has {job.max_parallelism}")
+    partial = at(3)
+    partial = dataclasses.replace(partial, subtasks=partial.subtasks[::2])  # subtask 1 missing
+    refused(job, partial, r"stage uid 'count_by_user' is not a whole layout of 3 subtasks")
     assert exit_code(IncompatibleStateError("x")) == 2

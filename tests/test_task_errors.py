@@ -77,17 +77,20 @@ def test_a_failure_whose_text_is_marked_stands_typed_and_a_typed_one_unchanged()
     assert isinstance(typed.error, BadRecordError) and typed.failure == "bad record"
 
 
-def test_a_restore_at_another_parallelism_fails_its_task_as_not_retryable(tmp_path):
-    job = dataclasses.replace(clicks_per_user(), parallelism=3)
+def test_state_that_does_not_cover_a_subtasks_key_groups_fails_its_task_as_not_retryable(
+    tmp_path,
+):
+    """Subtask 0 at parallelism 1 owns every key group; half a layout of 2 cannot rebuild it."""
+    job = dataclasses.replace(clicks_per_user(), parallelism=1)
     ctx = RunContext(job, 2, str(tmp_path / "chk"), str(tmp_path / "local"), str(tmp_path))
     uid = job.stages[0].uid
     handle = SubtaskStateHandle(uid, 0, key_group_range(0, 2, job.max_parallelism), 4, ())
-    with pytest.raises(IncompatibleStateError, match="checkpoint 4 holds key groups"):
-        prepare_subtask(ctx, uid, 0, handle, 0)
+    with pytest.raises(IncompatibleStateError, match=r"key groups 64\.\.127 are in no old subtask"):
+        prepare_subtask(ctx, uid, 0, (handle,), 0)
     with pytest.raises(TaskError) as failed:  # as the restore's Spark task fails
-        prepare_slot(ctx, 0, {uid: handle}, 0)
+        prepare_slot(ctx, 0, {uid: (handle,)}, 0)
     state = RunState()
     state.fail(f"PythonException: {spark_report(str(failed.value))}")
     assert isinstance(state.error, IncompatibleStateError)
-    assert state.failure.startswith("checkpoint 4 holds key groups")
-    assert "parallelism 3" in state.failure and "\n" not in state.failure
+    assert state.failure.startswith("checkpoint 4, stage 'count_by_user', subtask 0")
+    assert "parallelism 1" in state.failure and "\n" not in state.failure

@@ -11,8 +11,10 @@ subtasks' state handles are filed under the uid. A restore takes a checkpoint on
   ``--allow-non-restored-state`` (that state is then dropped, as in Flink);
 - every state both sides know has the same fingerprint: a changed type is refused, naming the
   stage and the state;
-- every subtask's key-group range is the one the job assigns it: a checkpoint taken at another
-  parallelism (or max parallelism) is refused, naming both, before anything runs.
+- the checkpoint was taken at the job's max parallelism (its key groups are the job's), and holds
+  each stage's whole key-group layout at some parallelism; at another parallelism than the job's
+  the state is rescaled on restore (state/rescale.py). Anything else is refused before anything
+  runs, naming both.
 
 A stage or a state the checkpoint does not know starts empty. Renaming a stage and keeping its
 uid restores its state. Nothing a checkpoint holds is ever dropped without the flag: a restore
@@ -49,36 +51,42 @@ def check_restorable(
                 "restore it, or pass --allow-non-restored-state to drop that state"
             )
         log(f"{what}, which the job has no stage for: dropped (--allow-non-restored-state)")
-    _check_layout(job, manifest)
+    checkpoint_parallelism(job, manifest)
     for stage in job.stages:
         _check_states(stage, manifest, allow_non_restored, log)
 
 
-def _check_layout(job: JobDefinition, manifest: CheckpointManifest) -> None:
-    """Every subtask's key-group range in the checkpoint is the one the job assigns it: the
-    same parallelism and max parallelism (state cannot be redistributed on restore yet)."""
+def checkpoint_parallelism(job: JobDefinition, manifest: CheckpointManifest) -> int | None:
+    """The parallelism ``manifest``'s state was taken at (None: it holds no state of the job's
+    stages); raises :class:`IncompatibleStateError` unless every stage's state is the job's max
+    parallelism cut into a whole layout at that parallelism."""
     stages = {s.uid for s in job.stages}
     held = [h for h in manifest.subtasks if h.operator in stages]
     if not held:
-        return
+        return None
     parallelism = max(h.subtask for h in held) + 1
-    max_parallelism = max(h.key_group_range.end for h in held) + 1
-    for h in held:
-        if h.subtask >= job.parallelism or h.key_group_range != key_group_range(
-            h.subtask, job.parallelism, job.max_parallelism
-        ):
+    what = f"checkpoint {manifest.checkpoint_id} of {job.name}"
+    for uid in sorted({h.operator for h in held}):
+        ranges = sorted((h.subtask, h.key_group_range) for h in held if h.operator == uid)
+        if ranges == _layout(parallelism, job.max_parallelism):
+            continue
+        found = max(r.end for _, r in ranges) + 1
+        if found != job.max_parallelism and ranges == _layout(parallelism, found):
             raise IncompatibleStateError(
-                f"checkpoint {manifest.checkpoint_id} of {job.name} was taken at parallelism "
-                f"{parallelism} (max parallelism {max_parallelism}), but the job now runs at "
-                f"parallelism {job.parallelism} (max parallelism {job.max_parallelism}): "
-                "changing parallelism on restore is not supported yet; run it with "
-                f"--parallelism {parallelism}"
-                + (
-                    f" and max_parallelism={max_parallelism} in the job definition"
-                    if max_parallelism != job.max_parallelism
-                    else ""
-                )
+                f"{what} was taken with max_parallelism {found}, but the job has "
+                f"{job.max_parallelism}: its key groups cannot be cut again (restore it with "
+                f"max_parallelism={found} in the job definition)"
             )
+        raise IncompatibleStateError(
+            f"{what}: the state of stage uid {uid!r} is not a whole layout of {parallelism} "
+            f"subtasks of max_parallelism {job.max_parallelism} (its subtasks and key groups: "
+            f"{[(i, r.to_list()) for i, r in ranges]})"
+        )
+    return parallelism
+
+
+def _layout(parallelism: int, max_parallelism: int) -> list:
+    return [(i, key_group_range(i, parallelism, max_parallelism)) for i in range(parallelism)]
 
 
 def _check_states(stage, manifest: CheckpointManifest, allow_non_restored: bool, log) -> None:

@@ -27,7 +27,10 @@ from spark_jobs.driver.placement import executor_hosts, placed_rdd, preferred_ho
 from spark_jobs.errors import NoRestorableCheckpointError
 from spark_jobs.executor.reports import SubtaskRestoreReport
 from spark_jobs.executor.subtask import RunContext, prepare_slot
+from state.handles import SubtaskStateHandle
+from state.keygroups import KeyGroupRange
 from state.manifest import CheckpointManifest, Positions
+from state.rescale import overlapping
 
 
 @dataclass(frozen=True)
@@ -69,9 +72,10 @@ def restore_placed(
     (spark_jobs/errors.py)."""
     job = ctx.job
     handles = {
-        i: {s.uid: manifest.handle(s.uid, i) if manifest else None for s in job.stages}
+        i: {s.uid: handles_for(manifest, s.uid, i, ctx.key_groups(i)) for s in job.stages}
         for i in range(job.parallelism)
     }
+    hints = rescaled_hints(hints, handles)
     sc = spark.sparkContext
     if hints and not sc.master.startswith("local"):
         missing = wait_for_hosts(sc, set(hints.values()), executor_wait_s)
@@ -93,6 +97,36 @@ def restore_placed(
         replace(r, hint=hints.get(str(r.subtask)), placed=bool(prefs[r.subtask]))
         for r in reports
     ]
+
+
+def handles_for(
+    manifest: CheckpointManifest | None, uid: str, subtask: int, key_groups: KeyGroupRange
+) -> tuple[SubtaskStateHandle, ...]:
+    """What subtask ``subtask`` (owning ``key_groups``) restores stage ``uid`` from: its own
+    handle at the checkpoint's parallelism; at another (rescaled), the handles of every old
+    subtask whose key groups overlap its own, the largest overlap first; none: it starts empty."""
+    if manifest is None:
+        return ()
+    own = manifest.handle(uid, subtask)
+    if own is not None and own.key_group_range == key_groups:
+        return (own,)
+    old = [h for h in manifest.subtasks if h.operator == uid]
+    return tuple(overlapping(old, key_groups)) if old else ()
+
+
+def rescaled_hints(
+    hints: dict[str, str], handles: dict[int, dict[str, tuple[SubtaskStateHandle, ...]]]
+) -> dict[str, str]:
+    """The hints (host per subtask of the lost attempt) for the subtasks to restore: each goes
+    where the subtask it takes most state from ran, whose local copy is there (the same
+    subtask, unless rescaled)."""
+    out = {}
+    for subtask, per_stage in handles.items():
+        first = next((h[0] for h in per_stage.values() if h), None)
+        host = hints.get(str(first.subtask if first else subtask))
+        if host:
+            out[str(subtask)] = host
+    return out
 
 
 def replay_epochs(
@@ -143,6 +177,7 @@ def recovery_row(
         "placement": json.dumps(
             [
                 {k: getattr(r, k) for k in ("stage", "subtask", "host", "hint", "source")}
+                | ({"rescaled_from": list(r.rescaled_from)} if r.rescaled_from else {})
                 for r in reports
             ]
         ),

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from cutline.sinks import SinkWriter
 from spark_jobs.driver.epoch_ends import EpochEnds
+from spark_jobs.driver.evolution import checkpoint_parallelism
 from spark_jobs.driver.micro_batches import MicroBatches
 from spark_jobs.driver.placement import anchor_rdd, executor_hosts, preferred_hosts
 from spark_jobs.driver.progress import Progress
@@ -99,5 +100,12 @@ class AttemptRestore:
                 f"{row['files_local'] + row['files_remote']} files: "
                 f"{row['bytes_local']:,} B local, {row['bytes_remote']:,} B remote"
             )
+            was = checkpoint_parallelism(job, m)
+            if was is not None and was != job.parallelism:
+                self.log(
+                    f"rescaled: checkpoint {m.checkpoint_id} was taken at parallelism {was}, "
+                    f"restored at {job.parallelism} (key groups of {job.max_parallelism} "
+                    "redistributed; each subtask built from the old ones overlapping it)"
+                )
         self.timeline.note_overlapped("restore", time.perf_counter() - started)
         return restored, allocation

@@ -42,8 +42,9 @@ class SubtaskRestoreReport:
     """How one subtask of one stage got its working state for a new attempt. ``source`` is
     ``empty`` (no checkpoint), ``local``, ``remote`` or ``mixed`` (where the bytes came from);
     ``corrupt`` is the positive evidence against the checkpoint when there was some (then
-    nothing was restored). ``hint`` and ``placed`` are the driver's: the host the executor hint
-    named, and whether an executor ran there."""
+    nothing was restored); ``rescaled_from``: the subtasks of the checkpoint's parallelism
+    whose state it took, when restored at another one. ``hint`` and ``placed`` are the
+    driver's: the host the executor hint named, and whether an executor ran there."""
 
     stage: str
     subtask: int
@@ -58,12 +59,23 @@ class SubtaskRestoreReport:
     corrupt: str | None = None
     hint: str | None = None
     placed: bool = False
+    rescaled_from: tuple[int, ...] = ()  # the old subtasks its state came from, when rescaled
 
     def to_dict(self) -> dict[str, Any]:
         """The report as events and catalog rows carry it (JSON-ready)."""
-        return {**asdict(self), "fallbacks": list(self.fallbacks)}
+        return {
+            **asdict(self),
+            "fallbacks": list(self.fallbacks),
+            "rescaled_from": list(self.rescaled_from),
+        }
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> SubtaskRestoreReport:
         """A report from :meth:`to_dict`'s form; a key it does not know is a ``TypeError``."""
-        return cls(**{**raw, "fallbacks": tuple(raw.get("fallbacks", ()))})
+        return cls(
+            **{
+                **raw,
+                "fallbacks": tuple(raw.get("fallbacks", ())),
+                "rescaled_from": tuple(raw.get("rescaled_from", ())),
+            }
+        )

@@ -304,29 +304,39 @@ def run_subtask(
 
 
 def prepare_slot(
-    ctx: RunContext, subtask: int, handles: dict[str, SubtaskStateHandle | None], epoch: int
+    ctx: RunContext,
+    subtask: int,
+    handles: dict[str, tuple[SubtaskStateHandle, ...]],
+    epoch: int,
 ) -> list[SubtaskRestoreReport]:
     """The body of a restore's Spark task: set up the working state of subtask ``subtask`` of
-    every stage (``handles``: per stage uid) for a new attempt: the stages' subtasks *i* share a
-    host, as Flink's slot sharing puts them in one slot. Returns the restore reports; a
-    :class:`~spark_jobs.errors.NonRetryableError` reaches the driver typed (``carry_to_driver``)."""
+    every stage (``handles``: per stage uid, what to restore it from) for a new attempt: the
+    stages' subtasks *i* share a host, as Flink's slot sharing puts them in one slot. Returns
+    the restore reports; a :class:`~spark_jobs.errors.NonRetryableError` reaches the driver
+    typed (``carry_to_driver``)."""
     with carry_to_driver():
         return [prepare_subtask(ctx, uid, subtask, h, epoch) for uid, h in handles.items()]
 
 
 def prepare_subtask(
-    ctx: RunContext, uid: str, subtask: int, handle: SubtaskStateHandle | None, epoch: int
+    ctx: RunContext,
+    uid: str,
+    subtask: int,
+    handles: tuple[SubtaskStateHandle, ...],
+    epoch: int,
 ) -> SubtaskRestoreReport:
     """Set up subtask ``subtask`` of stage ``uid``'s working state for a new attempt.
 
-    With a handle, restore it local-first; without, start empty. Either way the state is then
-    marked as belonging to this attempt at ``epoch``. A handle whose key groups are not the
-    ones the job's parallelism gives this subtask raises :class:`IncompatibleStateError` (a
-    restart cannot fix it); positive evidence against the checkpoint is reported (``corrupt``),
-    not raised.
+    ``handles``: its own handle at the checkpoint's parallelism, or (rescaled) the handles of
+    every old subtask whose key groups overlap its own (state/rescale.py), or none: it starts
+    empty. Either way the state is then marked as belonging to this attempt at ``epoch``.
+    Handles that do not cover its key groups raise :class:`IncompatibleStateError` (a restart
+    cannot fix it); positive evidence against the checkpoint is reported (``corrupt``), not
+    raised.
     """
     import shutil
 
+    from state.rescale import RescaleError, restore_rescaled
     from state.restore import ChecksumMismatchError, restore_subtask
     from state.rocksdb_store import RocksDBStore
 
@@ -334,23 +344,31 @@ def prepare_subtask(
     copies.drop_older_working_dirs()
     shutil.rmtree(copies.db_dir, ignore_errors=True)
     report = SubtaskRestoreReport(uid, subtask, host_name(), "empty")
-    if handle is not None:
-        if handle.key_group_range != ctx.key_groups(subtask):
-            raise IncompatibleStateError(
-                f"checkpoint {handle.checkpoint_id} holds key groups {handle.key_group_range} for "
-                f"subtask {subtask} of stage {uid!r}, but the job's parallelism "
-                f"{ctx.job.parallelism} assigns it {ctx.key_groups(subtask)}: restore with the "
-                "parallelism the checkpoint was taken with (changing it on restore is not "
-                "supported yet)"
-            )
+    key_groups = ctx.key_groups(subtask)
+    rescaled = bool(handles) and (len(handles) > 1 or handles[0].key_group_range != key_groups)
+    if handles:
+        storage, layout = open_storage(ctx.checkpoint_root), JobLayout(ctx.job.name)
+        local = ctx.job.checkpoint.local_recovery
         try:
-            r = restore_subtask(
-                handle,
-                open_storage(ctx.checkpoint_root),
-                JobLayout(ctx.job.name),
-                copies.db_dir,
-                copies if ctx.job.checkpoint.local_recovery else None,
-            )
+            if rescaled:
+                r = restore_rescaled(
+                    handles,
+                    subtask,
+                    key_groups,
+                    storage,
+                    layout,
+                    copies.db_dir,
+                    lambda old: ctx.copies(uid, old) if local else None,
+                )
+            else:
+                r = restore_subtask(
+                    handles[0], storage, layout, copies.db_dir, copies if local else None
+                )
+        except RescaleError as e:
+            raise IncompatibleStateError(
+                f"checkpoint {handles[0].checkpoint_id}, stage {uid!r}, subtask {subtask} of "
+                f"parallelism {ctx.job.parallelism}: {e}"
+            ) from None
         except (ChecksumMismatchError, MissingFileError, CorruptFileError) as e:
             # positive evidence against the checkpoint: the driver marks it CORRUPT, falls back
             return replace(report, corrupt=f"{type(e).__name__}: {e}")
@@ -363,9 +381,13 @@ def prepare_subtask(
             files_remote=r.files_remote,
             fallbacks=tuple(r.fallbacks),
             duration_ms=r.duration_s * 1000,
+            rescaled_from=tuple(h.subtask for h in handles) if rescaled else (),
         )
-    with RocksDBStore(copies.db_dir, ctx.key_groups(subtask)) as store:
+    with RocksDBStore(copies.db_dir, key_groups) as store:
         txn = store.begin()
+        if rescaled:  # the old subtasks' progress markers, each at its first key group
+            stale = [kg for kg in key_groups if kg != key_groups.start]
+            txn.delete(PROGRESS, stale, [b"p"] * len(stale))
         write_progress(txn, store, ctx.attempt, epoch)
         txn.commit()
     kill_point("subtask-restored")
