@@ -13,7 +13,9 @@ are pending, counted only if the attempt was still running. Input is appended be
 epoch by epoch with the reference (tests/reference.py). Some jobs run with every durable role on
 the S3 server on loopback (checkpoints, catalog, output tables, staged epochs; the file source's
 files too); after their kills a GC pass must leave exactly what the retained checkpoints need,
-each of which verifies, checksums included. Reproduce a run with ``CUTLINE_TEST_SEED``; set
+each of which verifies, checksums included. ``sessions`` (keyed state and event-time timers)
+changes parallelism at every attempt, 2, 3, 1, 4 and again: each restore after a kill is
+rescaled. Reproduce a run with ``CUTLINE_TEST_SEED``; set
 ``CUTLINE_TEST_KILLS`` for more kills.
 """
 
@@ -74,6 +76,9 @@ INPUTS = {
 ON_S3 = {"windowed_revenue", "enriched_orders", "cutline_sessions.jobs:sessions", FILE_JOB}
 # per job: more arguments of every attempt (a file is read in micro-batches of 1,000 records)
 ARGS = {FILE_JOB: ["--max-records-per-partition", "1000"]}
+# per job: the parallelism of attempt k is the k-th of these, cycling: each restore after a
+# kill is rescaled (keyed state and event-time timers redistributed by key group)
+RESCALED = {"cutline_sessions.jobs:sessions": [2, 3, 1, 4]}
 IN_TASKS = {"subtask-restored", "batch-applied", "snapshot-taken"}  # counted per Python worker
 ONCE = {"restore-started", "sink-recovered"}  # reached once per attempt
 MODES = [*KILL_POINTS, "random", "uploads in flight"]
@@ -143,21 +148,31 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
         request.getfixturevalue("monkeypatch").setenv(FILES_ENV, f"{root}/files")
     roles = ["--checkpoint-root", paths.checkpoint_root, "--warehouse", paths.warehouse]
     flags = [*roles, *ARGS.get(job, [])]  # every attempt's
+    schedule = RESCALED.get(job)
+
+    def at(attempt: int) -> list[str]:  # the attempt's parallelism, when the job is rescaled
+        return ["--parallelism", str(schedule[attempt % len(schedule)])] if schedule else []
+
     kills: list[str] = []
     attempts = 0
     while len(kills) < KILLS:
         assert attempts < 4 * KILLS, f"only {len(kills)} kills in {attempts} attempts: {kills}"
         append_input(home, job, attempts)
+        killed = one_attempt(home, job, rng, [*flags, *at(attempts)])
         attempts += 1
-        killed = one_attempt(home, job, rng, flags)
         if killed:
             kills.append(killed)
     # the rest of the input in bigger micro-batches: the kills are over
-    run_to_end(home, "run", job, *RUN, *flags, "--max-records-per-partition", "16000")
+    rest = [*flags, *at(attempts), "--max-records-per-partition", "16000"]
+    run_to_end(home, "run", job, *RUN, *rest)
     read = (lambda _: read_files(os.environ[FILES_ENV])) if job == FILE_JOB else None
     summary = check(job_name_of(job), home, paths.output, read)
     report(f"{job}: {len(kills)} kills in {attempts} attempts: {kills}")
     report(f"{job}: output == reference ({summary})")
+    if schedule:
+        rescales = (home / "driver.log").read_text(errors="replace").count("\nrescaled: ")
+        report(f"{job}: {rescales} restores rescaled (parallelism cycling {schedule})")
+        assert rescales >= 3, "restores at another parallelism than the checkpoint's"
     if job in ON_S3:
         run_to_end(home, "gc", job, "--grace-s", "0", *roles)
         kept = gc_left_only_what_is_needed(paths, job_name_of(job))
