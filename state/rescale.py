@@ -9,8 +9,9 @@ values, lists, maps and timers alike), so a key group's state moves as one byte 
    (state/restore.py), and clipped: the key groups outside the new range are deleted by range;
 2. each other overlapping old subtask is restored beside it, and the keys of its overlap are
    copied in, read in key order and written in write batches;
-3. the database is compacted, so its files hold only the new range's keys (the first checkpoint
-   after a rescale uploads the subtask whole: no earlier snapshot of it shares its files).
+3. the deleted ranges are compacted, so its files hold only the new range's keys (the first
+   checkpoint after a rescale uploads the subtask whole: no earlier snapshot of it shares its
+   files).
 
 The database is assembled beside ``target`` and replaces it at the end: it appears complete or
 not at all.
@@ -118,12 +119,14 @@ def _bounds(r: KeyGroupRange) -> tuple[bytes, bytes]:
     return r.start.to_bytes(2, "big"), (r.end + 1).to_bytes(2, "big")
 
 
-def _clip(db: rd.Rdict, keep: KeyGroupRange, write: rd.WriteOptions) -> None:
+def _clip(db: rd.Rdict, keep: KeyGroupRange, write: rd.WriteOptions) -> list[tuple]:
+    """Delete every key outside ``keep``; the byte ranges deleted."""
     lower, upper = _bounds(keep)
-    if lower > b"\x00\x00":
-        db.delete_range(b"\x00\x00", lower, write)
-    if upper < _END:
-        db.delete_range(upper, _END, write)
+    dropped = [(b"\x00\x00", lower), (upper, _END)]
+    dropped = [(a, b) for a, b in dropped if a < b]
+    for a, b in dropped:
+        db.delete_range(a, b, write)
+    return dropped
 
 
 def _copy(source: Path, db: rd.Rdict, keys: KeyGroupRange, write: rd.WriteOptions) -> int:
@@ -176,7 +179,7 @@ def restore_rescaled(
         write.disable_wal = True
         db = rd.Rdict(str(building), (options or StoreOptions()).to_rocksdb())
         try:
-            _clip(db, new_range, write)
+            dropped = _clip(db, new_range, write)
             for other in parts[1:]:
                 scratch = target.with_name(f"{target.name}.from-{other.subtask}")
                 try:
@@ -188,7 +191,8 @@ def restore_rescaled(
                 finally:
                     shutil.rmtree(scratch, ignore_errors=True)
             db.flush(True)
-            db.compact_range(None, None)
+            for a, b in dropped:  # rewrite only the files that held deleted key groups
+                db.compact_range(a, b)
         finally:
             db.close()
         shutil.rmtree(target, ignore_errors=True)
