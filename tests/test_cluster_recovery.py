@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 JOB = "tests.file_jobs:file_clicks"  # clicks_per_user on the file source
 NAME = "file_clicks"
+ARRIVING = "later/clicks-099.json"  # a file added while the job runs
 HOSTS = ("127.0.0.2", "127.0.0.3")
 # a first run spreads the subtasks over both hosts (later runs get the lost attempt's allocation)
 SPREAD = {str(i): HOSTS[i % 2] for i in range(4)}
@@ -118,17 +120,27 @@ def latest_allocation(d: Deployment) -> dict[str, str]:
 
 
 def start_and_wait_for_checkpoints(d: Deployment, n: int) -> subprocess.Popen:
-    """Start the job spread over both hosts; return once ``n`` checkpoints completed."""
+    """Start the job spread over both hosts; once ``n`` checkpoints completed, add a file (in a
+    subdirectory) and return once a checkpoint has read into it: files arriving while the job
+    runs are picked up."""
     driver = cutline(d.home, *run_args(d, SPREAD, "--idle-timeout", "30"), **d.driver)
 
-    def checkpoints() -> int:
+    def checkpoints() -> list[dict]:
         try:
-            return len(catalog(d, "completed_checkpoints"))
+            return catalog(d, "completed_checkpoints")
         except TableNotFoundError:
-            return 0
+            return []
 
-    wait_for(lambda: checkpoints() >= n, 400, "checkpoints", driver)
+    wait_for(lambda: len(checkpoints()) >= n, 400, "checkpoints", driver)
     assert latest_allocation(d) == SPREAD, "the first run placed its subtasks as hinted"
+    put_file(d.files, ARRIVING, clicks(4_000, 99))
+    partition = str(zlib.crc32(ARRIVING.encode()) & 0x7FFFFFFF)  # computed here, not by Cutline
+
+    def read_the_new_file() -> bool:
+        latest = max(checkpoints(), key=lambda r: r["checkpoint_id"])
+        return int(json.loads(latest["source_positions"])["clicks"].get(partition, 0)) > 0
+
+    wait_for(read_the_new_file, 120, "a checkpoint reading the file added while it ran", driver)
     return driver
 
 

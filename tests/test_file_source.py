@@ -1,13 +1,11 @@
 """The file source: a directory of immutable JSON-lines or Parquet files, each a partition
-numbered by its name, on local disk and on S3. Unit tests read through the source's own
-functions; the Spark test runs ``clicks_per_user`` on files that keep arriving, kills its driver
-and restores, and compares the output with pandas over the files."""
+numbered by its name, on local disk and on S3, read through the source's own functions. Jobs on
+it run under the random kills (tests/test_exactly_once.py, files on S3, a new one per attempt)
+and on the two-worker cluster (tests/test_cluster_recovery.py, a file arriving while it runs)."""
 
 from __future__ import annotations
 
-import json
 import random
-import time
 import zlib
 
 import pyarrow as pa
@@ -17,11 +15,7 @@ import pytest
 from cutline import FileSource, JobDefinitionError
 from cutline.sources.files import _Ends, list_files, partition_of, read_records
 from state.storage import S3Storage
-from tests.e2e_util import checkpoints_so_far, cutline, finish, kill_driver, report, wait_for
-from tests.epoch_cuts import output
-from tests.file_input import clicks, json_lines, put_file, read_files
-from tests.file_jobs import FILES_ENV
-from tests.reference import compare_outputs, job_cuts
+from tests.file_input import clicks, json_lines, put_file
 
 SCHEMA = pa.schema([("user", pa.string()), ("url", pa.string()), ("ts", pa.int64())])
 
@@ -108,37 +102,3 @@ def test_definitions_are_checked():
         FileSource("c", "/tmp/x", "user string", format="csv")
     with pytest.raises(JobDefinitionError, match="path must be a directory"):
         FileSource("c", "", "user string")
-
-
-@pytest.mark.slow
-@pytest.mark.spark
-def test_a_job_on_arriving_files_is_killed_restores_and_its_output_is_exact(tmp_path):
-    home, files = tmp_path / "home", tmp_path / "files"
-    for i in range(3):
-        put_file(files, f"clicks-{i:03d}.json", clicks(4_000, i))
-    env = {FILES_ENV: str(files)}
-    run = ("run", "tests.file_jobs:file_clicks", "--interval-ms", "500", "--idle-timeout", "6")
-    job = cutline(home, *run, env=env)
-    try:
-        wait_for(lambda: len(checkpoints_so_far(home, "file_clicks")) >= 2, 300, "checkpoints", job)
-        for i in range(3, 5):  # new files while it runs: picked up, from their start
-            put_file(files, f"clicks-{i:03d}.json", clicks(3_000, i))
-        new = {str(partition_of(f"clicks-{i:03d}.json")) for i in range(3, 5)}
-
-        def read_new_files() -> bool:  # a checkpoint has positions in both new files
-            rows = checkpoints_so_far(home, "file_clicks")
-            latest = max(rows, key=lambda r: r["checkpoint_id"], default=None)
-            read = json.loads(latest["source_positions"])["clicks"] if latest else {}
-            return all(int(read.get(p, 0)) > 0 for p in new)
-
-        wait_for(read_new_files, 120, "a checkpoint reading the files added while it ran", job)
-    finally:
-        kill_driver(job)
-    put_file(files / "later", "clicks-005.json", clicks(2_000, 5))
-    started = time.monotonic()
-    assert finish(cutline(home, *run, env=env), 600) == 0, (home / "driver.log").read_text()[-4000:]
-    cuts = job_cuts(home, ["clicks_per_user"])
-    inputs = {"clicks": cuts.assign(read_files(files), "clicks")}
-    outputs = {"clicks_per_user": output(home / "warehouse" / "tables" / "clicks_per_user")}
-    summary = compare_outputs("clicks_per_user", inputs, cuts.epochs, outputs, cuts.times)
-    report(f"\nfile source, killed and restored ({time.monotonic() - started:.0f} s): {summary}")
