@@ -91,3 +91,16 @@ def test_a_missing_bucket_fails_the_run_at_once_naming_the_role(
     (tmp_path / "blocker").write_text("a file")
     assert main([*argv, "--warehouse", str(tmp_path / "blocker" / "wh")]) == 2
     assert "cutline: catalog " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--stage", "nope", "--state", "x"], "job 'sessions' has no stage 'nope' (its stages: "),
+        (["--stage", "sessionize", "--state", "nope"], "has no state 'nope' (its states: ["),
+        (["--stage", "sessionize", "--state", "pages"], "has no completed checkpoint"),
+    ],
+)
+def test_state_read_names_what_is_missing(flags, says, tmp_path, capsys):
+    assert main(["state", "read", REF, *flags, "--home", str(tmp_path)]) == 2
+    assert says in capsys.readouterr().err

@@ -45,6 +45,7 @@ from tests.e2e_util import (
 from tests.file_input import clicks, put_file, read_files
 from tests.file_jobs import FILES_ENV
 from tests.reference import check, output, read_log
+from tests.state_check import check_country_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -79,6 +80,7 @@ ARGS = {FILE_JOB: ["--max-records-per-partition", "1000"]}
 # per job: the parallelism of attempt k is the k-th of these, cycling: each restore after a
 # kill is rescaled (keyed state and event-time timers redistributed by key group)
 RESCALED = {"cutline_sessions.jobs:sessions": [2, 3, 1, 4]}
+STATE_READ = "cutline_sessions.pipelines:country_clicks"  # its state read out after the kills
 IN_TASKS = {"subtask-restored", "batch-applied", "snapshot-taken"}  # counted per Python worker
 ONCE = {"restore-started", "sink-recovered"}  # reached once per attempt
 MODES = [*KILL_POINTS, "random", "uploads in flight"]
@@ -169,6 +171,8 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
     summary = check(job_name_of(job), home, paths.output, read)
     report(f"{job}: {len(kills)} kills in {attempts} attempts: {kills}")
     report(f"{job}: output == reference ({summary})")
+    if job == STATE_READ:  # its state, read out of the latest checkpoint, is the reference's
+        report(f"{job}: cutline state read == reference ({check_country_state(home, job)})")
     if schedule:
         rescales = (home / "driver.log").read_text(errors="replace").count("\nrescaled: ")
         report(f"{job}: {rescales} restores rescaled (parallelism cycling {schedule})")

@@ -47,6 +47,13 @@ def verify(args: argparse.Namespace) -> int:
     return verify_checkpoints(job_name_of(args.job), paths.checkpoint_root, args.checkpoint_id)
 
 
+def state_read(args: argparse.Namespace) -> int:
+    from spark_jobs.commands.state_read import state_read
+    from spark_jobs.job_loader import get_job
+
+    return state_read(args, get_job(args.job), runtime_paths(args))
+
+
 def demo(args: argparse.Namespace) -> int:
     """The main job on the embedded default: generate clicks, run clicks_per_user to the end."""
     from spark_jobs.commands.main import build_parser

@@ -186,6 +186,20 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("job", help=JOB_HELP)
     ver.add_argument("checkpoint_id", nargs="?", type=int)
     ver.set_defaults(func=commands.verify)
+    state = add("state", help="a job's state in its checkpoints")
+    state_sub = state.add_subparsers(dest="state_command", required=True)
+    read = state_sub.add_parser(
+        "read", parents=[common], help="one state of one stage, as a table (no Spark)"
+    )
+    read.add_argument("job", help=JOB_HELP)
+    read.add_argument("--stage", required=True, help="the stage's uid or name")
+    read.add_argument("--state", required=True, help="the state's name")
+    read.add_argument(
+        "--checkpoint", type=int, default=None, help="its id (default: the latest completed)"
+    )
+    read.add_argument("--out", default=None, help="write it as a Delta table at this URL or path")
+    read.add_argument("--limit", type=int, default=20, help="rows to print (without --out)")
+    read.set_defaults(func=commands.state_read)
     cfg = add("config", help="the effective settings and where each came from")
     cfg.add_argument("--json", action="store_true")
     cfg.set_defaults(func=commands.config)

@@ -1,0 +1,128 @@
+"""Reading a state out of a checkpoint (state/state_reader.py), on real RocksDB over the local
+filesystem and moto's S3 server: states written through the views user functions get
+(state/user_state.py) at parallelism 2 (value, list, map, with a TTL, keyed by one column and by
+two), snapshotted, then read back: every key's entries as written, in the columns the module
+docstring names; a state recorded in another form, or a stage the checkpoint lacks, is refused
+naming it."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pyarrow as pa
+import pytest
+
+from state.keygroups import key_group_range
+from state.local_copies import LocalCopies
+from state.manifest import CheckpointManifest
+from state.rocksdb_store import RocksDBStore
+from state.snapshot import SubtaskSnapshotter
+from state.state_reader import StateReadError, read_state
+from state.state_types import KeyCodec, ListStateSpec, MapStateSpec, Ttl, ValueStateSpec
+from state.user_state import open_view
+from state.write_buffer import BufferedTransaction
+
+JOB, MAX, NOW = "job1", 128, 1_000_000
+TOTAL = ValueStateSpec("total", pa.int64())
+SEEN = ListStateSpec("seen", pa.string())
+LAST = MapStateSpec("last", pa.float64(), key_type=pa.string())
+FRESH = ValueStateSpec("fresh", pa.int32(), ttl=Ttl(5_000))
+USERS = [f"u{i}" for i in range(500)]
+
+
+def write_and_snapshot(
+    tmp_path, storage, specs, codec, keys: pa.Array, write
+) -> CheckpointManifest:
+    """Each subtask of 2 writes the keys of its key groups with ``write(views, keys)``."""
+    groups, _ = KeyCodec(codec.key_type, MAX, codec.names).encode(keys)
+    pool, handles = ThreadPoolExecutor(1), []
+    for i in range(2):
+        kg = key_group_range(i, 2, MAX)
+        mine = keys.filter(pa.array([g in kg for g in groups]))
+        copies = LocalCopies(tmp_path / "local", JOB, "stage", i)
+        with RocksDBStore(copies.db_dir, kg) as store:
+            txn = BufferedTransaction(store)
+            views = {s.name: open_view(s, txn, codec, {"processing": NOW}) for s in specs}
+            write(views, mine)
+            txn.commit()
+            snapshotter = SubtaskSnapshotter(storage, copies, JOB, "stage", i, executor=pool)
+            handles.append(snapshotter.snapshot(store, 3, None).result())
+    pool.shutdown()
+    stages = {"stage": {s.name: s.fingerprint() for s in specs}}
+    return CheckpointManifest(JOB, 3, 7, 1, 0, {}, tuple(handles), stages=stages)
+
+
+def test_value_list_map_and_ttl_states_come_back_as_written(tmp_path, storage):
+    codec = KeyCodec("string", MAX)
+    specs = [TOTAL, SEEN, LAST, FRESH]
+
+    def write(views, keys):
+        n = len(keys)
+        views["total"].update(keys, pa.array(range(n), pa.int64()))
+        twice = pa.concat_arrays([keys, keys])
+        views["seen"].add(twice, pa.array([f"a{i}" for i in range(n)] + ["b"] * n))
+        views["last"].put(keys, pa.array(["x"] * n), pa.array([0.5] * n))
+        views["fresh"].update(keys, pa.array([7] * n, pa.int32()))
+
+    keys = pa.array(USERS)
+    m = write_and_snapshot(tmp_path, storage, specs, codec, keys, write)
+    read = {
+        s.name: read_state(m, storage, "stage", s, codec, ("user",), tmp_path / "s") for s in specs
+    }
+
+    total = read["total"]
+    assert total.column_names == ["user", "key_group", "value"]
+    assert sorted(total.column("user").to_pylist()) == sorted(USERS)
+    seen = read["seen"].to_pylist()
+    assert seen[0].keys() == {"user", "key_group", "list_index", "list_element"}
+    per_user = {}
+    for row in sorted(seen, key=lambda r: (r["user"], r["list_index"])):
+        per_user.setdefault(row["user"], []).append(row["list_element"])
+    assert len(per_user) == 500 and all(
+        v[1] == "b" and v[0].startswith("a") for v in per_user.values()
+    )
+    last = read["last"]
+    assert last.column_names == ["user", "key_group", "user_map_key", "user_map_value"]
+    assert set(last.column("user_map_key").to_pylist()) == {"x"} and last.num_rows == 500
+    fresh = read["fresh"]
+    assert fresh.column_names == ["user", "key_group", "value", "expires_at_ms"]
+    assert set(fresh.column("expires_at_ms").to_pylist()) == {NOW + 5_000}
+    assert set(fresh.column("value").to_pylist()) == {7}
+
+
+def test_a_composite_key_comes_back_as_its_columns(tmp_path, storage):
+    codec = KeyCodec(("string", "bigint"), MAX, ("user", "page"))
+    keys = pa.StructArray.from_arrays(
+        [pa.array(USERS), pa.array(range(500), pa.int64())], ["user", "page"]
+    )
+
+    def write(views, mine):
+        views["total"].update(mine, pc_page(mine))
+
+    m = write_and_snapshot(tmp_path, storage, [TOTAL], codec, keys, write)
+    table = read_state(m, storage, "stage", TOTAL, codec, ("user", "page"), tmp_path / "s")
+    assert table.column_names == ["user", "page", "key_group", "value"]
+    rows = table.to_pylist()
+    assert len(rows) == 500 and all(r["value"] == r["page"] for r in rows)
+    assert {r["user"] for r in rows} == set(USERS)
+
+
+def pc_page(keys: pa.StructArray) -> pa.Array:
+    return keys.field("page")
+
+
+def test_another_stored_form_or_a_missing_stage_is_refused_naming_it(tmp_path, storage):
+    codec = KeyCodec("string", MAX)
+    m = write_and_snapshot(
+        tmp_path, storage, [TOTAL], codec, pa.array(USERS[:10]),
+        lambda views, keys: views["total"].update(keys, pa.array([1] * len(keys), pa.int64())),
+    )  # fmt: skip
+    changed = ValueStateSpec("total", pa.float64())
+    with pytest.raises(
+        StateReadError, match=r"stage uid 'stage' stored state 'total' as value<int64>"
+    ):
+        read_state(m, storage, "stage", changed, codec, ("user",), tmp_path / "s")
+    with pytest.raises(
+        StateReadError, match=r"holds no state of stage uid 'other' \(it holds: \['stage'\]\)"
+    ):
+        read_state(m, storage, "other", TOTAL, codec, ("user",), tmp_path / "s")
