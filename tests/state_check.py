@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from cutline import read_state
 from tests.e2e_util import completed_checkpoints, run_to_end
 from tests.epoch_cuts import output as read_table
 from tests.reference import kept_clicks, read_log
@@ -26,9 +27,10 @@ def read_with_the_command(home: Path, job: str, state: str, checkpoint: int) -> 
     return read_table(str(out))
 
 
-def check_country_state(home: Path, job: str) -> str:
-    """Fail unless the three states of the latest completed checkpoint are the reference's;
-    returns a summary."""
+def check_country_state(home: Path, job: str, spark) -> str:
+    """Fail unless the three states of the latest completed checkpoint are the reference's
+    (two read with the command, one with ``cutline.read_state`` into ``spark``); returns a
+    summary."""
     latest = max(completed_checkpoints(home, "country_clicks"), key=lambda r: r["checkpoint_id"])
     cut = json.loads(latest["source_positions"])["clicks"]
     clicks = read_log(home, "clicks")
@@ -40,7 +42,11 @@ def check_country_state(home: Path, job: str) -> str:
     cid = latest["checkpoint_id"]
     lines = []
     for state in ("clicks", "users"):
-        got = read_with_the_command(home, job, state, cid).rename(columns={"value": state})
+        if state == "users":
+            got = read_state(spark, job, STAGE, state, cid, home=str(home)).toPandas()
+        else:
+            got = read_with_the_command(home, job, state, cid)
+        got = got.rename(columns={"value": state})
         lines.append(
             compare_rows(got.assign(_epoch=0), expected, ["country"], [state], f"state {state}")
         )

@@ -172,7 +172,8 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
     report(f"{job}: {len(kills)} kills in {attempts} attempts: {kills}")
     report(f"{job}: output == reference ({summary})")
     if job == STATE_READ:  # its state, read out of the latest checkpoint, is the reference's
-        report(f"{job}: cutline state read == reference ({check_country_state(home, job)})")
+        summary = check_country_state(home, job, request.getfixturevalue("spark"))
+        report(f"{job}: its state read out == reference ({summary})")
     if schedule:
         rescales = (home / "driver.log").read_text(errors="replace").count("\nrescaled: ")
         report(f"{job}: {rescales} restores rescaled (parallelism cycling {schedule})")
