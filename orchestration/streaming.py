@@ -87,7 +87,8 @@ def started_metadata(
     event: dict[str, Any], first_batch_ms: int, driver_started_ms: int
 ) -> dict[str, Any]:
     """What an attempt restored: the checkpoint, each subtask's host, local and remote bytes
-    (a table), the time from the driver's start to its first micro-batch."""
+    (a table), whether it was rescaled and from what, the time from the driver's start to its
+    first micro-batch."""
     reports = [SubtaskRestoreReport.from_dict(r) for r in event.get("restore_reports", [])]
     rows = [
         {
@@ -102,9 +103,13 @@ def started_metadata(
         for r in reports
     ]
     restored = event["restored_from"]
+    old = {i for r in reports for i in r.rescaled_from}  # a whole layout: every old subtask
+    now = len({r.subtask for r in reports})
+    rescaled = {"rescaled": f"from parallelism {max(old) + 1} to {now}"} if old else {}
     return {
         "attempt": ident(event["attempt"]),
         "restored_from": ident(None if restored is None else f"chk-{restored}"),
+        **rescaled,
         "subtasks_restored_locally": sum(r.source == "local" for r in reports),
         "subtasks_restored_remotely": sum(r.source == "remote" for r in reports),
         "restored_local_mib": mib(sum(r.bytes_local for r in reports)),

@@ -72,3 +72,15 @@ def test_a_restore_shows_its_checkpoint_each_subtasks_bytes_and_the_time_to_its_
     assert "attempt" not in _plotted(metadata)
     fresh = started_metadata({"attempt": 1, "restored_from": None}, 2_000, 1_000)
     assert fresh["restored_from"].value == "none" and fresh["restore"].value.count("\n") == 1
+    assert "rescaled" not in metadata and "rescaled" not in fresh
+
+
+def test_a_rescaled_restore_says_from_what_parallelism():
+    """4 -> 2: each new subtask built from two old ones."""
+    reports = [
+        SubtaskRestoreReport("count", i, "h1", "remote", rescaled_from=(2 * i, 2 * i + 1)).to_dict()
+        for i in range(2)
+    ]
+    event = {"attempt": 4, "restored_from": 9, "allocation": {}, "restore_reports": reports}
+    metadata = started_metadata(event, first_batch_ms=2_000, driver_started_ms=1_000)
+    assert metadata["rescaled"] == "from parallelism 4 to 2"
