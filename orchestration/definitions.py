@@ -1,7 +1,7 @@
 """Everything Dagster loads (``workspace.yaml``): the catalog assets and their checks, the
 streaming job, the sensors that register jobs, restore failed runs and catch lost drivers, the
-scheduled retention GC and catalog compaction, and the resources, which default to the embedded
-setup under ``$CUTLINE_HOME``."""
+scheduled retention GC, catalog compaction and restore drill, and the resources, which default
+to the embedded setup under ``$CUTLINE_HOME``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ from orchestration.assets.checks import (
     catalog_checks_job,
     checkpoint_freshness,
     checks_schedule,
+    drill_schedule,
     no_dangling_references,
+    restore_drill,
+    restore_drill_job,
     storage_bounded,
 )
 from orchestration.maintenance import (
@@ -30,10 +33,17 @@ from orchestration.streaming import streaming_job
 
 defs = Definitions(
     assets=[streaming_jobs, completed_checkpoints, shared_state_files],
-    asset_checks=[checkpoint_freshness, no_dangling_references, storage_bounded],
-    jobs=[streaming_job, retention_job, compaction_job, stop_streaming_job, catalog_checks_job],
+    asset_checks=[checkpoint_freshness, no_dangling_references, storage_bounded, restore_drill],
+    jobs=[
+        streaming_job,
+        retention_job,
+        compaction_job,
+        stop_streaming_job,
+        catalog_checks_job,
+        restore_drill_job,
+    ],
     sensors=[register_streaming_jobs, restore_on_failure, streaming_heartbeat],
-    schedules=[retention_schedule, compaction_schedule, checks_schedule],
+    schedules=[retention_schedule, compaction_schedule, checks_schedule, drill_schedule],
     resources={
         "cutline_paths": CutlinePaths(),
         "spark_submit": SparkSubmit(),

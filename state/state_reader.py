@@ -50,39 +50,67 @@ def read_state(
     """State ``spec`` of stage ``uid`` in ``manifest``'s checkpoint (its files in ``storage``),
     keys decoded by ``codec`` into columns ``key_names``; ``scratch``: a directory for the
     restored subtasks, removed as each is read."""
+    return read_states(manifest, storage, uid, [spec], codec, key_names, scratch)[spec.name]
+
+
+def read_states(
+    manifest: CheckpointManifest,
+    storage: DurableStorage,
+    uid: str,
+    specs: list[StateSpec],
+    codec: KeyCodec,
+    key_names: tuple[str, ...],
+    scratch: Path,
+) -> dict[str, pa.Table]:
+    """:func:`read_state` of each of ``specs``, restoring each subtask once."""
     where = f"checkpoint {manifest.checkpoint_id} of {manifest.job_id}"
     handles = sorted((h for h in manifest.subtasks if h.operator == uid), key=lambda h: h.subtask)
     if not handles:
         held = sorted({h.operator for h in manifest.subtasks})
         raise StateReadError(f"{where} holds no state of stage uid {uid!r} (it holds: {held})")
-    recorded = manifest.stages.get(uid, {}).get(spec.name)
-    if recorded is not None and recorded != spec.fingerprint():
-        raise StateReadError(
-            f"{where}: stage uid {uid!r} stored state {spec.name!r} as {recorded}, but the job "
-            f"declares it as {spec.fingerprint()}"
-        )
-    keys: list[bytes] = []
-    groups: list[int] = []
-    entries: list[bytes] = []  # a map's map keys; nothing for the other kinds
-    values: list[bytes] = []
+    for spec in specs:
+        recorded = manifest.stages.get(uid, {}).get(spec.name)
+        if recorded is not None and recorded != spec.fingerprint():
+            raise StateReadError(
+                f"{where}: stage uid {uid!r} stored state {spec.name!r} as {recorded}, but the "
+                f"job declares it as {spec.fingerprint()}"
+            )
+    found = {spec.name: _Entries() for spec in specs}
     for h in handles:
         directory = Path(scratch) / f"{uid}-{h.subtask}"
         restore_subtask(h, storage, JobLayout(manifest.job_id), directory)
         try:
             with RocksDBStore(directory, h.key_group_range) as store:
-                for kg in h.key_group_range:
-                    for suffix, value in store.items(spec.name, kg):
-                        if spec.kind == "map":
-                            (n,) = _U32.unpack_from(suffix)
-                            keys.append(suffix[4 : 4 + n])
-                            entries.append(suffix[4 + n :])
-                        else:
-                            keys.append(suffix)
-                        groups.append(kg)
-                        values.append(value)
+                for spec in specs:
+                    found[spec.name].scan(store, spec)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
-    return _table(spec, codec, key_names, keys, groups, entries, values)
+    return {spec.name: found[spec.name].table(spec, codec, key_names) for spec in specs}
+
+
+class _Entries:
+    """One state's raw entries, gathered over the subtasks."""
+
+    def __init__(self) -> None:
+        self.keys: list[bytes] = []
+        self.groups: list[int] = []
+        self.map_keys: list[bytes] = []  # a map's; nothing for the other kinds
+        self.values: list[bytes] = []
+
+    def scan(self, store: RocksDBStore, spec: StateSpec) -> None:
+        for kg in store.key_group_range:
+            for suffix, value in store.items(spec.name, kg):
+                if spec.kind == "map":
+                    (n,) = _U32.unpack_from(suffix)
+                    self.keys.append(suffix[4 : 4 + n])
+                    self.map_keys.append(suffix[4 + n :])
+                else:
+                    self.keys.append(suffix)
+                self.groups.append(kg)
+                self.values.append(value)
+
+    def table(self, spec: StateSpec, codec: KeyCodec, key_names: tuple[str, ...]) -> pa.Table:
+        return _table(spec, codec, key_names, self.keys, self.groups, self.map_keys, self.values)
 
 
 def _table(

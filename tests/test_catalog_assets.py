@@ -16,7 +16,9 @@ from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.driver.run import run_job
 from spark_jobs.job_loader import get_job
 from spark_jobs.sources.generate import generate
+from state.catalog import CheckpointStatus
 from state.restore import read_manifest
+from tests.reference import read_log
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -118,3 +120,26 @@ def test_a_running_job_without_a_recent_checkpoint_is_stale(home, spark, monkeyp
     time.sleep(0.01)
     passed, metadata = freshness(home)
     assert not passed and "latest checkpoint" in metadata["problems"][JOB]
+
+
+def test_the_restore_drill_reads_every_state_and_fails_on_a_damaged_file(home):
+    passed, metadata = check(checks.restore_drill, home)
+    assert passed, metadata
+    paths = CutlinePaths(home=str(home))
+    latest = paths.catalog().checkpoints(JOB, (CheckpointStatus.COMPLETED,))[-1]
+    drill = metadata["drills"][JOB]
+    assert drill["checkpoint_id"] == latest.checkpoint_id and drill["restore_s"] > 0
+    # one aggregates entry per user with clicks before the checkpoint's cut, counted by pandas
+    cut = latest.source_positions["clicks"]
+    clicks = read_log(home, "clicks")
+    before = clicks[clicks["offset"] < clicks["partition"].astype(str).map(cut).fillna(0)]
+    assert drill["rows"] == {"count_by_user/aggregates": before["user"].nunique()}, drill
+    manifest = read_manifest(paths.storage(), latest.metadata_path)
+    victim = max((f for f in manifest.files() if f.shared), key=lambda f: f.size)
+    path = home / "checkpoints" / JOB / victim.path
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the checksum tells
+    path.write_bytes(bytes(data))
+    passed, metadata = check(checks.restore_drill, home)
+    assert not passed
+    assert victim.path in metadata["problems"][JOB] and "checksum" in metadata["problems"][JOB]

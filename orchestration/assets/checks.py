@@ -1,6 +1,8 @@
 """Asset checks over every streaming job in the catalog: checkpoints are fresh while a job
-runs, no retained checkpoint references a missing file, and primary storage stays bounded. They
-run on their own every few minutes (``checks_schedule``), and from the UI at any time."""
+runs, no retained checkpoint references a missing file, and primary storage stays bounded; they
+run on their own every few minutes (``checks_schedule``). The restore drill restores each job's
+latest checkpoint in a sandbox and reads all its state, every hour (``drill_schedule``): the
+recovery objective, measured. All run from the UI at any time."""
 
 import time
 from collections.abc import Iterable
@@ -153,9 +155,43 @@ def storage_bounded(cutline_paths: CutlinePaths, s3: S3Resource) -> AssetCheckRe
     return _result(problems, len(jobs), usage=MetadataValue.json(usage))
 
 
+@asset_check(
+    asset=completed_checkpoints,
+    description=(
+        "Each job's latest completed checkpoint restores in a sandbox (a temporary directory: no "
+        "sink commits, nothing the running job uses), every file matching its checksum, and "
+        "every state of every stage reads back with the job's definition; records the time"
+    ),
+)
+def restore_drill(cutline_paths: CutlinePaths, s3: S3Resource) -> AssetCheckResult:
+    from spark_jobs.commands.state_read import restore_drill as drill
+
+    paths, storage = cutline_paths.paths(), cutline_paths.storage(s3)
+    problems, drills = {}, {}
+    jobs = list(_jobs(cutline_paths))
+    for name, _ in jobs:
+        if not cutline_paths.catalog().checkpoints(name, (CheckpointStatus.COMPLETED,)):
+            continue
+        try:
+            report = drill(get_job(name), paths, storage)
+        except (ValueError, StorageError) as e:  # a damaged file, a state in another form
+            problems[name] = f"{type(e).__name__}: {e}"
+            continue
+        drills[name] = {
+            "checkpoint_id": report.checkpoint_id,
+            "restore_s": report.seconds,
+            "mib": round(report.bytes_read / MIB, 3),
+            "rows": report.rows,
+        }
+    slowest = max((d["restore_s"] for d in drills.values()), default=0.0)
+    return _result(
+        problems, len(jobs), drills=MetadataValue.json(drills), slowest_restore_s=slowest
+    )
+
+
 catalog_checks_job = define_asset_job(
     "catalog_checks",
-    selection=AssetSelection.all_asset_checks(),
+    selection=AssetSelection.all_asset_checks() - AssetSelection.checks(restore_drill),
     description="Runs the catalog's asset checks (freshness, dangling references, storage)",
 )
 checks_schedule = ScheduleDefinition(
@@ -164,4 +200,16 @@ checks_schedule = ScheduleDefinition(
     cron_schedule=f"*/{CHECKS_INTERVAL_MIN} * * * *",
     default_status=DefaultScheduleStatus.RUNNING,
     description=f"The asset checks every {CHECKS_INTERVAL_MIN} minutes",
+)
+restore_drill_job = define_asset_job(
+    "restore_drill",
+    selection=AssetSelection.checks(restore_drill),
+    description="Restores each job's latest checkpoint in a sandbox and reads all its state",
+)
+drill_schedule = ScheduleDefinition(
+    name="drill_schedule",
+    job=restore_drill_job,
+    cron_schedule="17 * * * *",
+    default_status=DefaultScheduleStatus.RUNNING,
+    description="The restore drill every hour",
 )

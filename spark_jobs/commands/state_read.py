@@ -1,11 +1,16 @@
 """``cutline state read``: one state of one stage of a job's checkpoint, as a table (no Spark:
 restored and decoded by state/state_reader.py, printed or written as a Delta table with
-delta-rs). :func:`load_state` is what ``cutline.read_state`` turns into a Spark DataFrame."""
+delta-rs). :func:`load_state` is what ``cutline.read_state`` turns into a Spark DataFrame;
+:func:`restore_drill` restores a whole checkpoint in a sandbox and reads all its state (the
+Dagster restore drill)."""
 
 from __future__ import annotations
 
 import argparse
 import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -13,11 +18,12 @@ from cutline.job import JobDefinition, KeyedProcess, key_columns
 from spark_jobs.catalog.tables import CatalogReader
 from spark_jobs.deploy.settings import RuntimePaths
 from state.catalog import CheckpointStatus
+from state.manifest import CheckpointManifest
 from state.paths import JobLayout
 from state.restore import read_manifest
-from state.state_reader import StateReadError, read_state
+from state.state_reader import StateReadError, read_state, read_states
 from state.state_types import KeyCodec
-from state.storage import open_storage
+from state.storage import DurableStorage, open_storage
 
 
 def stage_of(job: JobDefinition, stage: str) -> KeyedProcess:
@@ -27,6 +33,28 @@ def stage_of(job: JobDefinition, stage: str) -> KeyedProcess:
             return s
     known = ", ".join(f"{s.name!r} (uid {s.uid!r})" for s in job.stages)
     raise StateReadError(f"job {job.name!r} has no stage {stage!r} (its stages: {known})")
+
+
+def latest_manifest(
+    job: JobDefinition,
+    paths: RuntimePaths,
+    storage: DurableStorage,
+    checkpoint_id: int | None = None,
+) -> CheckpointManifest:
+    """The manifest of checkpoint ``checkpoint_id`` of ``job`` in ``storage`` (default: its
+    latest completed one in the catalog)."""
+    if checkpoint_id is None:
+        done = CatalogReader(paths.catalog).checkpoints(job.name, (CheckpointStatus.COMPLETED,))
+        if not done:
+            raise StateReadError(f"job {job.name!r} has no completed checkpoint in the catalog")
+        checkpoint_id = done[-1].checkpoint_id
+    layout = JobLayout(job.name)
+    return read_manifest(storage, layout.job_path(layout.metadata(checkpoint_id)))
+
+
+def _codec(job: JobDefinition, s: KeyedProcess) -> tuple[KeyCodec, tuple[str, ...]]:
+    names = key_columns(s.key_column)
+    return KeyCodec(s.key_type, job.max_parallelism, names if len(names) > 1 else ()), names
 
 
 def load_state(
@@ -44,18 +72,57 @@ def load_state(
         raise StateReadError(
             f"stage {s.name!r} (uid {s.uid!r}) has no state {state!r} (its states: {sorted(specs)})"
         )
-    if checkpoint_id is None:
-        done = CatalogReader(paths.catalog).checkpoints(job.name, (CheckpointStatus.COMPLETED,))
-        if not done:
-            raise StateReadError(f"job {job.name!r} has no completed checkpoint in the catalog")
-        checkpoint_id = done[-1].checkpoint_id
     storage = open_storage(paths.checkpoint_root)
-    layout = JobLayout(job.name)
-    manifest = read_manifest(storage, layout.job_path(layout.metadata(checkpoint_id)))
-    names = key_columns(s.key_column)
-    codec = KeyCodec(s.key_type, job.max_parallelism, names if len(names) > 1 else ())
+    manifest = latest_manifest(job, paths, storage, checkpoint_id)
+    codec, names = _codec(job, s)
     with tempfile.TemporaryDirectory(prefix="cutline-state-read-") as scratch:
-        return read_state(manifest, storage, s.uid, specs[state], codec, names, scratch)
+        return read_state(manifest, storage, s.uid, specs[state], codec, names, Path(scratch))
+
+
+@dataclass(frozen=True)
+class DrillReport:
+    """A restore drill of one checkpoint: how long it took, the bytes read, and the rows of
+    every state read (``stage uid/state`` -> rows)."""
+
+    job: str
+    checkpoint_id: int
+    seconds: float
+    bytes_read: int
+    rows: dict[str, int] = field(default_factory=dict)
+
+
+def restore_drill(
+    job: JobDefinition,
+    paths: RuntimePaths,
+    storage: DurableStorage | None = None,
+    checkpoint_id: int | None = None,
+) -> DrillReport:
+    """Restore checkpoint ``checkpoint_id`` of ``job`` (default: the latest completed) in a
+    sandbox, a temporary directory (no sink commits, no catalog writes: nothing a running
+    attempt uses), and read every state of every stage it holds with the job's definition:
+    every file is read and checked against its size and checksum, every state decoded. Raises
+    what it found (a missing or damaged file, a state in another form). ``storage``: the
+    checkpoint root's (default: opened from ``paths``)."""
+    started = time.perf_counter()
+    storage = storage or open_storage(paths.checkpoint_root)
+    manifest = latest_manifest(job, paths, storage, checkpoint_id)
+    held = {h.operator for h in manifest.subtasks}
+    rows: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="cutline-drill-") as scratch:
+        for s in job.stages:
+            if s.uid not in held:
+                continue  # a stage the checkpoint predates: it would start empty
+            codec, names = _codec(job, s)
+            specs = list(s.function.states)
+            tables = read_states(manifest, storage, s.uid, specs, codec, names, Path(scratch))
+            rows.update({f"{s.uid}/{name}": t.num_rows for name, t in tables.items()})
+    return DrillReport(
+        job.name,
+        manifest.checkpoint_id,
+        round(time.perf_counter() - started, 3),
+        sum(f.size for f in manifest.files()),
+        rows,
+    )
 
 
 def print_state(table: pa.Table, limit: int) -> None:
