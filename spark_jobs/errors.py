@@ -7,7 +7,7 @@ a checkpoint whose state the job cannot take); ``3`` a newer attempt of the job
 has started, so this one must not be replaced by yet another.
 
 A :class:`NonRetryableError` raised inside a Spark task (a user function that raises, a
-checkpoint whose key groups do not match the job's parallelism) reaches the driver only as text
+checkpoint whose state does not cover a subtask's key groups) reaches the driver only as text
 in Spark's report of the failed task. The task's body runs in :func:`carry_to_driver`, which
 raises a :class:`TaskError` whose text holds the error's class and message between markers; the
 driver finds them in the failure's text (:func:`task_error`) and raises the typed error with the

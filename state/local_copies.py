@@ -51,17 +51,18 @@ class LocalCopies:
         return self.root / f"db-a{self.attempt}"
 
     def drop_older_working_dirs(self) -> list[int]:
-        """Delete the working databases of older attempts (never a newer one's). Returns their
-        attempt numbers."""
+        """Delete the working databases of older attempts, and what their restores left (never a
+        newer one's). Returns their attempt numbers."""
         if not self.root.is_dir():
             return []
         dropped = []
         for directory in self.root.glob("db-a*"):
-            suffix = directory.name[len("db-a") :]
+            # db-a<n>, and what a restore of attempt n left when killed (db-a<n>.restoring, ...)
+            suffix = directory.name[len("db-a") :].split(".", 1)[0]
             if suffix.isdigit() and int(suffix) < self.attempt:
                 shutil.rmtree(directory, ignore_errors=True)
                 dropped.append(int(suffix))
-        return sorted(dropped)
+        return sorted(set(dropped))
 
     def snapshot_dir(self, checkpoint_id: int) -> Path:
         return self.root / JobLayout.checkpoint_dir(checkpoint_id)

@@ -29,8 +29,9 @@ from pathlib import Path
 import rocksdict as rd
 
 from state.handles import SubtaskStateHandle
-from state.keygroups import MAX_MAX_PARALLELISM, KeyGroupRange
+from state.keygroups import MAX_MAX_PARALLELISM, KeyGroupRange, key_group_range
 from state.local_copies import LocalCopies
+from state.manifest import PartitionClock
 from state.paths import JobLayout
 from state.restore import RestoreReport, restore_subtask
 from state.rocksdb_store import StoreOptions
@@ -112,6 +113,28 @@ def overlapping(
             f"(old ranges: {sorted(h.key_group_range.to_list() for h in handles)})"
         )
     return found
+
+
+def rescaled_clocks(
+    clocks: dict[str, PartitionClock], old: int, new: int, max_parallelism: int
+) -> dict[str, PartitionClock]:
+    """An upstream stage's subtasks as a later stage's input partitions, restored at another
+    parallelism: new subtask ``j``'s clock is the least advanced of the old subtasks whose key
+    groups it takes over (the smallest largest event time, the latest records), so the later
+    stage's watermark passes no point an uninterrupted run had not reached."""
+    out = {}
+    for j in range(new):
+        mine = key_group_range(j, new, max_parallelism)
+        taken = [
+            clocks[str(i)]
+            for i in range(old)
+            if str(i) in clocks and len(overlap(key_group_range(i, old, max_parallelism), mine))
+        ]
+        if taken:
+            out[str(j)] = PartitionClock(
+                min(c.max_event_time for c in taken), max(c.last_records_ms for c in taken)
+            )
+    return out
 
 
 def _bounds(r: KeyGroupRange) -> tuple[bytes, bytes]:

@@ -15,8 +15,9 @@ import pytest
 from state.handles import SubtaskStateHandle
 from state.keygroups import KeyGroupRange, key_group_range, key_groups
 from state.local_copies import LocalCopies
+from state.manifest import PartitionClock
 from state.paths import JobLayout
-from state.rescale import RescaleError, overlapping, restore_rescaled
+from state.rescale import RescaleError, overlapping, rescaled_clocks, restore_rescaled
 from state.rocksdb_store import RocksDBStore, StoreOptions
 from state.snapshot import SubtaskSnapshotter
 
@@ -152,3 +153,56 @@ def test_old_state_that_does_not_cover_the_new_range_is_refused_naming_the_key_g
     with pytest.raises(RescaleError, match=r"key groups 32\.\.63 are in no"):
         overlapping(handles[1:], KeyGroupRange(32, 95))
     job.pool.shutdown()
+
+
+def test_a_later_stages_clocks_of_upstream_subtasks_are_renumbered_least_advanced_first():
+    old = {str(i): PartitionClock(1_000 * (i + 1), 50 + i) for i in range(4)}
+    # 4 -> 2: new subtask 0 takes old 0 and 1, new 1 takes old 2 and 3
+    assert rescaled_clocks(old, 4, 2, MAX) == {
+        "0": PartitionClock(1_000, 51),
+        "1": PartitionClock(3_000, 53),
+    }
+    # 4 -> 3: new 1 (key groups 43..85) takes old 1 (32..63) and 2 (64..95)
+    assert rescaled_clocks(old, 4, 3, MAX)["1"] == PartitionClock(2_000, 52)
+    assert rescaled_clocks({"1": old["1"]}, 4, 1, MAX) == {"0": old["1"]}  # unseen ones stay so
+
+
+def test_what_a_killed_restore_left_goes_with_its_attempts_working_database(tmp_path):
+    copies = LocalCopies(tmp_path, JOB, OPERATOR, 0, attempt=3)
+    left = ["db-a1", "db-a2.rescaling", "db-a2.from-1", "db-a2.restoring", "db-a3", "db-a4.x"]
+    for name in left:
+        (copies.root / name).mkdir(parents=True)
+    assert copies.drop_older_working_dirs() == [1, 2]
+    assert sorted(p.name for p in copies.root.iterdir()) == ["db-a3", "db-a4.x"]
+
+
+def test_a_restore_at_another_parallelism_renumbers_only_upstream_subtasks_clocks():
+    """country_clicks: a source feeds clicks_by_user, whose subtasks feed clicks_by_country."""
+    from cutline_sessions.pipelines import country_clicks
+
+    from spark_jobs.driver.progress import Progress
+    from state.handles import SubtaskStateHandle
+    from state.manifest import CheckpointManifest
+
+    job = country_clicks()  # parallelism 2
+    handles = tuple(
+        SubtaskStateHandle(s.uid, i, key_group_range(i, 4, MAX), 9, ())
+        for s in job.stages
+        for i in range(4)
+    )
+    source = {"0": PartitionClock(5_000, 1), "1": PartitionClock(7_000, 1)}
+    upstream = {str(i): PartitionClock(1_000 * (i + 1), 2) for i in range(4)}
+    clocks = {
+        "clicks_by_user": {"clicks": source},
+        "clicks_by_country": {"clicks_by_user": upstream},
+    }
+    manifest = CheckpointManifest(
+        job.name, 9, 9, 1, 0, {}, handles, watermarks={}, partition_clocks=clocks
+    )
+    progress = Progress(job)
+    progress.adopt(manifest)
+    assert progress.clocks["clicks_by_user"]["clicks"] == source  # source partitions: as they were
+    assert progress.clocks["clicks_by_country"]["clicks_by_user"] == {
+        "0": PartitionClock(1_000, 2),
+        "1": PartitionClock(3_000, 2),
+    }

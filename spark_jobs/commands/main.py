@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--parallelism",
         type=_positive(int),
-        help="override (a restore needs the checkpoint's parallelism)",
+        help="override (another than the checkpoint's rescales the state on restore)",
     )
     run.add_argument(
         "--bad-records",

@@ -9,8 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cutline.job import JobDefinition
+from spark_jobs.driver.evolution import checkpoint_parallelism
 from spark_jobs.executor.reports import SubtaskStats
 from state.manifest import CheckpointManifest, PartitionClock, PartitionClocks, Positions
+from state.rescale import rescaled_clocks
 
 
 @dataclass
@@ -30,7 +32,8 @@ class Progress:
     def adopt(self, manifest: CheckpointManifest | None) -> None:
         """Take a restored checkpoint's watermarks, per-partition clocks (of the stages the job
         still has) and counters. Folding the epochs after it then gives what an uninterrupted
-        run gave."""
+        run gave. Restored at another parallelism, a later stage's partitions that are upstream
+        subtasks are renumbered (state/rescale.py ``rescaled_clocks``)."""
         held = manifest.watermarks if manifest else {}
         self.watermarks = {s.uid: held[s.uid] for s in self.job.stages if s.uid in held}
         clocks = manifest.partition_clocks if manifest else {}
@@ -39,6 +42,15 @@ class Progress:
             for s in self.job.stages
             if s.uid in clocks
         }
+        was = checkpoint_parallelism(self.job, manifest) if manifest else None
+        if was is not None and was != self.job.parallelism:  # rescaled: subtasks renumbered
+            sources = {s.name for s in self.job.sources}
+            for inputs in self.clocks.values():
+                for name, parts in inputs.items():
+                    if name not in sources:  # an upstream stage's subtasks
+                        inputs[name] = rescaled_clocks(
+                            parts, was, self.job.parallelism, self.job.max_parallelism
+                        )
         self.counters = dict(manifest.counters) if manifest else {}
 
     def fold(self, stats: Sequence[SubtaskStats], processing_time: int) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spark_jobs.driver.attempt_start import select_checkpoint
+from spark_jobs.driver.evolution import checkpoint_parallelism
 from spark_jobs.driver.placement import executor_hosts, placed_rdd, preferred_hosts, wait_for_hosts
 from spark_jobs.errors import NoRestorableCheckpointError
 from spark_jobs.executor.reports import SubtaskRestoreReport
@@ -71,6 +72,9 @@ def restore_placed(
     parallelism does not match) fails the Spark job with text the driver classifies
     (spark_jobs/errors.py)."""
     job = ctx.job
+    # a fallback's too: its key groups must be the job's, cut into a whole layout
+    was = checkpoint_parallelism(job, manifest) if manifest is not None else None
+    rescaled = was is not None and was != job.parallelism
     handles = {
         i: {s.uid: handles_for(manifest, s.uid, i, ctx.key_groups(i)) for s in job.stages}
         for i in range(job.parallelism)
@@ -94,7 +98,12 @@ def restore_placed(
     reports.sort(key=lambda r: (r.subtask, order[r.stage]))
     return [
         # placed: an executor ran on the hinted host
-        replace(r, hint=hints.get(str(r.subtask)), placed=bool(prefs[r.subtask]))
+        replace(
+            r,
+            hint=hints.get(str(r.subtask)),
+            placed=bool(prefs[r.subtask]),
+            rescaled_from=tuple(h.subtask for h in handles[r.subtask][r.stage]) if rescaled else (),
+        )
         for r in reports
     ]
 

@@ -42,8 +42,8 @@ class SubtaskRestoreReport:
     """How one subtask of one stage got its working state for a new attempt. ``source`` is
     ``empty`` (no checkpoint), ``local``, ``remote`` or ``mixed`` (where the bytes came from);
     ``corrupt`` is the positive evidence against the checkpoint when there was some (then
-    nothing was restored); ``rescaled_from``: the subtasks of the checkpoint's parallelism
-    whose state it took, when restored at another one. ``hint`` and ``placed`` are the
+    nothing was restored); ``rescaled_from`` (the driver's): the subtasks of the checkpoint's
+    parallelism whose state it took, when restored at another one. ``hint`` and ``placed`` are the
     driver's: the host the executor hint named, and whether an executor ran there."""
 
     stage: str

@@ -381,7 +381,6 @@ def prepare_subtask(
             files_remote=r.files_remote,
             fallbacks=tuple(r.fallbacks),
             duration_ms=r.duration_s * 1000,
-            rescaled_from=tuple(h.subtask for h in handles) if rescaled else (),
         )
     with RocksDBStore(copies.db_dir, key_groups) as store:
         txn = store.begin()
