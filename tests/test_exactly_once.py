@@ -14,8 +14,8 @@ epoch by epoch with the reference (tests/reference.py). Some jobs run with every
 the S3 server on loopback (checkpoints, catalog, output tables, staged epochs; the file source's
 files too); after their kills a GC pass must leave exactly what the retained checkpoints need,
 each of which verifies, checksums included. ``sessions`` (keyed state and event-time timers)
-changes parallelism at every attempt, 2, 3, 1, 4 and again: each restore after a kill is
-rescaled. Reproduce a run with ``CUTLINE_TEST_SEED``; set
+and ``country_clicks`` (two stages, the second re-keyed) change parallelism at every attempt
+(``RESCALED``): each restore after a kill is rescaled. Reproduce a run with ``CUTLINE_TEST_SEED``; set
 ``CUTLINE_TEST_KILLS`` for more kills.
 """
 
@@ -79,7 +79,10 @@ ON_S3 = {"windowed_revenue", "enriched_orders", "cutline_sessions.jobs:sessions"
 ARGS = {FILE_JOB: ["--max-records-per-partition", "1000"]}
 # per job: the parallelism of attempt k is the k-th of these, cycling: each restore after a
 # kill is rescaled (keyed state and event-time timers redistributed by key group)
-RESCALED = {"cutline_sessions.jobs:sessions": [2, 3, 1, 4]}
+RESCALED = {
+    "cutline_sessions.jobs:sessions": [2, 3, 1, 4],  # keyed state and event-time timers
+    "cutline_sessions.pipelines:country_clicks": [2, 4, 1, 3],  # two stages, re-keyed, upserts
+}
 STATE_READ = "cutline_sessions.pipelines:country_clicks"  # its state read out after the kills
 IN_TASKS = {"subtask-restored", "batch-applied", "snapshot-taken"}  # counted per Python worker
 ONCE = {"restore-started", "sink-recovered"}  # reached once per attempt
