@@ -15,8 +15,8 @@ the S3 server on loopback (checkpoints, catalog, output tables, staged epochs; t
 files too); after their kills a GC pass must leave exactly what the retained checkpoints need,
 each of which verifies, checksums included. ``sessions`` (keyed state and event-time timers)
 and ``country_clicks`` (two stages, the second re-keyed) change parallelism at every attempt
-(``RESCALED``): each restore after a kill is rescaled. Reproduce a run with ``CUTLINE_TEST_SEED``; set
-``CUTLINE_TEST_KILLS`` for more kills.
+(``RESCALED``): each restore after a kill is rescaled. Reproduce a run with
+``CUTLINE_TEST_SEED``; set ``CUTLINE_TEST_KILLS`` for more kills.
 """
 
 from __future__ import annotations
