@@ -4,6 +4,7 @@ input gives, epoch by epoch."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from spark_jobs.sources.generate import generate
-from tests.e2e_util import ROOT, report, run_to_end
+from tests.e2e_util import ROOT, completed_checkpoints, report, run_to_end
 from tests.epoch_cuts import EPOCH
 from tests.reference import job_cuts, output, read_log
 from tests.row_check import compare_rows
@@ -60,3 +61,14 @@ def test_the_readme_job_runs_and_its_output_is_exact(package, tmp_path):
     per = per.sort_values(["user", EPOCH])
     per["n"] = per.groupby("user")["n"].cumsum()
     report(compare_rows(output(home, "counts"), per, ["user"], ["n"], "counts"))
+    # the README's state read: each user's n in the latest checkpoint, the clicks before its cut
+    latest = max(completed_checkpoints(home, "counts"), key=lambda r: r["checkpoint_id"])
+    cut = json.loads(latest["source_positions"])["clicks"]
+    log = read_log(home, "clicks")
+    before = log[log["offset"] < log["partition"].astype(str).map(cut).fillna(0)]
+    final = before.groupby("user").size().rename("n").reset_index().assign(**{EPOCH: 0})
+    table = home / "n"
+    flags = ["--stage", "count", "--state", "n", "--out", str(table)]
+    run_to_end(home, "state", "read", "my_counts.jobs:counts", *flags, env=env)
+    state = output(home, "n", root=str(home)).rename(columns={"value": "n"}).assign(**{EPOCH: 0})
+    report(compare_rows(state, final, ["user"], ["n"], "state n"))
