@@ -31,7 +31,7 @@ from pathlib import Path
 
 from spark_jobs.deploy.session import spark_home
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the project: its code reaches the executors
 MASTER_HOST = "127.0.0.1"
 
 
