@@ -75,15 +75,23 @@ def deletable(
 
     ``pending_ids`` protects whole ``chk-<n>/`` directories of pending checkpoints regardless of
     age; ``pending_paths`` protects individual files (shared uploads a pending checkpoint made).
+    The claim of a checkpoint id above every retained one is kept whatever its age.
     """
-    keep = protected_paths(list(retained), list(restored_from), pending_paths)
+    retained, restored_from = list(retained), list(restored_from)
+    keep = protected_paths(retained, restored_from, pending_paths)
     pending = set(pending_ids)
+    newest = max((m.checkpoint_id for m in [*retained, *restored_from]), default=0)
     cutoff = now - grace_s
     out: list[StoredFile] = []
     for f in files:
         if f.path in keep or f.modified > cutoff:
             continue
-        if JobLayout.checkpoint_id_of(f.path) in pending:
+        cid = JobLayout.checkpoint_id_of(f.path)
+        if cid in pending:
+            continue
+        if f.path.endswith("/" + JobLayout.CLAIM) and cid is not None and cid > newest:
+            # an id above every retained checkpoint may still be in use by an attempt that
+            # never completed it (a zombie); its claim keeps a newer attempt from taking it
             continue
         out.append(f)
     return out

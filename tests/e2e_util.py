@@ -153,11 +153,13 @@ def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None
 
 def gc_left_only_what_is_needed(paths, job: str) -> list[int]:
     """After a GC pass with no grace over a job that is not running: storage under the job's
-    root holds exactly the retained checkpoints' manifests and the files they reference, each
-    of those checkpoints verifies (checksums included), and the registry's LIVE rows are the
-    shared files stored. Returns the retained checkpoint ids."""
+        root holds exactly the retained checkpoints' manifests and the files they reference (and the
+    claims of ids above them, which GC keeps), each
+        of those checkpoints verifies (checksums included), and the registry's LIVE rows are the
+        shared files stored. Returns the retained checkpoint ids."""
     from spark_jobs.catalog.tables import CatalogReader
     from state.catalog import CheckpointStatus
+    from state.paths import JobLayout
     from state.restore import read_manifest, validate_checkpoint
     from state.storage import open_storage
 
@@ -171,7 +173,14 @@ def gc_left_only_what_is_needed(paths, job: str) -> list[int]:
         assert not problems, f"checkpoint {row.checkpoint_id}: {problems}"
         needed |= {f"{job}/{p}" for p in manifest.referenced_paths()} | {row.metadata_path}
     stored = {i.path for i in storage.list(job)}
-    assert stored == needed, (sorted(stored - needed)[:10], sorted(needed - stored)[:10])
+    newest = max((row.checkpoint_id for row in kept), default=0)
+    claims = {  # of ids above every retained one: kept, so no newer attempt reuses them
+        p
+        for p in stored
+        if p.endswith(f"/{JobLayout.CLAIM}")
+        and (JobLayout.checkpoint_id_of(p.split("/", 1)[1]) or 0) > newest
+    }
+    assert stored - claims == needed, (sorted(stored - needed)[:10], sorted(needed - stored)[:10])
     rows = reader.shared_files(job)
     assert {f"{job}/{r['path']}" for r in rows if r["status"] == "LIVE"} == {
         p for p in stored if p.startswith(f"{job}/shared/")

@@ -238,7 +238,13 @@ class CheckpointModel(RuleBasedStateMachine):
             assert f.path not in protected, f"GC would delete {f.path}, which is still referenced"
         self.storage.delete_many([self.layout.job_path(f.path) for f in doomed])
         remaining = {i.path.split("/", 1)[1] for i in self.storage.list(JOB)}
-        for path in remaining - protected:
+        newest = max((m.checkpoint_id for m in retained), default=0)
+        if self.restored_from is not None:
+            newest = max(newest, self.restored_from.checkpoint_id)
+        claims = {  # of ids an attempt may still use: kept whatever their age
+            p for p in remaining if p.endswith("/_claim") and JobLayout.checkpoint_id_of(p) > newest
+        }
+        for path in remaining - protected - claims:
             assert self.upload_time[path] > self.now - GRACE_MS, f"{path} should have been deleted"
 
     @precondition(lambda self: self.completed)
