@@ -87,6 +87,12 @@ def read_log(home: Path, topic: str, *, bad: bool = False) -> pd.DataFrame:
     return pd.DataFrame(found) if found else pd.DataFrame(columns=["partition", "offset", "raw"])
 
 
+def before_cut(records: pd.DataFrame, cut: dict[str, int]) -> pd.DataFrame:
+    """The records (with partition and offset) read before a checkpoint's cut: its source
+    positions, the offset after the last record read in each partition."""
+    return records[records["offset"] < records["partition"].astype(str).map(cut).fillna(0)]
+
+
 def output_root(home: Path) -> str:
     """The output root of a run under ``home`` with the embedded default."""
     return str(home / "warehouse" / "tables")

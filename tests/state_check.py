@@ -13,7 +13,7 @@ import pandas as pd
 from cutline import read_state
 from tests.e2e_util import completed_checkpoints, run_to_end
 from tests.epoch_cuts import output as read_table
-from tests.reference import kept_clicks, read_log
+from tests.reference import before_cut, kept_clicks, read_log
 from tests.row_check import compare_rows
 
 STAGE = "clicks_by_country"
@@ -34,7 +34,7 @@ def check_country_state(home: Path, job: str, spark) -> str:
     latest = max(completed_checkpoints(home, "country_clicks"), key=lambda r: r["checkpoint_id"])
     cut = json.loads(latest["source_positions"])["clicks"]
     clicks = read_log(home, "clicks")
-    before = clicks[clicks["offset"] < clicks["partition"].astype(str).map(cut).fillna(0)]
+    before = before_cut(clicks, cut)
     kept = kept_clicks(before)
     per_user = kept.groupby(["country", "user"]).size().rename("count").reset_index()
     per_country = per_user.groupby("country").agg(clicks=("count", "sum"), users=("user", "size"))

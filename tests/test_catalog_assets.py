@@ -18,7 +18,7 @@ from spark_jobs.job_loader import get_job
 from spark_jobs.sources.generate import generate
 from state.catalog import CheckpointStatus
 from state.restore import read_manifest
-from tests.reference import read_log
+from tests.reference import before_cut, read_log
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -132,7 +132,7 @@ def test_the_restore_drill_reads_every_state_and_fails_on_a_damaged_file(home):
     # one aggregates entry per user with clicks before the checkpoint's cut, counted by pandas
     cut = latest.source_positions["clicks"]
     clicks = read_log(home, "clicks")
-    before = clicks[clicks["offset"] < clicks["partition"].astype(str).map(cut).fillna(0)]
+    before = before_cut(clicks, cut)
     assert drill["rows"] == {"count_by_user/aggregates": before["user"].nunique()}, drill
     manifest = read_manifest(paths.storage(), latest.metadata_path)
     victim = max((f for f in manifest.files() if f.shared), key=lambda f: f.size)

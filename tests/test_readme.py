@@ -16,7 +16,7 @@ import pytest
 from spark_jobs.sources.generate import generate
 from tests.e2e_util import ROOT, completed_checkpoints, report, run_to_end
 from tests.epoch_cuts import EPOCH
-from tests.reference import job_cuts, output, read_log
+from tests.reference import before_cut, job_cuts, output, read_log
 from tests.row_check import compare_rows
 
 BLOCK = re.compile(r"<!-- readme-job: (\S+) -->\n```python\n(.*?)```", re.S)
@@ -65,7 +65,7 @@ def test_the_readme_job_runs_and_its_output_is_exact(package, tmp_path):
     latest = max(completed_checkpoints(home, "counts"), key=lambda r: r["checkpoint_id"])
     cut = json.loads(latest["source_positions"])["clicks"]
     log = read_log(home, "clicks")
-    before = log[log["offset"] < log["partition"].astype(str).map(cut).fillna(0)]
+    before = before_cut(log, cut)
     final = before.groupby("user").size().rename("n").reset_index().assign(**{EPOCH: 0})
     table = home / "n"
     flags = ["--stage", "count", "--state", "n", "--out", str(table)]

@@ -167,13 +167,15 @@ def restore_drill(cutline_paths: CutlinePaths, s3: S3Resource) -> AssetCheckResu
     from spark_jobs.commands.state_read import restore_drill as drill
 
     paths, storage = cutline_paths.paths(), cutline_paths.storage(s3)
+    catalog = cutline_paths.catalog()
     problems, drills = {}, {}
     jobs = list(_jobs(cutline_paths))
     for name, _ in jobs:
-        if not cutline_paths.catalog().checkpoints(name, (CheckpointStatus.COMPLETED,)):
+        done = catalog.checkpoints(name, (CheckpointStatus.COMPLETED,))
+        if not done:
             continue
-        try:
-            report = drill(get_job(name), paths, storage)
+        try:  # the latest completed one, as just read (not looked up in the catalog again)
+            report = drill(get_job(name), paths, storage, done[-1].checkpoint_id)
         except (ValueError, StorageError) as e:  # a damaged file, a state in another form
             problems[name] = f"{type(e).__name__}: {e}"
             continue
