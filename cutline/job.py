@@ -179,6 +179,8 @@ class JobDefinition:
     bad_records: str = "fail"
     dead_letter_table: str | None = None
     transforms: tuple[Transform, ...] = ()
+    # the code's version (a release, a commit), recorded with every savepoint of the job
+    version: str = ""
 
     def __post_init__(self) -> None:
         _check_name("job.name", self.name)

@@ -74,6 +74,27 @@ class CompletedCheckpoint:
         return d
 
 
+def shared_file_rows(manifest: CheckpointManifest, known: set[str]) -> list[dict[str, Any]]:
+    """The ``shared_state_files`` rows of the shared files ``manifest`` references that are
+    not ``known`` (registered already): those its checkpoint brought."""
+    return [
+        {
+            "job_id": manifest.job_id,
+            "path": f.path,
+            "operator": h.operator,
+            "subtask": h.subtask,
+            "size": f.size,
+            "created_by": manifest.checkpoint_id,
+            "last_used": manifest.checkpoint_id,
+            "refcount": 1,
+            "status": "LIVE",
+        }
+        for h in manifest.subtasks
+        for f in h.files
+        if f.shared and f.path not in known
+    ]
+
+
 class CheckpointCatalog(ABC):
     """What the coordinator needs from the catalog. Implementations must be thread-safe."""
 
@@ -139,6 +160,18 @@ class JobCatalog(CheckpointCatalog):
     def record_shared_files(self, rows: list[dict[str, Any]]) -> None:
         """Append the shared files a completed checkpoint registered (``shared_state_files``);
         never lost to a concurrent :meth:`update_shared_files`."""
+
+    @abstractmethod
+    def record_savepoint(self, row: dict[str, Any]) -> None:
+        """Append a savepoint taken, or a savepoint request that failed (``savepoints``)."""
+
+    @abstractmethod
+    def savepoints(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's rows of ``savepoints``, oldest first."""
+
+    @abstractmethod
+    def set_savepoint_status(self, job_id: str, location: str, status: str) -> None:
+        """Change the status of the job's savepoint at ``location`` (e.g. DELETED)."""
 
     @abstractmethod
     def shared_files(self, job_id: str) -> list[dict[str, Any]]:

@@ -25,7 +25,6 @@ to an ack and the listener's events are in state/pending_checkpoint.py.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -34,6 +33,7 @@ from typing import Any
 from state.acks import Ack
 from state.catalog import CheckpointCatalog, CheckpointStatus, CompletedCheckpoint, FencedError
 from state.checkpoint_policies import CheckpointFailureError, FailurePolicy, TriggerPolicy
+from state.claims import claim_checkpoint_id
 from state.config import CheckpointConfig
 from state.faults import kill_point
 from state.handles import SubtaskStateHandle
@@ -189,20 +189,11 @@ class CheckpointCoordinator:
         self._deliver()  # the claim failed, and with it maybe the job
         return None
 
-    def _claim_locked(self, first: int, limit: int = 100_000) -> int:
-        """The lowest id from ``first`` that this attempt could claim (exclusive create)."""
-        claim = {"attempt": self.attempt}
-        for checkpoint_id in range(first, first + limit):
-            try:
-                self.storage.put_bytes(
-                    self.layout.job_path(self.layout.claim(checkpoint_id)),
-                    json.dumps(claim).encode(),
-                    exclusive=True,
-                )
-                return checkpoint_id
-            except AlreadyExistsError:
-                self.stats["ids_skipped"] += 1
-        raise StorageError(f"no free checkpoint id in {first}..{first + limit - 1}")
+    def _claim_locked(self, first: int) -> int:
+        """The lowest id from ``first`` that this attempt could claim (state/claims.py)."""
+        checkpoint_id, skipped = claim_checkpoint_id(self.storage, self.layout, self.attempt, first)
+        self.stats["ids_skipped"] += skipped
+        return checkpoint_id
 
     def record_cut(
         self,

@@ -64,8 +64,9 @@ class JobLayout:
     def claim(self, checkpoint_id: int) -> str:
         return f"{self.checkpoint_dir(checkpoint_id)}/{self.CLAIM}"
 
-    def private_file(self, checkpoint_id: int, operator: str, subtask: int, name: str) -> str:
-        return join(self.checkpoint_dir(checkpoint_id), operator, str(int(subtask)), name)
+    @staticmethod
+    def private_file(checkpoint_id: int, operator: str, subtask: int, name: str) -> str:
+        return join(JobLayout.checkpoint_dir(checkpoint_id), operator, str(int(subtask)), name)
 
     @staticmethod
     def shared_file(operator: str, subtask: int, unique_name: str) -> str:
@@ -78,3 +79,15 @@ class JobLayout:
         if head.startswith("chk-") and head[4:].isdigit():
             return int(head[4:])
         return None
+
+
+class SavepointLayout:
+    """Relative paths inside a savepoint directory (state/savepoint.py): ``_metadata`` and the
+    files of one checkpoint at the paths its manifest names, relative to the directory itself
+    (where a job's are relative to ``<job>/``)."""
+
+    METADATA = JobLayout.METADATA
+
+    @staticmethod
+    def job_path(relative: str) -> str:
+        return check_relative(relative, what="manifest path")

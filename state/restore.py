@@ -13,13 +13,14 @@ import os
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from state.handles import StateFile, SubtaskStateHandle, file_checksum
 from state.local_copies import LocalCopies
 from state.manifest import CheckpointManifest
-from state.paths import JobLayout
+from state.paths import JobLayout, SavepointLayout
 from state.storage import DurableStorage, MissingFileError, StorageError
 
 
@@ -126,28 +127,41 @@ def read_manifest(storage: DurableStorage, path: str) -> CheckpointManifest:
 
 
 def validate_checkpoint(
-    manifest: CheckpointManifest, storage: DurableStorage, *, checksums: bool = False
+    manifest: CheckpointManifest,
+    storage: DurableStorage,
+    *,
+    checksums: bool = False,
+    layout: JobLayout | SavepointLayout | None = None,
 ) -> list[str]:
     """Problems that would make ``manifest`` unrestorable: missing or wrongly sized files, and
-    with ``checksums`` (which reads every byte) files whose contents do not match.
+    with ``checksums`` (which reads every byte) files whose contents do not match. Its files
+    are under its job's directory, or ``layout``'s (a savepoint's).
 
     An empty list means the checkpoint is restorable as far as storage can tell.
     """
-    layout = JobLayout(manifest.job_id)
-    problems: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="cutline-verify-") as scratch:
-        for f in manifest.files():
+    layout = layout or JobLayout(manifest.job_id)
+    with (
+        tempfile.TemporaryDirectory(prefix="cutline-verify-") as scratch,
+        ThreadPoolExecutor(max_workers=8, thread_name_prefix="cutline-verify") as pool,
+    ):
+
+        def check(n: int, f: StateFile) -> str | None:
             path = layout.job_path(f.path)
             try:
                 info = storage.stat(path)
             except MissingFileError:
-                problems.append(f"missing {path}")
-                continue
+                return f"missing {path}"
             if info.size != f.size:
-                problems.append(f"{path}: size {info.size} != {f.size}")
-            elif checksums:
-                local = Path(scratch) / "file"
+                return f"{path}: size {info.size} != {f.size}"
+            if checksums:
+                local = Path(scratch) / str(n)
                 storage.get_file(path, local, expected_size=f.size)
-                if file_checksum(local) != f.checksum:
-                    problems.append(f"{path}: checksum mismatch (expected {f.checksum})")
-    return problems
+                matches = file_checksum(local) == f.checksum
+                local.unlink()
+                if not matches:
+                    return f"{path}: checksum mismatch (expected {f.checksum})"
+            return None
+
+        files = list(manifest.files())
+        found = pool.map(check, range(len(files)), files)
+        return [p for p in found if p is not None]

@@ -342,6 +342,13 @@ class DeltaCatalog(CatalogReader, JobCatalog):
     def record_recovery(self, row: dict[str, Any]) -> None:
         self._append("recoveries", [row])  # schema merged: tables from before a new column
 
+    def record_savepoint(self, row: dict[str, Any]) -> None:
+        self._append("savepoints", [row])
+
+    def set_savepoint_status(self, job_id: str, location: str, status: str) -> None:
+        condition = f"job_id = {rs_literal(job_id)} AND location = {rs_literal(location)}"
+        self._rs_update("savepoints", condition, status=status)
+
     def record_shared_files(self, rows: list[dict[str, Any]]) -> None:
         self._append("shared_state_files", rows)
 

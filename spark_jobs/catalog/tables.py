@@ -33,6 +33,11 @@ TABLES: dict[str, str] = {
         "bytes_local long, bytes_remote long, duration_ms double, fallbacks string, hints string, "
         "recovered_at_ms long, files_local int, files_remote int, placement string"
     ),
+    "savepoints": (
+        "job_id string, request_id string, location string, checkpoint_id long, batch_id long, "
+        "size long, file_count int, code_version string, parallelism int, created_ms long, "
+        "copy_ms double, stopped boolean, status string, reason string"
+    ),
 }
 
 _ARROW_TYPES = {
@@ -113,6 +118,10 @@ class CatalogReader:
 
     def recoveries(self, job_id: str) -> list[dict[str, Any]]:
         return sorted(self._read("recoveries", job_id), key=lambda r: r["recovered_at_ms"])
+
+    def savepoints(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's savepoints (and requests that failed), oldest first."""
+        return sorted(self._read("savepoints", job_id), key=lambda r: r["created_ms"])
 
     def checkpoints(
         self, job_id: str, statuses: tuple[CheckpointStatus, ...] | None = None

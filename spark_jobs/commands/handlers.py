@@ -54,6 +54,34 @@ def state_read(args: argparse.Namespace) -> int:
     return state_read(args, get_job(args.job), runtime_paths(args))
 
 
+def savepoint(args: argparse.Namespace) -> int:
+    from spark_jobs.commands.savepoints import dispose_savepoint, take_savepoint
+
+    paths = runtime_paths(args)
+    if args.dispose:
+        deleted = dispose_savepoint(args.job, paths, args.dispose)
+        print(f"savepoint {args.dispose} deleted ({deleted} files)")
+        return 0
+    row = take_savepoint(
+        args.job, paths, target=args.target or "", stop=args.stop, timeout_s=args.timeout
+    )
+    if args.json:
+        print(json.dumps(row))
+    else:
+        print(
+            f"savepoint {row['location']}: checkpoint {row['checkpoint_id']} (batch "
+            f"{row['batch_id']}), {row['size']:,} B in {row['file_count']} files"
+            + (", the job stopped" if row["stopped"] else "")
+        )
+    return 0
+
+
+def savepoints(args: argparse.Namespace) -> int:
+    from spark_jobs.commands.savepoints import list_savepoints
+
+    return list_savepoints(args.job, runtime_paths(args), as_json=args.json)
+
+
 def demo(args: argparse.Namespace) -> int:
     """The main job on the embedded default: generate clicks, run clicks_per_user to the end."""
     from spark_jobs.commands.main import build_parser
@@ -137,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
     from spark_jobs.deploy.settings import check_roles
     from spark_jobs.driver.attempt_start import abandon_plan, plan_start_early
     from spark_jobs.driver.run import run_job
+    from spark_jobs.driver.savepoints import is_location
     from spark_jobs.driver.startup_phases import StartupTimeline
     from spark_jobs.events import open_events
     from spark_jobs.job_loader import ship_user_code
@@ -148,8 +177,10 @@ def run(args: argparse.Namespace) -> int:
     check_roles(paths)  # a missing bucket or denied access: exit 2 before any JVM starts
     hints = json.loads(Path(args.hints).read_text()) if args.hints else None
     restore = None if args.restore == "none" else args.restore
-    if args.reset_sink and restore is not None:
-        raise ConfigurationError("--reset-sink only goes with --restore none (a start-over)")
+    if args.reset_sink and restore is not None and not is_location(restore):
+        raise ConfigurationError(
+            "--reset-sink only goes with --restore none (a start-over) or a savepoint's location"
+        )
     watch = os.environ.get("CUTLINE_WATCH_PID")
     master = args.master or deployment_settings(args).spark_master
     with open_events() as events:

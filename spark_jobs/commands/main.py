@@ -69,9 +69,13 @@ def _spark_conf(text: str) -> tuple[str, str]:
 
 
 def _restore_choice(text: str) -> str:
-    if text in ("latest", "none") or (text.isdigit() and int(text) > 0):
+    from spark_jobs.driver.savepoints import is_location
+
+    if text in ("latest", "none") or (text.isdigit() and int(text) > 0) or is_location(text):
         return text
-    raise argparse.ArgumentTypeError(f"latest, none or a checkpoint id, got {text!r}")
+    raise argparse.ArgumentTypeError(
+        f"latest, none, a checkpoint id or a savepoint's location, got {text!r}"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--restore",
         default="latest",
         type=_restore_choice,
-        help="latest (default), a checkpoint id, or none (start over on purpose)",
+        help="latest (default), a checkpoint id, a savepoint's location (a path or URL), or "
+        "none (start over on purpose)",
     )
     run.add_argument(
         "--reset-sink",
@@ -161,6 +166,22 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--dry-run", action="store_true", help="measure; request nothing")
     comp.add_argument("--json", action="store_true")
     comp.set_defaults(func=commands.compact)
+    save = add("savepoint", help="a savepoint of a job (at its next barrier if it runs)")
+    save.add_argument("job", help=JOB_HELP)
+    save.add_argument(
+        "--target", help="the directory (path or URL) to put it in (default: the savepoint root)"
+    )
+    save.add_argument("--stop", action="store_true", help="stop the job with the savepoint")
+    save.add_argument(
+        "--timeout", type=_positive(float), default=600.0, help="seconds to wait for it (600)"
+    )
+    save.add_argument("--dispose", metavar="LOCATION", help="delete this savepoint instead")
+    save.add_argument("--json", action="store_true")
+    save.set_defaults(func=commands.savepoint)
+    saves = add("savepoints", help="a job's savepoints, from the catalog")
+    saves.add_argument("job", help=JOB_HELP)
+    saves.add_argument("--json", action="store_true")
+    saves.set_defaults(func=commands.savepoints)
     gen = add("generate", help="append synthetic events to the local log")
     gen.add_argument("kind", choices=KINDS)
     gen.add_argument(

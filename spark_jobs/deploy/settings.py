@@ -8,17 +8,17 @@ checkpoints, catalog and output live. Precedence, highest first:
 1. an explicit value: a ``cutline`` flag, or a Dagster resource's config;
 2. the environment (``CUTLINE_HOME``, ``CUTLINE_CHECKPOINT_ROOT``, ``CUTLINE_WAREHOUSE``,
    ``CUTLINE_CATALOG_ROOT``, ``CUTLINE_OUTPUT_ROOT``, ``CUTLINE_STAGING_ROOT``,
-   ``CUTLINE_LOCAL_STATE_ROOT``, ``CUTLINE_LOG_ROOT``, ``CUTLINE_SPARK_MASTER``, and boto3's own
-   ``AWS_ENDPOINT_URL_S3`` and ``AWS_DEFAULT_REGION``);
+   ``CUTLINE_LOCAL_STATE_ROOT``, ``CUTLINE_LOG_ROOT``, ``CUTLINE_SAVEPOINT_ROOT``,
+   ``CUTLINE_SPARK_MASTER``, and boto3's own ``AWS_ENDPOINT_URL_S3`` and ``AWS_DEFAULT_REGION``);
 3. the TOML file named by ``CUTLINE_CONFIG`` (the same names in lower case without
    ``CUTLINE_``: ``home``, ``checkpoint_root``, ``warehouse``, ..., ``s3_endpoint``,
    ``s3_region``);
 4. the embedded default: everything under the home directory (default ``./.cutline``).
 
 Each durable role has its own URL (a local path, ``file:///abs`` or ``s3://bucket/prefix``):
-the checkpoint root; the catalog, the output tables and the sinks' staging, which default to
-``catalog``, ``tables`` and ``staging`` under the warehouse. Only the local state root and the
-input log are an executor's or the driver's own disk.
+the checkpoint root; the catalog, the output tables, the sinks' staging and the savepoints,
+which default to ``catalog``, ``tables``, ``staging`` and ``savepoints`` under the warehouse.
+Only the local state root and the input log are an executor's or the driver's own disk.
 
 Credentials are never settings: boto3 finds them through its standard chain.
 """
@@ -44,6 +44,7 @@ _ENV = {
     "staging_root": "CUTLINE_STAGING_ROOT",
     "local_state_root": "CUTLINE_LOCAL_STATE_ROOT",
     "log_root": "CUTLINE_LOG_ROOT",
+    "savepoint_root": "CUTLINE_SAVEPOINT_ROOT",
     "spark_master": "CUTLINE_SPARK_MASTER",
     "s3_endpoint": "AWS_ENDPOINT_URL_S3",
     "s3_region": "AWS_DEFAULT_REGION",
@@ -55,6 +56,7 @@ WAREHOUSE_ROLES = (
     ("catalog_root", "catalog"),
     ("output_root", "tables"),
     ("staging_root", "staging"),
+    ("savepoint_root", "savepoints"),
 )
 
 
@@ -71,6 +73,7 @@ class RuntimePaths:
     catalog_root: str | None = None
     output_root: str | None = None
     staging_root: str | None = None
+    savepoint_root: str | None = None
 
     def _role(self, field_name: str) -> str:
         under = dict(WAREHOUSE_ROLES)[field_name]
@@ -90,6 +93,11 @@ class RuntimePaths:
     def staging(self) -> str:
         """Where two-phase sinks stage epochs before their commit."""
         return self._role("staging_root")
+
+    @property
+    def savepoints(self) -> str:
+        """Where savepoints go when a request names no target."""
+        return self._role("savepoint_root")
 
     @classmethod
     def under(cls, home: str | Path) -> RuntimePaths:
@@ -114,6 +122,7 @@ class Settings:
     staging_root: str | None = None
     local_state_root: str | None = None
     log_root: str | None = None
+    savepoint_root: str | None = None
     spark_master: str | None = None
     s3_endpoint: str | None = None
     s3_region: str | None = None

@@ -4,7 +4,8 @@
    every older attempt from completing a checkpoint (``JobCatalog.begin_attempt``).
 2. Fence the job's sinks, so no older attempt commits output to them either.
 3. Choose what to start from: the latest completed checkpoint that validates (``latest``), a
-   named one, or nothing (``none``, an explicit start-over). The rules:
+   named one, a savepoint (its location: imported as a new checkpoint of the job,
+   driver/savepoints.py), or nothing (``none``, an explicit start-over). The rules:
 
    - the checkpoint root must be the one the checkpoints were written under, and must hold them:
      a wrong root is a :class:`ConfigurationError`, never a reason to mark anything CORRUPT;
@@ -37,6 +38,7 @@ from cutline.sinks import SinkWriter
 from spark_jobs.catalog import open_catalog
 from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.driver.evolution import check_restorable
+from spark_jobs.driver.savepoints import is_location, start_from_savepoint
 from spark_jobs.errors import ConfigurationError, NoRestorableCheckpointError
 from state.catalog import CheckpointStatus, FencedError, JobCatalog
 from state.config import EXACTLY_ONCE
@@ -92,6 +94,20 @@ def plan_start(
         if restore is None:
             start_over(catalog, job, sinks, reset_sink, log)
             manifest, fallbacks = None, []
+        elif is_location(restore):
+            check_root(catalog, storage, job.name, paths.checkpoint_root)
+            fallbacks = []
+            manifest = start_from_savepoint(
+                catalog,
+                storage,
+                job,
+                sinks,
+                restore,
+                attempt,
+                log,
+                allow_non_restored=allow_non_restored,
+                reset_sink=reset_sink,
+            )
         else:
             check_root(catalog, storage, job.name, paths.checkpoint_root)
             manifest, fallbacks = select_checkpoint(catalog, storage, job.name, restore, log)

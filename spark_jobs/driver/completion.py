@@ -4,7 +4,8 @@ committed) or aborted: Flink's notifyCheckpointComplete on the driver's side.
 Exactly once, the sinks commit their staged epochs through the checkpoint's (a failed commit
 fails the attempt; the restore redoes it); the committed epochs' ends are forgotten; the
 checkpoint's new shared files are registered in the catalog; a compaction request it served is
-cleared; it is reported. Runs on the ack poller's thread (spark_jobs/driver/barrier.py).
+cleared; a savepoint it serves is written (driver/savepoints.py); it is reported. Runs on the
+ack poller's thread (spark_jobs/driver/barrier.py).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from cutline.sinks import SinkWriter
 from spark_jobs.driver.barrier import CompactionRequests
 from spark_jobs.driver.epoch_ends import EpochEnds
 from spark_jobs.driver.run_state import RunState
+from spark_jobs.driver.savepoints import SavepointRequests
 from spark_jobs.events import EventChannel
-from state.catalog import JobCatalog
+from state.catalog import JobCatalog, shared_file_rows
 from state.faults import kill_point
 from state.manifest import CheckpointManifest
 
@@ -31,6 +33,7 @@ class Completion:
         catalog: JobCatalog,
         ends: EpochEnds,
         compaction: CompactionRequests,
+        savepoints: SavepointRequests,
         state: RunState,
         restored: CheckpointManifest | None,
         *,
@@ -40,6 +43,7 @@ class Completion:
     ) -> None:
         self.job_name, self.sinks, self.catalog = job_name, sinks, catalog
         self.ends, self.compaction, self.state = ends, compaction, state
+        self.savepoints = savepoints
         self.exactly_once, self.log, self.events = exactly_once, log, events
         self._latest = restored
         self._known_shared = {f.path for f in restored.files() if f.shared} if restored else set()
@@ -63,6 +67,7 @@ class Completion:
         self._register_shared_files(manifest)
         self.compaction.on_complete(manifest, self._latest.file_count if self._latest else 0)
         self._latest = manifest
+        self.savepoints.on_complete(manifest)  # after the commit: a savepoint holds no staging
         self.log(
             f"checkpoint {manifest.checkpoint_id} complete: batch {manifest.batch_id}, "
             f"full {manifest.full_size:,} B, uploaded {manifest.uploaded_bytes:,} B, "
@@ -74,6 +79,7 @@ class Completion:
     def on_checkpoint_aborted(self, checkpoint_id: int, reason: str) -> None:
         self.state.checkpoint_aborted(checkpoint_id)
         self.compaction.on_aborted(checkpoint_id)
+        self.savepoints.on_aborted(checkpoint_id)
         self.log(f"checkpoint {checkpoint_id} aborted: {reason}")
 
     def on_job_failed(self, error: BaseException) -> None:
@@ -82,22 +88,7 @@ class Completion:
     def _register_shared_files(self, manifest: CheckpointManifest) -> None:
         """Rows in ``shared_state_files`` for the shared files this checkpoint uploaded (GC
         keeps the rest of the rows in line with storage)."""
-        new_files = [
-            {
-                "job_id": self.job_name,
-                "path": f.path,
-                "operator": h.operator,
-                "subtask": h.subtask,
-                "size": f.size,
-                "created_by": manifest.checkpoint_id,
-                "last_used": manifest.checkpoint_id,
-                "refcount": 1,
-                "status": "LIVE",
-            }
-            for h in manifest.subtasks
-            for f in h.files
-            if f.shared and f.path not in self._known_shared
-        ]
+        new_files = shared_file_rows(manifest, self._known_shared)
         self._known_shared.update(f.path for f in manifest.files() if f.shared)
         if new_files:
             self.catalog.record_shared_files(new_files)

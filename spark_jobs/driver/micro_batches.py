@@ -22,6 +22,7 @@ from spark_jobs.driver.epoch_ends import EpochEnds
 from spark_jobs.driver.progress import Progress
 from spark_jobs.driver.restore_fallback import ReplayEpoch
 from spark_jobs.driver.run_state import RunState
+from spark_jobs.driver.savepoints import SavepointRequests
 from spark_jobs.executor.dataflow import execute
 from spark_jobs.executor.reports import SubtaskStats
 from spark_jobs.executor.subtask import BatchPlan, RunContext
@@ -43,6 +44,7 @@ class MicroBatches:
         sinks: Sequence[SinkWriter],
         ends: EpochEnds,
         compaction: CompactionRequests,
+        savepoints: SavepointRequests,
         *,
         exactly_once: bool,
         log: Callable[[str], None],
@@ -50,7 +52,7 @@ class MicroBatches:
         self.spark, self.ctx, self.job = spark, ctx, ctx.job
         self.progress, self.state, self.sinks = progress, state, sinks
         self.ends, self.compaction, self.exactly_once = ends, compaction, exactly_once
-        self.log = log
+        self.savepoints, self.log = savepoints, log
         self.anchor = None
         self.coordinator: CheckpointCoordinator | None = None
         self.acks: AckPoller | None = None
@@ -67,6 +69,7 @@ class MicroBatches:
         epoch = self.progress.epoch
         pending = self.coordinator.trigger(epoch, None, now_ms())
         cid = pending.checkpoint_id if pending else None
+        self.savepoints.at_barrier(cid)
         in_flight = bool(self.coordinator.pending_ids())
         plan = self._plan(epoch, cid)
         records = self._after(plan, self._execute(df, plan))
@@ -87,6 +90,7 @@ class MicroBatches:
             self.state.fail("no final checkpoint could be triggered")
             return
         cid = pending.checkpoint_id
+        self.savepoints.at_final(cid)
         frames = {n: empty_frame(self.spark, self.job, n) for n in self.job.source_inputs}
         plan = self._plan(self.progress.epoch, cid)
         self._after(plan, self._execute(tag_and_union(self.job, frames), plan))

@@ -14,7 +14,8 @@
    takes its synchronous snapshot. The ack poller (driver/barrier.py) delivers the cut and the
    subtasks' acks to the coordinator, so uploads never hold up the next micro-batch; a completed
    checkpoint commits the sinks (driver/completion.py).
-4. Stop (max batches or idle): take a final checkpoint, wait for it, commit, mark FINISHED.
+4. Stop (max batches, idle, or a stop-with-savepoint request: driver/savepoints.py): take a
+   final checkpoint, wait for it, commit, mark FINISHED.
 
 An attempt that learns that a newer one has started (its checkpoint or sink commit is fenced, or
 its heartbeat sees the newer attempt: driver/liveness.py) stops at once (exit 3); it could not
@@ -23,7 +24,8 @@ commit anything anyway.
 Threads: Spark's stream thread runs the micro-batches, the restore thread runs before the first
 (which waits for it), the ack poller completes checkpoints, the heartbeat watches liveness; the
 main thread watches the query and stops the run (driver/watch.py). What they share (the
-failure, the stop event, the run's report, the compaction request being served) is the
+failure, the stop event, the run's report, the compaction and savepoint requests being served)
+is the
 :class:`~spark_jobs.driver.run_state.RunState`, which says who does what; the progress is
 handed on, never shared.
 
@@ -55,6 +57,7 @@ from spark_jobs.driver.micro_batches import MicroBatches
 from spark_jobs.driver.progress import Progress
 from spark_jobs.driver.restore_step import AttemptRestore
 from spark_jobs.driver.run_state import RunState, RunSummary
+from spark_jobs.driver.savepoints import SavepointRequests
 from spark_jobs.driver.startup_phases import StartupTimeline, warm_up_workers
 from spark_jobs.driver.watch import QueryWatch
 from spark_jobs.errors import AttemptFailedError, NonRetryableError
@@ -129,6 +132,10 @@ class StreamingRun:
         self.compaction = CompactionRequests(
             self.storage, self.layout, job.parallelism, self.state, self.log, self.events
         )
+        self.savepoints = SavepointRequests(
+            job, self.storage, self.catalog, paths.savepoints, self.state, self.log, self.events
+        )
+        self.watch.stop_requested = self.savepoints.stop_requested
         self.acks: AckPoller | None = None  # once the state is restored
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -175,6 +182,7 @@ class StreamingRun:
             self.sinks,
             self.ends,
             self.compaction,
+            self.savepoints,
             exactly_once=self.exactly_once,
             log=self.log,
         )
@@ -283,6 +291,7 @@ class StreamingRun:
             self.catalog,
             self.ends,
             self.compaction,
+            self.savepoints,
             self.state,
             restored,
             exactly_once=self.exactly_once,

@@ -7,9 +7,10 @@ The threads (spark_jobs/driver/run.py) and what each does here:
 - *restore* (``cutline-restore``): records the restored checkpoint, the subtasks' restore
   reports and the epochs replayed.
 - *stream* (Spark's ``foreachBatch`` thread, driver/micro_batches.py): counts and times the
-  micro-batches; at a barrier serves a compaction request.
+  micro-batches; at a barrier serves a compaction request and takes up a savepoint request.
 - *acks* (``cutline-acks``, driver/barrier.py and completion.py): records completed and aborted
-  checkpoints; clears a served compaction request, or releases it when its checkpoint aborts.
+  checkpoints; clears a served compaction request, or releases it when its checkpoint aborts;
+  writes a requested savepoint.
 - *heartbeat* (``cutline-heartbeat``, driver/liveness.py): may fail the run.
 
 Any of them may fail the run: the first failure stands, its reason and error set together, and
@@ -35,6 +36,7 @@ from spark_jobs.executor.reports import SubtaskRestoreReport
 from state.catalog import FencedError
 from state.compaction import CompactionRequest
 from state.manifest import Positions
+from state.savepoint import SavepointRequest
 
 
 @dataclass(frozen=True)
@@ -76,9 +78,26 @@ class CompactionSlot:
         self.serving: ServedCompaction | None = None
 
 
+@dataclass(frozen=True)
+class ServedSavepoint:
+    """A savepoint request being served by checkpoint ``checkpoint_id`` (None: by the final
+    checkpoint of a run stopping for it)."""
+
+    request: SavepointRequest
+    checkpoint_id: int | None
+
+
+class SavepointSlot:
+    """The savepoint request being served, if any; changed only inside
+    :meth:`RunState.savepoint`."""
+
+    def __init__(self) -> None:
+        self.serving: ServedSavepoint | None = None
+
+
 class RunState:
-    """The failure, the run's report and the compaction request being served, shared by one
-    attempt's driver threads (see the module docstring for who does what)."""
+    """The failure, the run's report and the compaction and savepoint requests being served,
+    shared by one attempt's driver threads (see the module docstring for who does what)."""
 
     def __init__(self) -> None:
         self.stop = threading.Event()  # stop taking micro-batches
@@ -96,6 +115,8 @@ class RunState:
         # held across a request's read and clear (storage calls), so never with ``_lock``
         self._compaction_lock = threading.Lock()
         self._compaction = CompactionSlot()
+        self._savepoint_lock = threading.Lock()  # held briefly: never across a savepoint's copy
+        self._savepoint = SavepointSlot()
 
     # -- the failure ---------------------------------------------------------------------------
 
@@ -223,6 +244,13 @@ class RunState:
         request is read while it is being cleared and none is served by two checkpoints."""
         with self._compaction_lock:
             yield self._compaction
+
+    @contextmanager
+    def savepoint(self) -> Iterator[SavepointSlot]:
+        """The savepoint request being served, for one transition (driver/savepoints.py): set
+        when a barrier reads the request, cleared once its savepoint is recorded."""
+        with self._savepoint_lock:
+            yield self._savepoint
 
     # -- the report ----------------------------------------------------------------------------
 

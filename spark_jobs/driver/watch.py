@@ -1,6 +1,7 @@
 """What stops a running attempt besides a failed micro-batch: its streaming query dying, the
 loss of the executors that hold subtasks' working state (on a cluster: those subtasks must
-restore from the latest checkpoint), and the idle timeout (no new input)."""
+restore from the latest checkpoint), the idle timeout (no new input), and a stop-with-savepoint
+request that finds the run idle."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from spark_jobs.driver.placement import executor_hosts, lost_subtasks
 from spark_jobs.driver.run_state import RunState
 
 HOST_CHECK_S = 2.0  # how often a run on a cluster checks that its subtasks' hosts have executors
+REQUEST_CHECK_S = 2.0  # how often an idle run looks for a stop-with-savepoint request
 
 
 class QueryWatch:
@@ -35,6 +37,8 @@ class QueryWatch:
         self.last_progress = time.monotonic()
         self.has_run = False
         self.in_batch = False
+        # whether a stop-with-savepoint request is pending: an idle run reaches no barrier
+        self.stop_requested: Callable[[], bool] = lambda: False
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -51,8 +55,9 @@ class QueryWatch:
 
     def __call__(self, query, allocation: dict[str, str]) -> None:
         """Until the run stops: the query's health, lost hosts (``allocation``: subtask ->
-        host), and the idle timeout."""
+        host), the idle timeout, and a stop request while idle."""
         hosts_checked, suspect = time.monotonic(), None
+        requests_checked = time.monotonic()
         while not self.stop.wait(0.2):
             if self.watch_hosts and time.monotonic() - hosts_checked > HOST_CHECK_S:
                 hosts_checked = time.monotonic()
@@ -78,6 +83,16 @@ class QueryWatch:
             ):
                 self.log(f"no new input for {self.idle_timeout_s} s: stopping")
                 self.stop.set()
+            elif (
+                not self.in_batch
+                and time.monotonic() - max(requests_checked, self.last_progress) > REQUEST_CHECK_S
+            ):
+                requests_checked = time.monotonic()
+                if self.stop_requested():
+                    self.log(
+                        "stop with savepoint while idle: its final checkpoint is the savepoint"
+                    )
+                    self.stop.set()
 
     def _idle(self, query) -> bool:
         """The query has run a trigger (on a loaded machine the first can take longer than the

@@ -106,6 +106,23 @@ class DurableStorage(ABC):
         """Raise :class:`AccessError` if this process cannot use the storage at all (see
         there); a transient failure raises :class:`StorageError`. Cheap: one request."""
 
+    def copy_to(
+        self, path: str, target: DurableStorage, target_path: str, expected_size: int | None = None
+    ) -> int:
+        """Copy ``path`` to ``target_path`` in ``target`` (atomically there) and return its size.
+
+        Through a local temporary file; implementations copy inside the storage service where
+        they can. Raises MissingFileError or CorruptFileError (``expected_size``) as
+        :meth:`get_file` does, with ``target`` left untouched.
+        """
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="cutline-copy-") as scratch:
+            local = Path(scratch) / "file"
+            size = self.get_file(path, local, expected_size)
+            target.put_file(local, target_path)
+        return size
+
     @abstractmethod
     def delete(self, path: str) -> bool:
         """Delete ``path``; True if it existed, False if it was already missing."""

@@ -130,6 +130,15 @@ class LocalFileStorage(DurableStorage):
         except OSError as exc:
             raise self._failed("store", path, f"from {local_path}: {exc}") from exc
 
+    def copy_to(
+        self, path: str, target: DurableStorage, target_path: str, expected_size: int | None = None
+    ) -> int:
+        """Straight from the file (no temporary copy)."""
+        size = self.stat(path).size
+        self._check_size(path, expected_size, size)
+        target.put_file(self._target(path), target_path)
+        return size
+
     def put_bytes(self, path: str, data: bytes, *, exclusive: bool = False) -> None:
         target = self._target(path)
         payload = bytes(data)

@@ -229,6 +229,27 @@ class S3Storage(DurableStorage):
             remove_quietly(tmp)
         return size
 
+    def copy_to(
+        self, path: str, target: DurableStorage, target_path: str, expected_size: int | None = None
+    ) -> int:
+        """Inside S3 (CopyObject, multipart above the threshold: no byte passes through this
+        process) when ``target`` is on the same S3 service, whatever its bucket or prefix."""
+        same_service = isinstance(target, S3Storage) and (
+            target._client.meta.endpoint_url == self._client.meta.endpoint_url
+        )
+        if not same_service:
+            return super().copy_to(path, target, target_path, expected_size)
+        size = self.stat(path).size
+        self._check_size(path, expected_size, size)
+        source = {"Bucket": self.bucket, "Key": self._key(path)}
+        try:
+            self._client.copy(
+                source, target.bucket, target._key(target_path), Config=self._transfer
+            )
+        except self._errors() as exc:
+            raise target._error(exc, f"copy {self.url}/{path} to", target_path) from exc
+        return size
+
     def get_bytes(self, path: str, expected_size: int | None = None) -> bytes:
         key = self._key(path)
         try:

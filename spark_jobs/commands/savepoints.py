@@ -1,0 +1,138 @@
+"""``cutline savepoint JOB``: a savepoint of a job (state/savepoint.py), and the commands that
+list and delete savepoints. No Spark.
+
+A job whose last attempt is still running (or failed, and will be restored) gets a request that
+its attempt serves at its next barrier (spark_jobs/driver/savepoints.py); the command waits for
+the savepoint to be recorded in the catalog. A job whose last attempt finished cleanly has all
+its output committed through its latest checkpoint: the command copies that checkpoint itself.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from spark_jobs.catalog import open_catalog
+from spark_jobs.catalog.tables import CatalogReader, now_ms
+from spark_jobs.deploy.settings import RuntimePaths
+from spark_jobs.driver.savepoints import savepoint_row
+from spark_jobs.errors import ConfigurationError
+from spark_jobs.job_loader import get_job
+from state.catalog import CheckpointStatus
+from state.paths import JobLayout
+from state.restore import read_manifest
+from state.savepoint import (
+    SavepointError,
+    SavepointRequest,
+    delete_savepoint,
+    write_request,
+    write_savepoint,
+)
+from state.storage import open_storage
+from state.storage.tables import join_url
+
+
+class SavepointFailedError(RuntimeError):
+    """The job could not write the savepoint it was asked for (exit 1; the job goes on)."""
+
+
+def take_savepoint(
+    job_ref: str,
+    paths: RuntimePaths,
+    *,
+    target: str = "",
+    stop: bool = False,
+    timeout_s: float = 600.0,
+    log=print,
+) -> dict[str, Any]:
+    """A savepoint of job ``job_ref`` into the directory ``target`` (default: the savepoint
+    root); with ``stop`` the job stops there. Returns its catalog row."""
+    job = get_job(job_ref)
+    reader = CatalogReader(paths.catalog)
+    attempts = reader.jobs(job.name)
+    if not attempts:
+        raise ConfigurationError(f"{job.name} has never run: there is nothing to save")
+    request = SavepointRequest.new(target, stop, now_ms())
+    if attempts[-1]["status"] == "FINISHED":
+        return _from_latest(job, paths, request, log)
+    write_request(open_storage(paths.checkpoint_root), JobLayout(job.name), request)
+    how = "stop with savepoint" if stop else "savepoint"
+    log(f"{how} requested of {job.name} attempt {attempts[-1]['attempt']}: waiting")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = [r for r in reader.savepoints(job.name) if r["request_id"] == request.request_id]
+        if rows:
+            return _outcome(rows[0])
+        time.sleep(1.0)
+    raise SavepointFailedError(
+        f"no savepoint of {job.name} within {timeout_s:.0f} s; the request stays for its next "
+        "barrier (a job without new input reaches none until a record arrives; --stop stops "
+        "an idle job at once)"
+    )
+
+
+def _from_latest(job, paths: RuntimePaths, request: SavepointRequest, log) -> dict[str, Any]:
+    """A finished job: its latest completed checkpoint, copied by this process."""
+    catalog = open_catalog(paths.catalog)
+    rows = catalog.checkpoints(job.name, (CheckpointStatus.COMPLETED,))
+    if not rows:
+        raise ConfigurationError(f"{job.name} has no completed checkpoint to save")
+    storage = open_storage(paths.checkpoint_root)
+    manifest = read_manifest(storage, rows[-1].metadata_path)
+    directory = request.target or join_url(paths.savepoints, job.name)
+    location = join_url(directory, f"savepoint-{manifest.checkpoint_id}-{request.request_id}")
+    info = write_savepoint(manifest, storage, open_storage(location))
+    row = savepoint_row(
+        job,
+        request,
+        info.location,
+        checkpoint_id=info.checkpoint_id,
+        batch_id=info.batch_id,
+        size=info.size,
+        file_count=info.file_count,
+        copy_ms=round(info.seconds * 1000, 1),
+        status="COMPLETED",
+    )
+    catalog.record_savepoint(row)
+    log(f"{job.name} is not running: its latest checkpoint {manifest.checkpoint_id} saved")
+    return row
+
+
+def _outcome(row: dict[str, Any]) -> dict[str, Any]:
+    if row["status"] != "COMPLETED":
+        raise SavepointFailedError(f"the savepoint into {row['location']} failed: {row['reason']}")
+    return row
+
+
+def dispose_savepoint(job_ref: str, paths: RuntimePaths, location: str) -> int:
+    """Delete the savepoint at ``location`` and mark it DELETED in the catalog; returns the
+    files deleted."""
+    job = get_job(job_ref)
+    try:
+        target = open_storage(location)
+        deleted = delete_savepoint(target)
+    except (SavepointError, ValueError) as e:
+        raise ConfigurationError(str(e)) from None
+    open_catalog(paths.catalog).set_savepoint_status(job.name, target.url, "DELETED")
+    return deleted
+
+
+def list_savepoints(job_ref: str, paths: RuntimePaths, *, as_json: bool = False) -> int:
+    """Print the job's savepoints, oldest first."""
+    job = get_job(job_ref)
+    rows = CatalogReader(paths.catalog).savepoints(job.name)
+    if as_json:
+        print(json.dumps(rows))
+        return 0
+    if not rows:
+        print(f"{job.name} has no savepoints")
+    for r in rows:
+        size = f"{r['size']:,} B in {r['file_count']} files" if r["size"] is not None else ""
+        print(
+            f"{r['status']:<9} {r['location']}  checkpoint {r['checkpoint_id']} batch "
+            f"{r['batch_id']}  {size}  code {r['code_version'] or '-'}"
+            + ("  (stopped)" if r["stopped"] else "")
+            + (f"  {r['reason']}" if r["reason"] else "")
+        )
+    return 0

@@ -1,0 +1,258 @@
+"""Savepoints on the driver: taking one when asked, and starting an attempt from one.
+
+Taking one (``cutline savepoint JOB``, spark_jobs/commands/savepoints.py, stores the request
+beside the job's checkpoints). The stream thread reads the request when it triggers a
+checkpoint, as it reads a compaction request: that checkpoint serves it; with ``stop``, the run
+stops instead and its final checkpoint serves it (Flink's stop-with-savepoint: the barrier, the
+sinks' commit, a clean FINISHED). Once the serving checkpoint is complete and its output
+committed (driver/completion.py), the ack thread copies it into the savepoint directory
+(state/savepoint.py; inside the storage service where it can), records the savepoint in the
+catalog and clears the request. Until then the checkpoint is the latest completed one, which
+nothing subsumes, so GC cannot take its files away mid-copy. A savepoint that cannot be
+written is recorded FAILED; the job goes on.
+
+Starting from one (``cutline run JOB --restore URL``): :func:`start_from_savepoint` checks the
+savepoint (every file's size and checksum) and the job's state schema against it, then imports
+it as a new checkpoint of the job. The attempt restores that checkpoint as any other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+from cutline.job import JobDefinition
+from cutline.sinks import SinkWriter
+from spark_jobs.catalog.tables import now_ms
+from spark_jobs.driver.evolution import check_restorable
+from spark_jobs.driver.run_state import RunState, SavepointSlot, ServedSavepoint
+from spark_jobs.errors import (
+    ConfigurationError,
+    IncompatibleStateError,
+    NoRestorableCheckpointError,
+)
+from spark_jobs.events import EventChannel
+from state.catalog import CheckpointStatus, CompletedCheckpoint, JobCatalog, shared_file_rows
+from state.claims import claim_checkpoint_id
+from state.manifest import CheckpointManifest
+from state.paths import JobLayout
+from state.savepoint import (
+    SAVEPOINT_REQUEST,
+    SavepointError,
+    SavepointRequest,
+    clear_request,
+    import_savepoint,
+    read_request,
+    read_savepoint,
+    write_savepoint,
+)
+from state.storage import AccessError, DurableStorage, StorageError, open_storage
+from state.storage.tables import join_url
+
+
+def is_location(restore: str | int | None) -> bool:
+    """Whether a ``--restore`` choice names a savepoint directory (a path or a URL), not
+    ``latest`` or a checkpoint id."""
+    return isinstance(restore, str) and ("/" in restore or "://" in restore)
+
+
+def savepoint_row(job: JobDefinition, request: SavepointRequest, location: str, **values) -> dict:
+    """A ``savepoints`` catalog row; ``values`` fill the figures, status and reason."""
+    row = {
+        "job_id": job.name,
+        "request_id": request.request_id,
+        "location": location,
+        "code_version": job.version,
+        "parallelism": job.parallelism,
+        "created_ms": now_ms(),
+        "stopped": request.stop,
+        "reason": "",
+    }
+    return row | values
+
+
+class SavepointRequests:
+    """Serves the job's savepoint request, one at a time (the slot is the run state's:
+    driver/run_state.py)."""
+
+    def __init__(
+        self,
+        job: JobDefinition,
+        storage: DurableStorage,
+        catalog: JobCatalog,
+        savepoint_root: str,
+        state: RunState,
+        log: Callable[[str], None],
+        events: EventChannel,
+    ) -> None:
+        self.job, self.storage, self.catalog = job, storage, catalog
+        self.layout = JobLayout(job.name)
+        self.savepoint_root = savepoint_root
+        self.state, self.log, self.events = state, log, events
+
+    def _take(self, slot: SavepointSlot, checkpoint_id: int | None) -> SavepointRequest | None:
+        """Serve the pending request, if any and none is served yet, by ``checkpoint_id``."""
+        if slot.serving is not None:
+            return None
+        try:
+            request = read_request(self.storage, self.layout)
+        except SavepointError as e:
+            self.log(f"{e}: removed")
+            self.storage.delete(self.layout.job_path(SAVEPOINT_REQUEST))
+            return None
+        except StorageError as e:  # tried again at the next barrier
+            self.log(f"savepoint request unreadable: {e}")
+            return None
+        if request is not None:
+            slot.serving = ServedSavepoint(request, checkpoint_id)
+        return request
+
+    def at_barrier(self, checkpoint_id: int | None) -> None:
+        """Checkpoint ``checkpoint_id`` is triggered (the stream thread): a pending request is
+        served by it, or, with ``stop``, by the final checkpoint after the run stops here."""
+        if checkpoint_id is None:
+            return
+        with self.state.savepoint() as slot:
+            request = self._take(slot, checkpoint_id)
+            if request is not None and request.stop:
+                slot.serving = ServedSavepoint(request, None)
+        if request is not None and request.stop:
+            self.log("stop with savepoint: the run stops; its final checkpoint is the savepoint")
+            self.state.stop.set()
+        elif request is not None:
+            self.log(f"checkpoint {checkpoint_id} will be copied into a savepoint")
+
+    def stop_requested(self) -> bool:
+        """Whether a stop-with-savepoint request is pending (the main thread asks while no
+        micro-batch runs: a job without new input reaches no barrier)."""
+        try:
+            request = read_request(self.storage, self.layout)
+        except (SavepointError, StorageError):
+            return False
+        return request is not None and request.stop
+
+    def at_final(self, checkpoint_id: int) -> None:
+        """The run's final checkpoint is triggered: it serves a stop request, or any request
+        still pending."""
+        with self.state.savepoint() as slot:
+            if slot.serving is not None and slot.serving.checkpoint_id is None:
+                slot.serving = dataclasses.replace(slot.serving, checkpoint_id=checkpoint_id)
+            else:
+                self._take(slot, checkpoint_id)
+
+    def on_complete(self, manifest: CheckpointManifest) -> None:
+        """Checkpoint ``manifest`` is complete and its output committed (the ack thread): if it
+        serves the request, write the savepoint, record it, clear the request."""
+        with self.state.savepoint() as slot:
+            serving = slot.serving
+            if serving is None or serving.checkpoint_id != manifest.checkpoint_id:
+                return
+        request = serving.request
+        target = request.target or join_url(self.savepoint_root, self.job.name)
+        location = join_url(target, f"savepoint-{manifest.checkpoint_id}-{request.request_id}")
+        try:
+            info = write_savepoint(manifest, self.storage, open_storage(location))
+        except (SavepointError, StorageError, ValueError) as e:
+            reason = f"{type(e).__name__}: {e}"
+            self.log(f"savepoint of checkpoint {manifest.checkpoint_id} failed: {reason}")
+            row = savepoint_row(self.job, request, location, status="FAILED", reason=reason)
+        else:
+            row = savepoint_row(
+                self.job,
+                request,
+                info.location,
+                checkpoint_id=info.checkpoint_id,
+                batch_id=info.batch_id,
+                size=info.size,
+                file_count=info.file_count,
+                copy_ms=round(info.seconds * 1000, 1),
+                status="COMPLETED",
+            )
+            self.log(
+                f"savepoint {info.location}: checkpoint {info.checkpoint_id} (batch "
+                f"{info.batch_id}), {info.size:,} B in {info.file_count} files, copied in "
+                f"{info.seconds:.1f} s"
+            )
+        try:
+            self.catalog.record_savepoint(row)
+            self.events.emit("savepoint", row)
+            clear_request(self.storage, self.layout, request.request_id)
+        finally:
+            with self.state.savepoint() as slot:
+                slot.serving = None
+
+    def on_aborted(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` aborted: a request it served waits for the next
+        barrier."""
+        with self.state.savepoint() as slot:
+            if slot.serving is not None and slot.serving.checkpoint_id == checkpoint_id:
+                slot.serving = None
+
+
+def start_from_savepoint(
+    catalog: JobCatalog,
+    storage: DurableStorage,
+    job: JobDefinition,
+    sinks: Sequence[SinkWriter],
+    location: str,
+    attempt: int,
+    log: Callable[[str], None],
+    *,
+    allow_non_restored: bool = False,
+    reset_sink: bool = False,
+) -> CheckpointManifest:
+    """Check the savepoint at ``location`` and import it as a new checkpoint of ``job``, taken
+    by ``attempt``; returns that checkpoint's manifest.
+
+    A savepoint of this job restores as an older checkpoint of it does: the epochs its sinks
+    committed after it are replayed without output. A savepoint of another job starts another
+    history in this one: its sinks must hold no output (or ``reset_sink`` deletes it), its
+    older checkpoints are retired, and its epochs continue above any its sinks committed.
+    """
+    started = time.monotonic()
+    try:
+        source = open_storage(location)
+        saved = read_savepoint(source)
+    except ValueError as e:  # SavepointError included: a missing or damaged file, named
+        raise NoRestorableCheckpointError(str(e)) from None
+    except AccessError as e:
+        raise ConfigurationError(f"savepoint {location}: {e}") from None
+    try:
+        check_restorable(job, saved, allow_non_restored=allow_non_restored, log=log)
+    except IncompatibleStateError as e:
+        raise IncompatibleStateError(f"savepoint {location}: {e}") from None
+    layout = JobLayout(job.name)
+    continue_at = None
+    if saved.job_id != job.name:
+        with_output = [s for s in sinks if s.has_output()]
+        if with_output and not reset_sink:
+            raise ConfigurationError(
+                f"{location} is a savepoint of {saved.job_id}, and {job.name}'s sink table "
+                f"{with_output[0].table_path} has output of its own that the savepoint's "
+                "history would continue: pass --reset-sink to delete it, or restore under "
+                "another job name"
+            )
+        for sink in with_output:
+            log(f"sink {sink.sink}: deleted {sink.reset():,} rows of {sink.table_path}")
+        old = [
+            c.checkpoint_id for c in catalog.checkpoints(job.name, (CheckpointStatus.COMPLETED,))
+        ]
+        if old:
+            catalog.mark_subsumed(job.name, old)
+            log(f"checkpoints {old} of {job.name} retired: the savepoint starts another history")
+        continue_at = max([saved.batch_id, *(s.committed_epoch() for s in sinks)])
+    known = [c.checkpoint_id for c in catalog.checkpoints(job.name)]
+    checkpoint_id, _ = claim_checkpoint_id(storage, layout, attempt, max([0, *known]) + 1)
+    imported = import_savepoint(
+        saved, source, storage, job.name, checkpoint_id, attempt, batch_id=continue_at
+    )
+    catalog.commit_checkpoint(CompletedCheckpoint.from_manifest(imported, now_ms()))
+    catalog.record_shared_files(shared_file_rows(imported, set()))
+    log(
+        f"savepoint {location} (checkpoint {saved.checkpoint_id} of {saved.job_id}, batch "
+        f"{saved.batch_id}) imported as checkpoint {checkpoint_id} of {job.name}: "
+        f"{imported.file_count} files, {imported.full_size:,} B, checked and copied in "
+        f"{time.monotonic() - started:.1f} s"
+    )
+    return imported
