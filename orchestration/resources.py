@@ -47,8 +47,8 @@ class S3Resource(ConfigurableResource):
 
 class CutlinePaths(ConfigurableResource):
     """Where jobs keep their files, a root per role: checkpoints, the warehouse (and under it,
-    unless set apart, the catalog, the output tables and the sinks' staging), local state and
-    the input log. Each defaults to a directory under ``home``; every durable role may be
+    unless set apart, the catalog, the output tables, the sinks' staging and the savepoints),
+    local state and the input log. Each defaults to a directory under ``home``; every durable role may be
     ``s3://bucket/prefix``."""
 
     home: str = _setting("home")
@@ -59,6 +59,7 @@ class CutlinePaths(ConfigurableResource):
     staging_root: str | None = _setting("staging_root")
     local_state_root: str | None = _setting("local_state_root")
     log_root: str | None = _setting("log_root")
+    savepoint_root: str | None = _setting("savepoint_root")
 
     def paths(self) -> RuntimePaths:
         return Settings(
@@ -77,6 +78,7 @@ class CutlinePaths(ConfigurableResource):
             "staging-root": p.staging,
             "local-state-root": p.local_state_root,
             "log-root": p.log_root,
+            "savepoint-root": p.savepoints,
         }
         return [arg for flag, value in roles.items() for arg in (f"--{flag}", value)]
 

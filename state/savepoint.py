@@ -149,7 +149,8 @@ def import_savepoint(
     write that checkpoint's manifest; returns it. It is a checkpoint of the job taken by
     ``attempt``: it is no savepoint, and its sinks' staged output is ``attempt``'s (none).
     ``batch_id``: the epoch its state stands at in the job, if not the savepoint's (another
-    job's sinks count epochs of their own); its sinks then hold every epoch up to it."""
+    job's sinks count epochs of their own); its sinks then hold every epoch up to it, the
+    last ending at the savepoint's cut."""
     layout = JobLayout(job_id)
     moved = imported_paths(manifest, checkpoint_id)
     _copy_all(
@@ -165,9 +166,10 @@ def import_savepoint(
             h, checkpoint_id=checkpoint_id, files=files, uploaded_bytes=uploaded
         )
 
-    if batch_id is not None:
+    if batch_id is not None:  # the sinks' first commit records where that epoch ended
+        ends = {batch_id: manifest.source_positions}
         manifest = dataclasses.replace(
-            manifest, batch_id=batch_id, sink_epochs={}, epoch_ends={}, epoch_times={}
+            manifest, batch_id=batch_id, sink_epochs={}, epoch_ends=ends, epoch_times={}
         )
     imported = dataclasses.replace(
         manifest,

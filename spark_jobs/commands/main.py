@@ -40,6 +40,7 @@ def _add_global_options(parser: argparse.ArgumentParser, default: object) -> Non
         ("staging-root", "<warehouse>/staging"),
         ("local-state-root", "<home>/local-state"),
         ("log-root", "<home>/log"),
+        ("savepoint-root", "<warehouse>/savepoints"),
     ):
         parser.add_argument(f"--{name}", default=default, help=f"default: {where}")
 

@@ -1,0 +1,138 @@
+"""Savepoints of a running job, end to end with real Spark, Delta and the moto S3 server
+(spark_jobs/driver/savepoints.py, state/savepoint.py).
+
+clicks_per_user runs over a log that grows while it runs. ``cutline savepoint`` takes a
+savepoint of it at a barrier, then a stop-with-savepoint stops it. The job's GC runs; neither
+savepoint changes. The first is moved to another bucket on the S3 server (the original deleted)
+and restored there under another job name, whose output from the savepoint on is exactly what
+pandas computes from the whole input; the second is moved to another directory and the job
+itself restores it and runs to the end, its whole output exactly the reference's.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from spark_jobs.catalog.tables import CatalogReader
+from spark_jobs.deploy.settings import RuntimePaths
+from state.savepoint import read_savepoint
+from state.storage import LocalFileStorage, S3Storage, open_storage
+from tests.e2e_util import (
+    ROOT,
+    checkpoints_so_far,
+    cutline,
+    finish,
+    kill_driver,
+    report,
+    run_to_end,
+    wait_for,
+)
+from tests.reference import EPOCH, check, expect_clicks_per_user, job_cuts, output, read_log
+from tests.row_check import compare_rows
+from tests.test_savepoint import copy_tree
+
+JOB = "clicks_per_user"
+
+
+def command(home, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "spark_jobs.commands", "--home", str(home), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def savepoint(home, *args: str) -> dict:
+    """``cutline savepoint JOB ARGS --json``: its catalog row."""
+    done = command(home, "savepoint", JOB, *args, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.s3
+def test_savepoints_move_and_restore_under_any_name_and_outlive_gc(tmp_path, s3_server):
+    home = tmp_path / "home"
+    paths = RuntimePaths.under(home)
+    (home / "log").mkdir(parents=True)
+    generator = subprocess.Popen(
+        [sys.executable, "-m", "spark_jobs.commands", "--home", str(home), "generate", "clicks",
+         "--count", "24000", "--rate", "2000", "--users", "800"],
+        cwd=ROOT,
+    )  # fmt: skip
+    proc = cutline(home, "run", JOB, "--max-records-per-partition", "600", "--interval-ms", "500")
+    try:
+        wait_for(lambda: len(checkpoints_so_far(home, JOB)) >= 2, 300, "2 checkpoints", proc)
+        first = savepoint(home, "--target", str(tmp_path / "saved"))
+        stopped = savepoint(home, "--target", str(tmp_path / "saved"), "--stop")
+        assert finish(proc, 120) == 0, (home / "driver.log").read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            kill_driver(proc)
+    assert first["status"] == stopped["status"] == "COMPLETED"
+    assert first["batch_id"] < stopped["batch_id"] and stopped["stopped"]
+    reader = CatalogReader(paths.catalog)
+    assert reader.jobs(JOB)[-1]["status"] == "FINISHED"
+    # stop-with-savepoint: the output is committed through the savepoint, nothing left staged
+    assert max(job_cuts(home, [JOB]).epochs) == stopped["batch_id"]
+    assert not [f for f in (home / "warehouse" / "staging").rglob("*") if f.is_file()]
+    assert [r["location"] for r in reader.savepoints(JOB)] == [
+        first["location"],
+        stopped["location"],
+    ]
+
+    # the job's GC takes what its checkpoints no longer need, and nothing of the savepoints
+    before = {r["location"]: read_savepoint(open_storage(r["location"])) for r in (first, stopped)}
+    gc = command(home, "gc", JOB, "--grace-s", "0", "--json")
+    assert gc.returncode == 0, gc.stderr
+    assert json.loads(gc.stdout)["files_deleted"] > 0
+    for location, manifest in before.items():
+        assert read_savepoint(open_storage(location)) == manifest  # every checksum again
+
+    # the first moves to another bucket, the original deleted: another job restores it there
+    assert generator.wait(timeout=300) == 0
+    bucket = f"moved-{uuid.uuid4().hex[:12]}"
+    moved = S3Storage(bucket, "team/savepoints/sp-1", endpoint_url=s3_server)
+    moved._client.create_bucket(Bucket=bucket)
+    copy_tree(open_storage(first["location"]), moved)
+    gone = command(home, "savepoint", JOB, "--dispose", first["location"])
+    assert gone.returncode == 0, gone.stderr
+    run_to_end(
+        home,
+        "run",
+        "tests.savepoint_jobs:clicks_copy",
+        "--restore",
+        moved.url,
+        "--idle-timeout",
+        "4",
+        env={"AWS_ENDPOINT_URL_S3": s3_server},
+    )
+    report(check_from_savepoint(home, "clicks_copy", first["batch_id"]))
+    assert [r["status"] for r in reader.savepoints(JOB)] == ["DELETED", "COMPLETED"]
+
+    # the second moves to another directory; the job itself restores it and runs to the end
+    elsewhere = LocalFileStorage(tmp_path / "elsewhere" / "sp-2")
+    copy_tree(open_storage(stopped["location"]), elsewhere)
+    run_to_end(home, "run", JOB, "--restore", str(elsewhere.root), "--idle-timeout", "4")
+    report(check(JOB, home))
+
+
+def check_from_savepoint(home, table: str, batch_id: int) -> str:
+    """``table``'s output (a job restored from a savepoint of clicks_per_user taken at epoch
+    ``batch_id``) is exactly the reference's rows of the epochs after it, computed from the
+    whole input: the state the savepoint held counts every click before it."""
+    cuts = job_cuts(home, [table])
+    assert min(cuts.epochs) == batch_id  # its first commit records the savepoint's cut
+    inputs = {"clicks": cuts.assign(read_log(home, "clicks"), "clicks")}
+    expected = expect_clicks_per_user(inputs, cuts.epochs)["clicks_per_user"]
+    after = expected.rows[expected.rows[EPOCH] > batch_id]
+    assert len(after) > 0
+    return compare_rows(output(home, table), after, expected.keys, expected.values, table)
