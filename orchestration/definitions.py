@@ -1,7 +1,8 @@
 """Everything Dagster loads (``workspace.yaml``): the catalog assets and their checks, the
-streaming job, the sensors that register jobs, restore failed runs and catch lost drivers, the
-scheduled retention GC, catalog compaction and restore drill, and the resources, which default
-to the embedded setup under ``$CUTLINE_HOME``."""
+savepoints asset, the streaming job, the savepoint-and-stop and upgrade jobs, the sensors that
+register jobs, restore failed runs, catch lost drivers and restart upgraded jobs from their
+savepoints, the scheduled retention GC, catalog compaction and restore drill, and the
+resources, which default to the embedded setup under ``$CUTLINE_HOME``."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from orchestration.assets.checks import (
     restore_drill_job,
     storage_bounded,
 )
+from orchestration.assets.savepoints import savepoint_and_stop, savepoints
 from orchestration.maintenance import (
     compaction_job,
     compaction_schedule,
@@ -30,9 +32,10 @@ from orchestration.sensors.heartbeat import streaming_heartbeat
 from orchestration.sensors.partitions import register_streaming_jobs
 from orchestration.sensors.restore import restore_on_failure
 from orchestration.streaming import streaming_job
+from orchestration.upgrade import restart_from_savepoint, upgrade_streaming_job
 
 defs = Definitions(
-    assets=[streaming_jobs, completed_checkpoints, shared_state_files],
+    assets=[streaming_jobs, completed_checkpoints, shared_state_files, savepoints],
     asset_checks=[checkpoint_freshness, no_dangling_references, storage_bounded, restore_drill],
     jobs=[
         streaming_job,
@@ -41,8 +44,15 @@ defs = Definitions(
         stop_streaming_job,
         catalog_checks_job,
         restore_drill_job,
+        savepoint_and_stop,
+        upgrade_streaming_job,
     ],
-    sensors=[register_streaming_jobs, restore_on_failure, streaming_heartbeat],
+    sensors=[
+        register_streaming_jobs,
+        restore_on_failure,
+        streaming_heartbeat,
+        restart_from_savepoint,
+    ],
     schedules=[retention_schedule, compaction_schedule, checks_schedule, drill_schedule],
     resources={
         "cutline_paths": CutlinePaths(),

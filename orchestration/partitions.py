@@ -14,3 +14,5 @@ WORKER_PID_TAG = "cutline/worker-pid"  # the Dagster run worker that launched th
 SUBMIT_PID_TAG = "cutline/submit-pid"  # the spark-submit process of the driver
 DRIVER_PID_TAG = "cutline/driver-pid"  # the driver itself (kill -9 it to see a restore)
 EXIT_CODE_TAG = "cutline/exit-code"  # how the driver exited (orchestration.restart)
+SAVEPOINT_TAG = "cutline/savepoint"  # on an upgrade run: the savepoint it stopped the job with
+UPGRADE_OF_TAG = "cutline/upgrade-of"  # the upgrade run whose savepoint a streaming run restores

@@ -48,8 +48,8 @@ class S3Resource(ConfigurableResource):
 class CutlinePaths(ConfigurableResource):
     """Where jobs keep their files, a root per role: checkpoints, the warehouse (and under it,
     unless set apart, the catalog, the output tables, the sinks' staging and the savepoints),
-    local state and the input log. Each defaults to a directory under ``home``; every durable role may be
-    ``s3://bucket/prefix``."""
+    local state and the input log. Each defaults to a directory under ``home``; every durable
+    role may be ``s3://bucket/prefix``."""
 
     home: str = _setting("home")
     checkpoint_root: str | None = _setting("checkpoint_root")

@@ -51,7 +51,14 @@ from state.redaction import redact_argv
 class StreamingRunConfig(Config):
     """How this attempt starts; the defaults run the job from its latest checkpoint."""
 
-    restore: str = Field(default="latest", description="latest, none, or a checkpoint id")
+    restore: str = Field(
+        default="latest",
+        description="latest, none, a checkpoint id, or a savepoint's location (path or URL)",
+    )
+    parallelism: int | None = Field(
+        default=None,
+        description="another parallelism than the job's: its state is rescaled on restore",
+    )
     hints: dict[str, str] = Field(
         default_factory=dict,
         description="executor hints: subtask -> host that holds its local state copy",
@@ -86,9 +93,9 @@ RESTORE_COLUMNS = ["stage", "subtask", "host", "from", "local MiB", "remote MiB"
 def started_metadata(
     event: dict[str, Any], first_batch_ms: int, driver_started_ms: int
 ) -> dict[str, Any]:
-    """What an attempt restored: the checkpoint, each subtask's host, local and remote bytes
-    (a table), whether it was rescaled and from what, the time from the driver's start to its
-    first micro-batch."""
+    """What an attempt restored: the checkpoint (and the savepoint it was imported from), each
+    subtask's host, local and remote bytes (a table), whether it was rescaled and from what,
+    the time from the driver's start to its first micro-batch."""
     reports = [SubtaskRestoreReport.from_dict(r) for r in event.get("restore_reports", [])]
     rows = [
         {
@@ -109,6 +116,7 @@ def started_metadata(
     return {
         "attempt": ident(event["attempt"]),
         "restored_from": ident(None if restored is None else f"chk-{restored}"),
+        **({"savepoint": MetadataValue.path(event["savepoint"])} if event.get("savepoint") else {}),
         **rescaled,
         "subtasks_restored_locally": sum(r.source == "local" for r in reports),
         "subtasks_restored_remotely": sum(r.source == "remote" for r in reports),
@@ -154,6 +162,11 @@ class _Forwarder:
             elif kind == "checkpoint":
                 self.checkpoints += 1
                 self._materialize("completed_checkpoints", checkpoint_metadata(event))
+            elif kind == "savepoint":
+                self.context.log.info(
+                    f"{self.job_name}: savepoint {event['status']} at {event['location']}"
+                    + (f": {event['reason']}" if event.get("reason") else "")
+                )
             elif kind == "compacted":
                 self.context.log.info(
                     f"{self.job_name}: state compacted at checkpoint {event['checkpoint_id']}; a "
@@ -205,6 +218,8 @@ def streaming_driver(
             hints = Path(tmp) / "hints.json"
             hints.write_text(json.dumps(config.hints))
             args += ["--hints", str(hints)]
+        if config.parallelism is not None:
+            args += ["--parallelism", str(config.parallelism)]
         if config.max_batches is not None:
             args += ["--max-batches", str(config.max_batches)]
         if config.idle_timeout_s is not None:

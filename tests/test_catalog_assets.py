@@ -10,6 +10,7 @@ from dagster import instance_for_test, materialize
 
 import orchestration.assets.checks as checks
 from orchestration.assets.catalog import completed_checkpoints, shared_state_files, streaming_jobs
+from orchestration.assets.savepoints import savepoints
 from orchestration.resources import CutlinePaths, S3Resource
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.deploy.settings import RuntimePaths
@@ -18,6 +19,8 @@ from spark_jobs.job_loader import get_job
 from spark_jobs.sources.generate import generate
 from state.catalog import CheckpointStatus
 from state.restore import read_manifest
+from state.savepoint import read_savepoint
+from state.storage import open_storage
 from tests.reference import before_cut, read_log
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -143,3 +146,23 @@ def test_the_restore_drill_reads_every_state_and_fails_on_a_damaged_file(home):
     passed, metadata = check(checks.restore_drill, home)
     assert not passed
     assert victim.path in metadata["problems"][JOB] and "checksum" in metadata["problems"][JOB]
+
+
+def test_materializing_savepoints_saves_a_finished_job_and_lists_it(home):
+    """A finished job's output is committed through its latest checkpoint: the asset copies
+    that checkpoint into a self-contained savepoint and reports it."""
+    paths = CutlinePaths(home=str(home))
+    with instance_for_test() as instance:
+        instance.add_dynamic_partitions("streaming_jobs", [JOB])
+        result = materialize(
+            [savepoints], partition_key=JOB, instance=instance, resources={"cutline_paths": paths}
+        )
+    assert result.success
+    (mat,) = result.asset_materializations_for_node("savepoints")
+    metadata = {k: v.value for k, v in mat.metadata.items()}
+    latest = paths.catalog().checkpoints(JOB, (CheckpointStatus.COMPLETED,))[-1]
+    saved = read_savepoint(open_storage(metadata["location"]))
+    assert saved.checkpoint_id == latest.checkpoint_id == int(metadata["checkpoint_id"])
+    assert metadata["size_mib"] > 0 and not metadata["stopped"]
+    assert metadata["location"].startswith(f"file://{home}/warehouse/savepoints/{JOB}/")
+    assert metadata["location"] in metadata["savepoints"]

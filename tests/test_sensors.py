@@ -9,6 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 from dagster import (
+    DagsterEvent,
+    DagsterEventType,
     DagsterRunStatus,
     RunRequest,
     build_run_status_sensor_context,
@@ -24,12 +26,15 @@ from orchestration.partitions import (
     JOB_TAG,
     RESTART_TAG,
     RESTORE_OF_TAG,
+    SAVEPOINT_TAG,
+    UPGRADE_OF_TAG,
 )
 from orchestration.resources import CutlinePaths
 from orchestration.restart import Liveness
 from orchestration.sensors.partitions import register_streaming_jobs
 from orchestration.sensors.restore import STRATEGY, restore_on_failure
 from orchestration.streaming import streaming_job
+from orchestration.upgrade import restart_from_savepoint, upgrade_streaming_job
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.job_loader import job_names
 
@@ -190,3 +195,40 @@ def test_every_registered_job_gets_a_partition(instance):
     data = register_streaming_jobs.evaluate_tick(build_sensor_context(instance=instance))
     (request,) = data.dynamic_partitions_requests
     assert sorted(request.partition_keys) == sorted(n for n in job_names() if n != JOB)
+
+
+def test_an_upgrade_restarts_the_job_from_its_savepoint_at_the_new_parallelism(instance, paths):
+    """The upgrade run stopped the job with a savepoint (its tag); when it succeeds, the
+    streaming job is launched from that savepoint with the parallelism the upgrade asked for
+    and the upgrade run's roots."""
+    resources = {"cutline_paths": {"config": {"home": paths.home}}}
+    upgrade = instance.create_run_for_job(
+        job_def=defs.get_job_def(upgrade_streaming_job.name),
+        run_config={
+            "ops": {"stop_with_savepoint": {"config": {"parallelism": 4}}},
+            "resources": resources,
+        },
+        tags={"dagster/partition": JOB, SAVEPOINT_TAG: "s3://b/savepoints/savepoint-7-abc"},
+        status=DagsterRunStatus.SUCCESS,
+    )
+    context = build_run_status_sensor_context(
+        sensor_name="restart_from_savepoint",
+        dagster_instance=instance,
+        dagster_run=upgrade,
+        dagster_event=DagsterEvent(
+            DagsterEventType.RUN_SUCCESS.value, job_name=upgrade_streaming_job.name
+        ),
+    )
+    request = restart_from_savepoint(context)
+    assert isinstance(request, RunRequest)
+    assert request.job_name in (None, streaming_job.name) and request.partition_key == JOB
+    assert request.run_config == {
+        "ops": {
+            "streaming_driver": {
+                "config": {"restore": "s3://b/savepoints/savepoint-7-abc", "parallelism": 4}
+            }
+        },
+        "resources": resources,
+    }
+    assert request.tags == {JOB_TAG: JOB, UPGRADE_OF_TAG: upgrade.run_id}
+    assert request.run_key == f"upgrade-{upgrade.run_id}"  # one restart per upgrade

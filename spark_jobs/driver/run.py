@@ -57,7 +57,7 @@ from spark_jobs.driver.micro_batches import MicroBatches
 from spark_jobs.driver.progress import Progress
 from spark_jobs.driver.restore_step import AttemptRestore
 from spark_jobs.driver.run_state import RunState, RunSummary
-from spark_jobs.driver.savepoints import SavepointRequests
+from spark_jobs.driver.savepoints import SavepointRequests, is_location
 from spark_jobs.driver.startup_phases import StartupTimeline, warm_up_workers
 from spark_jobs.driver.watch import QueryWatch
 from spark_jobs.errors import AttemptFailedError, NonRetryableError
@@ -248,6 +248,7 @@ class StreamingRun:
                 {
                     "attempt": self.attempt,
                     "restored_from": self.state.restored_from,
+                    "savepoint": self.restore if is_location(self.restore) else None,
                     "allocation": self.allocation,
                     "restore_reports": [r.to_dict() for r in self.state.restore_reports],
                 },
