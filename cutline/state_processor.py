@@ -1,8 +1,10 @@
 """A job's state outside the job (Flink's State Processor API): read one state of one stage of
-a checkpoint into a Spark DataFrame. The same as ``cutline state read``."""
+a checkpoint into a Spark DataFrame (the same as ``cutline state read``), and write a savepoint
+from DataFrames, new or as a changed copy of a checkpoint, for a job to start from."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from cutline.job import JobDefinition
@@ -32,3 +34,50 @@ def read_state(
     paths = (settings.at_home(home) if home else settings).paths()
     definition = get_job(job) if isinstance(job, str) else job
     return spark.createDataFrame(load_state(definition, stage, state, paths, checkpoint))
+
+
+def write_savepoint(
+    job: JobDefinition | str,
+    states: Mapping[tuple[str, str], Any],
+    target: str,
+    *,
+    base: str | int | None = None,
+    positions: Mapping[str, Mapping[str, int]] | None = None,
+    home: str | None = None,
+) -> str:
+    """Write a savepoint of ``job`` at ``target`` (a directory: path or URL) whose states are
+    ``states``: ``(stage uid or name, state name)`` -> a Spark DataFrame, a pandas DataFrame or
+    an Arrow table with the columns :func:`read_state` returns (``key_group`` may be left
+    out; a TTL state needs ``expires_at_ms``). Each is the state's whole content.
+
+    ``base``: ``"latest"`` or a checkpoint id of the job, or a savepoint's location: the
+    savepoint is the base with those states replaced, and a job restored from it continues the
+    base's history (fix a value, drop keys). None: a new savepoint (migrate state from another
+    system): a job restored from it reads its sources from ``positions`` (source -> partition
+    -> position; default their beginning) and starts another history. Start a job from it with
+    ``cutline run JOB --restore TARGET``. Returns the savepoint's location. Raises
+    ``ValueError`` naming a stage, state or column that does not fit the job."""
+    from spark_jobs.commands.state_write import write_savepoint_from_tables
+    from spark_jobs.deploy.settings import load_settings
+    from spark_jobs.job_loader import get_job
+
+    settings = load_settings()
+    paths = (settings.at_home(home) if home else settings).paths()
+    definition = get_job(job) if isinstance(job, str) else job
+    tables = {key: _arrow(frame) for key, frame in states.items()}
+    given = {s: {p: int(o) for p, o in parts.items()} for s, parts in (positions or {}).items()}
+    info = write_savepoint_from_tables(
+        definition, tables, target, paths, base=base, positions=given if positions else None
+    )
+    return info.location
+
+
+def _arrow(frame: Any):
+    """An Arrow table of a Spark DataFrame, a pandas DataFrame or an Arrow table."""
+    import pyarrow as pa
+
+    if isinstance(frame, pa.Table):
+        return frame
+    if hasattr(frame, "toArrow"):  # Spark
+        return frame.toArrow()
+    return pa.Table.from_pandas(frame, preserve_index=False)

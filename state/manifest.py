@@ -63,6 +63,9 @@ class CheckpointManifest:
     # what the per-partition watermarks are computed from (absent in older manifests: the
     # restored ``watermarks`` are the floor, the partitions start unseen)
     partition_clocks: PartitionClocks = field(default_factory=dict)
+    # written from tables with no checkpoint under it (state/savepoint_writer.py): a job that
+    # restores it starts another history, whatever its name
+    bootstrapped: bool = False
 
     # -- figures -----------------------------------------------------------------------------
 
@@ -109,6 +112,7 @@ class CheckpointManifest:
             "attempt": self.attempt,
             "trigger_time_ms": self.trigger_time_ms,
             "savepoint": self.savepoint,
+            "bootstrapped": self.bootstrapped,
             "source_positions": self.source_positions,
             "sink_epochs": self.sink_epochs,
             "watermarks": self.watermarks,
@@ -151,6 +155,7 @@ class CheckpointManifest:
                 attempt=_int(doc, "attempt"),
                 trigger_time_ms=_int(doc, "trigger_time_ms"),
                 savepoint=bool(doc.get("savepoint", False)),
+                bootstrapped=bool(doc.get("bootstrapped", False)),
                 source_positions=_positions(doc["source_positions"]),
                 sink_epochs={str(k): int(v) for k, v in dict(doc.get("sink_epochs", {})).items()},
                 watermarks={str(k): int(v) for k, v in dict(doc.get("watermarks", {})).items()},

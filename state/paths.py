@@ -81,13 +81,13 @@ class JobLayout:
         return None
 
 
-class SavepointLayout:
+class SavepointLayout(JobLayout):
     """Relative paths inside a savepoint directory (state/savepoint.py): ``_metadata`` and the
-    files of one checkpoint at the paths its manifest names, relative to the directory itself
-    (where a job's are relative to ``<job>/``)."""
+    files of one checkpoint laid out as in a job's directory, relative to the savepoint's
+    directory itself (where a job's are relative to ``<job>/``)."""
 
-    METADATA = JobLayout.METADATA
+    def __init__(self) -> None:
+        self.job_id = ""
 
-    @staticmethod
-    def job_path(relative: str) -> str:
+    def job_path(self, relative: str) -> str:
         return check_relative(relative, what="manifest path")

@@ -20,7 +20,7 @@ from pathlib import Path
 from state.handles import StateFile, SubtaskStateHandle, file_checksum
 from state.local_copies import LocalCopies
 from state.manifest import CheckpointManifest
-from state.paths import JobLayout, SavepointLayout
+from state.paths import JobLayout
 from state.storage import DurableStorage, MissingFileError, StorageError
 
 
@@ -131,7 +131,7 @@ def validate_checkpoint(
     storage: DurableStorage,
     *,
     checksums: bool = False,
-    layout: JobLayout | SavepointLayout | None = None,
+    layout: JobLayout | None = None,
 ) -> list[str]:
     """Problems that would make ``manifest`` unrestorable: missing or wrongly sized files, and
     with ``checksums`` (which reads every byte) files whose contents do not match. Its files

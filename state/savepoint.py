@@ -55,10 +55,11 @@ class SavepointInfo:
     seconds: float
 
 
-def _copy_all(
+def copy_files(
     pairs: list[tuple[str, str, int]], source: DurableStorage, target: DurableStorage
 ) -> None:
-    """Copy ``(source path, target path, size)`` pairs, several at a time."""
+    """Copy ``(source path, target path, size)`` pairs from ``source`` to ``target``, several
+    at a time (each inside the storage service where it can)."""
     with ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="cutline-copy") as pool:
         list(pool.map(lambda p: source.copy_to(p[0], target, p[1], expected_size=p[2]), pairs))
 
@@ -74,7 +75,7 @@ def write_savepoint(
         raise SavepointError(f"{target.url} already holds a savepoint: choose another target")
     layout = JobLayout(manifest.job_id)
     files = [(layout.job_path(f.path), f.path, f.size) for f in manifest.files()]
-    _copy_all(files, storage, target)
+    copy_files(files, storage, target)
     target.put_bytes(
         SavepointLayout.METADATA, dataclasses.replace(manifest, savepoint=True).to_json()
     )
@@ -108,7 +109,7 @@ def read_savepoint(target: DurableStorage, *, checksums: bool = True) -> Checkpo
             f"{target.url} holds a checkpoint's manifest, not a savepoint's: restore a "
             "checkpoint by its id (cutline run JOB --restore ID)"
         )
-    problems = validate_checkpoint(manifest, target, checksums=checksums, layout=SavepointLayout)
+    problems = validate_checkpoint(manifest, target, checksums=checksums, layout=SavepointLayout())
     if problems:
         raise SavepointError(
             f"savepoint {target.url} cannot be restored: {'; '.join(problems[:5])}"
@@ -153,7 +154,7 @@ def import_savepoint(
     last ending at the savepoint's cut."""
     layout = JobLayout(job_id)
     moved = imported_paths(manifest, checkpoint_id)
-    _copy_all(
+    copy_files(
         [(f.path, layout.job_path(moved[f.path]), f.size) for f in manifest.files()],
         source,
         storage,

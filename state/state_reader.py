@@ -29,8 +29,8 @@ from state.restore import restore_subtask
 from state.rocksdb_store import RocksDBStore, decode_list
 from state.state_types import KeyCodec, StateSpec, decode_values
 from state.storage import DurableStorage
+from state.user_state import EXPIRY
 
-_EXPIRY = struct.Struct(">q")  # a TTL state's entries start with their expiry (user_state.py)
 _U32 = struct.Struct(">I")
 
 
@@ -46,11 +46,13 @@ def read_state(
     codec: KeyCodec,
     key_names: tuple[str, ...],
     scratch: Path,
+    layout: JobLayout | None = None,
 ) -> pa.Table:
-    """State ``spec`` of stage ``uid`` in ``manifest``'s checkpoint (its files in ``storage``),
-    keys decoded by ``codec`` into columns ``key_names``; ``scratch``: a directory for the
-    restored subtasks, removed as each is read."""
-    return read_states(manifest, storage, uid, [spec], codec, key_names, scratch)[spec.name]
+    """State ``spec`` of stage ``uid`` in ``manifest``'s checkpoint (its files in ``storage``,
+    under its job's directory or ``layout``'s: a savepoint's), keys decoded by ``codec`` into
+    columns ``key_names``; ``scratch``: a directory for the restored subtasks, removed as each
+    is read."""
+    return read_states(manifest, storage, uid, [spec], codec, key_names, scratch, layout)[spec.name]
 
 
 def read_states(
@@ -61,6 +63,7 @@ def read_states(
     codec: KeyCodec,
     key_names: tuple[str, ...],
     scratch: Path,
+    layout: JobLayout | None = None,
 ) -> dict[str, pa.Table]:
     """:func:`read_state` of each of ``specs``, restoring each subtask once."""
     where = f"checkpoint {manifest.checkpoint_id} of {manifest.job_id}"
@@ -78,7 +81,7 @@ def read_states(
     found = {spec.name: _Entries() for spec in specs}
     for h in handles:
         directory = Path(scratch) / f"{uid}-{h.subtask}"
-        restore_subtask(h, storage, JobLayout(manifest.job_id), directory)
+        restore_subtask(h, storage, layout or JobLayout(manifest.job_id), directory)
         try:
             with RocksDBStore(directory, h.key_group_range) as store:
                 for spec in specs:
@@ -124,7 +127,7 @@ def _table(
 ) -> pa.Table:
     expiry: list[int] = []
     if spec.ttl is not None:
-        expiry = [_EXPIRY.unpack_from(v)[0] for v in values]
+        expiry = [EXPIRY.unpack_from(v)[0] for v in values]
         values = [v[8:] for v in values]
     rows = list(range(len(keys)))  # the entry each output row comes from
     columns: dict[str, pa.Array] = {}

@@ -34,16 +34,16 @@ from state.state_types import (
 from state.write_buffer import BufferedTransaction
 
 TTL_TIMERS = "__ttl__"
-_EXPIRY = struct.Struct(">q")
+EXPIRY = struct.Struct(">q")  # a TTL state's entries start with their expiry (ms)
 _U32 = struct.Struct(">I")
 
 
-def _ttl_timer_key(name: str, key: bytes, map_key: bytes = b"") -> bytes:
+def ttl_timer_key(name: str, key: bytes, map_key: bytes = b"") -> bytes:
     encoded = name.encode()
     return bytes([len(encoded)]) + encoded + _U32.pack(len(key)) + key + map_key
 
 
-def parse_ttl_timer_key(raw: bytes) -> tuple[str, bytes, bytes]:
+def parsettl_timer_key(raw: bytes) -> tuple[str, bytes, bytes]:
     """(state name, key, map key) of a TTL cleanup timer."""
     n = raw[0]
     name = raw[1 : 1 + n].decode()
@@ -71,20 +71,20 @@ class _StateView:
             raise StateAccessError(
                 f"state {self.spec.name!r}: its TTL clock {self.spec.ttl.clock!r} has no time yet"
             )
-        expiry = _EXPIRY.pack(self._now + self.spec.ttl.ms)
+        expiry = EXPIRY.pack(self._now + self.spec.ttl.ms)
         return [expiry + v for v in raw]
 
     def _unstamp(self, raw: list[bytes | None]) -> list[bytes | None]:
         if self.spec.ttl is None:
             return raw
         now = self._now
-        return [None if v is None or _EXPIRY.unpack_from(v)[0] <= now else v[8:] for v in raw]
+        return [None if v is None or EXPIRY.unpack_from(v)[0] <= now else v[8:] for v in raw]
 
     def _cleanup_at_expiry(self, groups: np.ndarray, kbytes: list[bytes], map_keys=None) -> None:
         if self.spec.ttl is None:
             return
         mks = map_keys if map_keys is not None else [b""] * len(kbytes)
-        timers = [_ttl_timer_key(self.spec.name, k, m) for k, m in zip(kbytes, mks, strict=True)]
+        timers = [ttl_timer_key(self.spec.name, k, m) for k, m in zip(kbytes, mks, strict=True)]
         at = [self._now + self.spec.ttl.ms] * len(timers)
         self.txn.set_timers(TTL_TIMERS, groups, timers, at, registered=True)
 
@@ -245,7 +245,7 @@ def expire(
     fired: list[tuple[int, int, bytes]] = []
     by_state: dict[str, list[tuple[int, bytes, bytes]]] = {}
     for ts, kg, raw in txn.due_timers(TTL_TIMERS, limit):
-        name, key, map_key = parse_ttl_timer_key(raw)
+        name, key, map_key = parsettl_timer_key(raw)
         spec = specs.get(name)
         if spec is not None and spec.ttl is not None and ts > clocks.get(spec.ttl.clock, ts - 1):
             continue  # a timer of the other clock, not due yet
@@ -263,7 +263,7 @@ def expire(
         now = clocks[spec.ttl.clock]
         # gone already, or written again since with a later expiry: kept
         gone = [
-            i for i, v in enumerate(stored) if v is not None and _EXPIRY.unpack_from(v)[0] <= now
+            i for i, v in enumerate(stored) if v is not None and EXPIRY.unpack_from(v)[0] <= now
         ]
         pick = [groups[i] for i in gone], [kb[i] for i in gone]
         if spec.kind == "map":

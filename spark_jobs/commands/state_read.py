@@ -52,7 +52,8 @@ def latest_manifest(
     return read_manifest(storage, layout.job_path(layout.metadata(checkpoint_id)))
 
 
-def _codec(job: JobDefinition, s: KeyedProcess) -> tuple[KeyCodec, tuple[str, ...]]:
+def stage_codec(job: JobDefinition, s: KeyedProcess) -> tuple[KeyCodec, tuple[str, ...]]:
+    """Stage ``s``'s key codec and key column names."""
     names = key_columns(s.key_column)
     return KeyCodec(s.key_type, job.max_parallelism, names if len(names) > 1 else ()), names
 
@@ -74,7 +75,7 @@ def load_state(
         )
     storage = open_storage(paths.checkpoint_root)
     manifest = latest_manifest(job, paths, storage, checkpoint_id)
-    codec, names = _codec(job, s)
+    codec, names = stage_codec(job, s)
     with tempfile.TemporaryDirectory(prefix="cutline-state-read-") as scratch:
         return read_state(manifest, storage, s.uid, specs[state], codec, names, Path(scratch))
 
@@ -112,7 +113,7 @@ def restore_drill(
         for s in job.stages:
             if s.uid not in held:
                 continue  # a stage the checkpoint predates: it would start empty
-            codec, names = _codec(job, s)
+            codec, names = stage_codec(job, s)
             specs = list(s.function.states)
             tables = read_states(manifest, storage, s.uid, specs, codec, names, Path(scratch))
             rows.update({f"{s.uid}/{name}": t.num_rows for name, t in tables.items()})

@@ -206,9 +206,10 @@ def start_from_savepoint(
     by ``attempt``; returns that checkpoint's manifest.
 
     A savepoint of this job restores as an older checkpoint of it does: the epochs its sinks
-    committed after it are replayed without output. A savepoint of another job starts another
-    history in this one: its sinks must hold no output (or ``reset_sink`` deletes it), its
-    older checkpoints are retired, and its epochs continue above any its sinks committed.
+    committed after it are replayed without output. A savepoint of another job, or one written
+    from tables (``bootstrapped``), starts another history in this one: its sinks must hold no
+    output (or ``reset_sink`` deletes it), its older checkpoints are retired, and its epochs
+    continue above any its sinks committed.
     """
     started = time.monotonic()
     try:
@@ -224,11 +225,13 @@ def start_from_savepoint(
         raise IncompatibleStateError(f"savepoint {location}: {e}") from None
     layout = JobLayout(job.name)
     continue_at = None
-    if saved.job_id != job.name:
+    if saved.job_id != job.name or saved.bootstrapped:
         with_output = [s for s in sinks if s.has_output()]
         if with_output and not reset_sink:
             raise ConfigurationError(
-                f"{location} is a savepoint of {saved.job_id}, and {job.name}'s sink table "
+                f"{location} is a savepoint of {saved.job_id}"
+                + (" written from tables" if saved.bootstrapped else "")
+                + f", and {job.name}'s sink table "
                 f"{with_output[0].table_path} has output of its own that the savepoint's "
                 "history would continue: pass --reset-sink to delete it, or restore under "
                 "another job name"
