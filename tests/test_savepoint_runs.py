@@ -16,10 +16,13 @@ import subprocess
 import sys
 import uuid
 
+import pandas as pd
 import pytest
 
+from cutline import write_savepoint
 from spark_jobs.catalog.tables import CatalogReader
 from spark_jobs.deploy.settings import RuntimePaths
+from spark_jobs.sources.generate import generate
 from state.savepoint import read_savepoint
 from state.storage import LocalFileStorage, S3Storage, open_storage
 from tests.e2e_util import (
@@ -32,7 +35,15 @@ from tests.e2e_util import (
     run_to_end,
     wait_for,
 )
-from tests.reference import EPOCH, check, expect_clicks_per_user, job_cuts, output, read_log
+from tests.reference import (
+    EPOCH,
+    before_cut,
+    check,
+    expect_clicks_per_user,
+    job_cuts,
+    output,
+    read_log,
+)
 from tests.row_check import compare_rows
 from tests.test_savepoint import copy_tree
 
@@ -125,14 +136,42 @@ def test_savepoints_move_and_restore_under_any_name_and_outlive_gc(tmp_path, s3_
     report(check(JOB, home))
 
 
-def check_from_savepoint(home, table: str, batch_id: int) -> str:
-    """``table``'s output (a job restored from a savepoint of clicks_per_user taken at epoch
+def check_from_savepoint(home, table: str, batch_id: int, values: tuple = ()) -> str:
+    """``table``'s output (a job restored from a savepoint of clicks per user at epoch
     ``batch_id``) is exactly the reference's rows of the epochs after it, computed from the
-    whole input: the state the savepoint held counts every click before it."""
+    whole input: the state the savepoint held counts every click before it. ``values``: the
+    columns compared (default: the reference's)."""
     cuts = job_cuts(home, [table])
     assert min(cuts.epochs) == batch_id  # its first commit records the savepoint's cut
     inputs = {"clicks": cuts.assign(read_log(home, "clicks"), "clicks")}
     expected = expect_clicks_per_user(inputs, cuts.epochs)["clicks_per_user"]
     after = expected.rows[expected.rows[EPOCH] > batch_id]
     assert len(after) > 0
-    return compare_rows(output(home, table), after, expected.keys, expected.values, table)
+    compared = list(values) or expected.values
+    return compare_rows(output(home, table), after, expected.keys, compared, table)
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_a_savepoint_written_from_a_dataframe_starts_a_job_that_continues_it(tmp_path, spark):
+    """A migration: another system counted the first part of every partition of the log. Its
+    counts, as a Spark DataFrame, become a savepoint of clicks_counted at that cut; the job
+    started from it counts on from there, exactly as pandas counts the whole log."""
+    home = tmp_path / "home"
+    generate(home / "log", "clicks", "clicks", count=12_000, seed=5, users=600)
+    clicks = read_log(home, "clicks")
+    cut = {str(p): int(rows["offset"].quantile(0.4)) for p, rows in clicks.groupby("partition")}
+    counted = before_cut(clicks, cut).groupby("user").size()
+    frame = spark.createDataFrame(
+        pd.DataFrame({"user": counted.index, "value": counted.to_numpy().astype("int64")})
+    )
+    job = "tests.savepoint_jobs:clicks_counted"
+    location = write_savepoint(
+        job,
+        {("count_clicks", "clicks"): frame},
+        str(tmp_path / "migrated"),
+        positions={"clicks": cut},
+        home=str(home),
+    )
+    run_to_end(home, "run", job, "--restore", location, "--idle-timeout", "4")
+    report(check_from_savepoint(home, "clicks_counted", 0, values=("clicks",)))
