@@ -51,6 +51,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/snapshot_bench.py --state-mib 100 --churn 0.01 --checkpoints 20
 	$(BIN)/python bench/snapshot_bench.py --state-mib 1024 --churn 0.01 --checkpoints 10
 	$(BIN)/python bench/rescale_bench.py --state-mib 1024 --rescales 2:4 4:2
+	$(BIN)/python bench/savepoint_bench.py --state-mib 1024
 	$(BIN)/python bench/gc_bench.py --checkpoints 1000 --shared-files 100000
 	$(BIN)/python bench/peer_bench.py --sizes 100 1024
 
