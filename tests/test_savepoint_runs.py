@@ -1,8 +1,9 @@
 """Savepoints of a running job, end to end with real Spark, Delta and the moto S3 server
 (spark_jobs/driver/savepoints.py, state/savepoint.py).
 
-clicks_per_user runs over a log that grows while it runs. ``cutline savepoint`` takes a
-savepoint of it at a barrier, then a stop-with-savepoint stops it. The job's GC runs; neither
+clicks_per_user runs over a log that grows while it runs; the restore drill reads its latest
+checkpoint beside it. ``cutline savepoint`` takes a savepoint of it at a barrier, then a
+stop-with-savepoint stops it. The job's GC runs; neither
 savepoint changes. The first is moved to another bucket on the S3 server (the original deleted)
 and restored there under another job name, whose output from the savepoint on is exactly what
 pandas computes from the whole input; the second is moved to another directory and the job
@@ -21,7 +22,9 @@ import pytest
 
 from cutline import write_savepoint
 from spark_jobs.catalog.tables import CatalogReader
+from spark_jobs.commands.state_read import restore_drill
 from spark_jobs.deploy.settings import RuntimePaths
+from spark_jobs.job_loader import get_job
 from spark_jobs.sources.generate import generate
 from state.savepoint import read_savepoint
 from state.storage import LocalFileStorage, S3Storage, open_storage
@@ -82,6 +85,9 @@ def test_savepoints_move_and_restore_under_any_name_and_outlive_gc(tmp_path, s3_
     proc = cutline(home, "run", JOB, "--max-records-per-partition", "600", "--interval-ms", "500")
     try:
         wait_for(lambda: len(checkpoints_so_far(home, JOB)) >= 2, 300, "2 checkpoints", proc)
+        # the restore drill beside the live job: it reads, and the output stays exact (below)
+        drill = restore_drill(get_job(JOB), paths)
+        assert drill.rows["count_by_user/aggregates"] > 0 and drill.bytes_read > 0
         first = savepoint(home, "--target", str(tmp_path / "saved"))
         stopped = savepoint(home, "--target", str(tmp_path / "saved"), "--stop")
         assert finish(proc, 120) == 0, (home / "driver.log").read_text()[-4000:]
