@@ -99,11 +99,13 @@ def deployment(s3_server, s3_bucket, tmp_path, monkeypatch) -> Iterator[Deployme
         yield Deployment(cluster, home, files, paths, {"env": env, "view": cluster.driver_view})
 
 
-def run_args(d: Deployment, hints: dict[str, str], *extra: str) -> tuple[str, ...]:
+def run_args(
+    d: Deployment, hints: dict[str, str], *extra: str, parallelism: int = 4
+) -> tuple[str, ...]:
     hints_file = d.home / f"hints-{len(list(d.home.glob('hints-*')))}.json"
     hints_file.write_text(json.dumps(hints))
     return (
-        "run", JOB, "--master", d.cluster.master_url, "--parallelism", "4",
+        "run", JOB, "--master", d.cluster.master_url, "--parallelism", str(parallelism),
         "--interval-ms", "1000", "--hints", str(hints_file), *d.s3, *extra,
     )  # fmt: skip
 
@@ -120,28 +122,33 @@ def latest_allocation(d: Deployment) -> dict[str, str]:
 
 
 def start_and_wait_for_checkpoints(d: Deployment, n: int) -> subprocess.Popen:
-    """Start the job spread over both hosts; once ``n`` checkpoints completed, add a file (in a
-    subdirectory) and return once a checkpoint has read into it: files arriving while the job
-    runs are picked up."""
+    """Start the job spread over both hosts; once ``n`` checkpoints completed, add a file and
+    return once a checkpoint has read into it."""
     driver = cutline(d.home, *run_args(d, SPREAD, "--idle-timeout", "30"), **d.driver)
-
-    def checkpoints() -> list[dict]:
-        try:
-            return catalog(d, "completed_checkpoints")
-        except TableNotFoundError:
-            return []
-
-    wait_for(lambda: len(checkpoints()) >= n, 400, "checkpoints", driver)
+    wait_for(lambda: len(checkpoints(d)) >= n, 400, "checkpoints", driver)
     assert latest_allocation(d) == SPREAD, "the first run placed its subtasks as hinted"
-    put_file(d.files, ARRIVING, clicks(4_000, 99))
-    partition = str(zlib.crc32(ARRIVING.encode()) & 0x7FFFFFFF)  # computed here, not by Cutline
+    read_a_file_added_while_it_runs(d, driver, ARRIVING, seed=99)
+    return driver
+
+
+def checkpoints(d: Deployment) -> list[dict]:
+    try:
+        return catalog(d, "completed_checkpoints")
+    except TableNotFoundError:
+        return []
+
+
+def read_a_file_added_while_it_runs(d: Deployment, driver, name: str, seed: int) -> None:
+    """Add a file of 4,000 clicks (in a subdirectory) and return once a checkpoint has read
+    into it: files arriving while the job runs are picked up."""
+    put_file(d.files, name, clicks(4_000, seed))
+    partition = str(zlib.crc32(name.encode()) & 0x7FFFFFFF)  # computed here, not by Cutline
 
     def read_the_new_file() -> bool:
-        latest = max(checkpoints(), key=lambda r: r["checkpoint_id"])
+        latest = max(checkpoints(d), key=lambda r: r["checkpoint_id"])
         return int(json.loads(latest["source_positions"])["clicks"].get(partition, 0)) > 0
 
-    wait_for(read_the_new_file, 120, "a checkpoint reading the file added while it ran", driver)
-    return driver
+    wait_for(read_the_new_file, 120, f"a checkpoint reading {name}, added while it ran", driver)
 
 
 def restore_to_end(d: Deployment, *extra: str) -> None:
@@ -205,4 +212,33 @@ def test_host_lost_restores_its_subtasks_remotely_and_the_others_locally(deploym
     assert recovery["subtasks_remote"] == len(on_lost)
     assert recovery["subtasks_local"] == 4 - len(on_lost)
     nothing_crossed_a_disk(d, {lost: on_lost, HOSTS[0]: {0, 1, 2, 3}})
+    output_is_exact(d)
+
+
+def test_rescaled_across_hosts_from_2_to_3_to_1_to_4_subtasks_the_output_is_exact(deployment):
+    """Killed at parallelism 2, restored at 3, killed, at 1, killed, then at 4 to the end; each
+    attempt checkpoints a file added while it runs before it is killed, so every restore
+    rescales a checkpoint of the one before. Every new subtask is built from the old ones
+    overlapping it, on the host it is placed on, reading nothing another host's disk holds."""
+    d = deployment
+    spread = {"0": HOSTS[0], "1": HOSTS[1]}
+    driver = cutline(
+        d.home, *run_args(d, spread, "--idle-timeout", "30", parallelism=2), **d.driver
+    )
+    wait_for(lambda: len(checkpoints(d)) >= 2, 400, "checkpoints", driver)
+    for step, parallelism in enumerate((3, 1)):
+        kill_driver(driver)
+        args = run_args(d, latest_allocation(d), "--idle-timeout", "30", parallelism=parallelism)
+        driver = cutline(d.home, *args, **d.driver)
+        read_a_file_added_while_it_runs(d, driver, f"later/rescale-{step}.json", seed=200 + step)
+    kill_driver(driver)
+    restore_to_end(d)  # at parallelism 4
+
+    rescaled = []
+    for recovery in sorted(catalog(d, "recoveries"), key=lambda r: r["attempt"]):
+        placement = json.loads(recovery["placement"])
+        sources = sorted({i for p in placement for i in p.get("rescaled_from", [])})
+        rescaled.append((len({p["subtask"] for p in placement}), len(sources)))
+    report(f"rescaled on the cluster (new, old parallelism per restore): {rescaled}")
+    assert rescaled == [(3, 2), (1, 3), (4, 1)]
     output_is_exact(d)
