@@ -17,7 +17,9 @@ Spark never moved one. Then the driver is killed (``kill -9``) and the restore, 
 attempt's allocation as hints, must put every subtask back on its host and restore it from the
 local copy; or a host is lost, and its subtasks restore from the primary copy on the surviving
 host while the survivor's restore locally. Either way the output is exact, the driver's home holds
-only its log and scratch space, and each worker's local state root only its own subtasks."""
+only its log and scratch space, and each worker's local state root only its own subtasks. Last,
+the job is rescaled across the hosts, 2 -> 3 -> 1 -> 4 subtasks, killed at each, and its output
+is exact."""
 
 from __future__ import annotations
 
