@@ -1,20 +1,26 @@
 """The driver's side of a completed or aborted checkpoint (spark_jobs/driver/completion.py),
-without Spark: fake sinks and a fake catalog writer, real run state, epoch ends, compaction
-requests and local storage."""
+without Spark: fake sinks and a fake catalog writer, real run state, epoch ends, compaction and
+savepoint requests (spark_jobs/driver/savepoints.py) and local storage."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 from spark_jobs.driver.barrier import CompactionRequests
 from spark_jobs.driver.completion import Completion
 from spark_jobs.driver.epoch_ends import EpochEnds
 from spark_jobs.driver.run_state import RunState
+from spark_jobs.driver.savepoints import SavepointRequests
 from state.catalog import CompletedCheckpoint
 from state.compaction import CompactionRequest, read_request, write_request
 from state.handles import StateFile, SubtaskStateHandle
 from state.keygroups import KeyGroupRange
 from state.manifest import CheckpointManifest
 from state.paths import JobLayout
-from state.storage import LocalFileStorage
+from state.savepoint import SavepointRequest, read_savepoint
+from state.savepoint import read_request as pending_savepoint
+from state.savepoint import write_request as ask_savepoint
+from state.storage import LocalFileStorage, open_storage
 
 JOB = "clicks"
 
@@ -35,13 +41,17 @@ class FakeSink:
 
 
 class FakeCatalogWriter:
-    """The one writer method completion uses of the Delta catalog."""
+    """The writer methods completion uses of the Delta catalog."""
 
     def __init__(self) -> None:
         self.shared: list[list[dict]] = []
+        self.savepoints: list[dict] = []
 
     def record_shared_files(self, rows: list[dict]) -> None:
         self.shared.append(rows)
+
+    def record_savepoint(self, row: dict) -> None:
+        self.savepoints.append(row)
 
 
 class Events:
@@ -100,12 +110,22 @@ class Rig:
         self.compaction = CompactionRequests(
             self.storage, self.layout, 2, self.state, self.lines.append, self.events
         )
+        self.savepoints = SavepointRequests(
+            SimpleNamespace(name=JOB, version="v7", parallelism=2),
+            self.storage,
+            self.catalog,
+            str(tmp_path / "savepoints"),
+            self.state,
+            self.lines.append,
+            self.events,
+        )
         self.completion = Completion(
             JOB,
             self.sinks,
             self.catalog,
             self.ends,
             self.compaction,
+            self.savepoints,
             self.state,
             restored,
             exactly_once=exactly_once,
@@ -115,6 +135,12 @@ class Rig:
 
     def complete(self, m: CheckpointManifest) -> None:
         self.completion.on_checkpoint_complete(record(m), m)
+
+    def stored(self, m: CheckpointManifest) -> CheckpointManifest:
+        """``m`` with its files in storage (a savepoint copies them)."""
+        for f in m.files():
+            self.storage.put_bytes(self.layout.job_path(f.path), b"x" * f.size)
+        return m
 
 
 def uncommitted(ends: EpochEnds) -> set[int]:
@@ -280,3 +306,64 @@ def test_a_checkpointing_failure_fails_the_attempt(tmp_path):
     rig.completion.on_job_failed(error)
     assert rig.state.failure == "checkpointing failed: too many declined checkpoints"
     assert rig.state.error is error and rig.state.stop.is_set()
+
+
+# -- savepoints ----------------------------------------------------------------------------
+
+
+def test_a_savepoint_is_written_once_its_checkpoints_output_is_committed(tmp_path):
+    rig = Rig(tmp_path)
+    ask_savepoint(rig.storage, rig.layout, SavepointRequest("r1", str(tmp_path / "sp"), False, 1))
+    rig.savepoints.at_barrier(2)
+    rig.complete(rig.stored(manifest(2, 4, {0: ["a-t2"]}, sink_epochs={"main": 4})))
+    assert rig.sinks[0].commits and rig.state.checkpoints == [2] and not rig.state.stop.is_set()
+    [row] = rig.catalog.savepoints
+    assert row["status"] == "COMPLETED" and row["location"].endswith("/sp/savepoint-2-r1")
+    assert (row["checkpoint_id"], row["batch_id"], row["code_version"]) == (2, 4, "v7")
+    saved = read_savepoint(open_storage(row["location"]), checksums=False)
+    assert saved.savepoint and saved.checkpoint_id == 2
+    assert pending_savepoint(rig.storage, rig.layout) is None, "the request is cleared"
+    assert rig.events.kinds() == ["savepoint", "checkpoint"]
+    rig.complete(rig.stored(manifest(3, 5, {0: ["b-t3"]})))
+    assert len(rig.catalog.savepoints) == 1, "served once"
+
+
+def test_a_stop_request_stops_the_run_and_its_final_checkpoint_is_the_savepoint(tmp_path):
+    rig = Rig(tmp_path)
+    ask_savepoint(rig.storage, rig.layout, SavepointRequest("r2", "", True, 1))
+    rig.savepoints.at_barrier(2)
+    assert rig.state.stop.is_set(), "no micro-batch after this one"
+    rig.complete(rig.stored(manifest(2, 4, {0: ["a-t2"]})))
+    assert rig.catalog.savepoints == [], "the barrier's checkpoint is not the last one"
+    rig.savepoints.at_final(3)
+    rig.complete(rig.stored(manifest(3, 5, {0: ["a-t2"]})))
+    [row] = rig.catalog.savepoints
+    assert row["stopped"] and row["checkpoint_id"] == 3
+    assert row["location"] == (tmp_path / "savepoints" / JOB / "savepoint-3-r2").as_uri()
+
+
+def test_a_savepoint_that_cannot_be_written_is_recorded_failed_and_the_job_goes_on(tmp_path):
+    rig = Rig(tmp_path)
+    (tmp_path / "a-file").write_text("not a directory")
+    ask_savepoint(
+        rig.storage, rig.layout, SavepointRequest("r3", str(tmp_path / "a-file"), False, 1)
+    )
+    rig.savepoints.at_barrier(2)
+    rig.complete(rig.stored(manifest(2, 4, {0: ["a-t2"]})))
+    [row] = rig.catalog.savepoints
+    assert row["status"] == "FAILED" and "a-file" in row["reason"]
+    assert not rig.state.failed and rig.state.checkpoints == [2]
+    assert pending_savepoint(rig.storage, rig.layout) is None
+
+
+def test_an_aborted_checkpoint_leaves_the_savepoint_to_the_next_barrier(tmp_path):
+    rig = Rig(tmp_path)
+    ask_savepoint(rig.storage, rig.layout, SavepointRequest("r4", str(tmp_path / "sp"), False, 1))
+    rig.savepoints.at_barrier(2)
+    rig.savepoints.at_barrier(3)  # served by 2 already
+    rig.completion.on_checkpoint_aborted(2, "expired")
+    rig.complete(rig.stored(manifest(3, 4, {0: ["a-t3"]})))
+    assert rig.catalog.savepoints == [], "3 was triggered while 2 served it"
+    rig.savepoints.at_barrier(4)
+    rig.complete(rig.stored(manifest(4, 5, {0: ["a-t4"]})))
+    assert [r["checkpoint_id"] for r in rig.catalog.savepoints] == [4]

@@ -152,7 +152,9 @@ class SavepointRequests:
         target = request.target or join_url(self.savepoint_root, self.job.name)
         location = join_url(target, f"savepoint-{manifest.checkpoint_id}-{request.request_id}")
         try:
-            info = write_savepoint(manifest, self.storage, open_storage(location))
+            target_storage = open_storage(location)
+            location = target_storage.url
+            info = write_savepoint(manifest, self.storage, target_storage)
         except (SavepointError, StorageError, ValueError) as e:
             reason = f"{type(e).__name__}: {e}"
             self.log(f"savepoint of checkpoint {manifest.checkpoint_id} failed: {reason}")
