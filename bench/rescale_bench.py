@@ -7,8 +7,9 @@ checkpoint of it, then restores every subtask of the new parallelism from durabl
 local copy: the worst case), one after the other, and every subtask at the old parallelism the
 same way. Prints, per rescale, the total and slowest subtask's restore time for both, their ratio
 (the target: a rescaled restore within 1.5x of a same-parallelism remote restore), the keys
-copied across, and the size of each new subtask's first snapshot against its share of the state
-(what the range deletes left behind). Writes ``bench/results/rescale_<N>mib_<storage>.json``.
+copied across, and, at each new subtask's first barrier (where the runtime compacts away the
+key groups a rescaled subtask dropped), the compaction's time and the first snapshot's size
+against the state. Writes ``bench/results/rescale_<N>mib_<storage>.json``.
 
     .venv/bin/python bench/rescale_bench.py --state-mib 1024 --rescales 2:4 4:2
 """
@@ -77,12 +78,16 @@ def build(work: Path, storage, parallelism: int, n_keys: int, pool) -> list:
     return handles
 
 
-def first_snapshot_bytes(work: Path, storage, subtask: int, parallelism: int, pool) -> int:
-    """The size of a new subtask's first snapshot (a full one)."""
+def first_snapshot(work: Path, storage, subtask: int, parallelism: int, pool) -> tuple[int, float]:
+    """A new subtask's first barrier as the runtime takes it after a rescale: the compaction
+    of the key groups it dropped, then a full snapshot. Its size, and the compaction's time."""
     copies = LocalCopies(work / "restored", JOB, OPERATOR, subtask)
     snapshotter = SubtaskSnapshotter(storage, copies, JOB, OPERATOR, subtask, executor=pool)
     with RocksDBStore(copies.db_dir, key_group_range(subtask, parallelism, MAX)) as store:
-        return snapshotter.snapshot(store, 1000 + parallelism, None).result().full_size
+        started = time.perf_counter()
+        store.compact()
+        compact_s = time.perf_counter() - started
+        return snapshotter.snapshot(store, 1000 + parallelism, None).result().full_size, compact_s
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -106,7 +111,7 @@ def run(args: argparse.Namespace) -> dict:
                 target = work / "same" / str(h.subtask)
                 same.append(restore_subtask(h, storage, layout, target, None).duration_s)
                 shutil.rmtree(target)
-            rescaled, copied, snap = [], 0, []
+            rescaled, copied, snap, compaction = [], 0, [], []
             for j in range(new):
                 target = LocalCopies(work / "restored", JOB, OPERATOR, j).db_dir
                 shutil.rmtree(target.parent, ignore_errors=True)
@@ -116,7 +121,9 @@ def run(args: argparse.Namespace) -> dict:
                 )  # fmt: skip
                 rescaled.append(r.duration_s)
                 copied += r.keys_copied
-                snap.append(first_snapshot_bytes(work, storage, j, new, pool))
+                size, compact_s = first_snapshot(work, storage, j, new, pool)
+                snap.append(size)
+                compaction.append(compact_s)
                 shutil.rmtree(target.parent, ignore_errors=True)
             result = {
                 "from": old,
@@ -131,6 +138,7 @@ def run(args: argparse.Namespace) -> dict:
                 "keys_copied": copied,
                 "first_snapshot_bytes": sum(snap),
                 "first_snapshot_over_state": round(sum(snap) / full, 3),
+                "first_barrier_compaction_slowest_s": round(max(compaction), 2),
             }
             print(json.dumps(result), flush=True)
             results.append(result)

@@ -9,9 +9,10 @@ values, lists, maps and timers alike), so a key group's state moves as one byte 
    (state/restore.py), and clipped: the key groups outside the new range are deleted by range;
 2. each other overlapping old subtask is restored beside it, and the keys of its overlap are
    copied in, read in key order and written in write batches;
-3. the deleted ranges are compacted, so its files hold only the new range's keys (the first
-   checkpoint after a rescale uploads the subtask whole: no earlier snapshot of it shares its
-   files).
+3. the deleted ranges stay range tombstones: compacting them is left to the first barrier
+   after the restore (the driver asks for it: spark_jobs/driver/restore_step.py), off the
+   restore's path, so that the first checkpoint after a rescale holds only the new range's keys
+   (it uploads the subtask whole anyway: no earlier snapshot of it shares its files).
 
 The database is assembled beside ``target`` and replaces it at the end: it appears complete or
 not at all.
@@ -142,14 +143,12 @@ def _bounds(r: KeyGroupRange) -> tuple[bytes, bytes]:
     return r.start.to_bytes(2, "big"), (r.end + 1).to_bytes(2, "big")
 
 
-def _clip(db: rd.Rdict, keep: KeyGroupRange, write: rd.WriteOptions) -> list[tuple]:
-    """Delete every key outside ``keep``; the byte ranges deleted."""
+def _clip(db: rd.Rdict, keep: KeyGroupRange, write: rd.WriteOptions) -> None:
+    """Delete every key outside ``keep``, by range."""
     lower, upper = _bounds(keep)
-    dropped = [(b"\x00\x00", lower), (upper, _END)]
-    dropped = [(a, b) for a, b in dropped if a < b]
-    for a, b in dropped:
-        db.delete_range(a, b, write)
-    return dropped
+    for a, b in ((b"\x00\x00", lower), (upper, _END)):
+        if a < b:
+            db.delete_range(a, b, write)
 
 
 def _copy(source: Path, db: rd.Rdict, keys: KeyGroupRange, write: rd.WriteOptions) -> int:
@@ -202,7 +201,7 @@ def restore_rescaled(
         write.disable_wal = True
         db = rd.Rdict(str(building), (options or StoreOptions()).to_rocksdb())
         try:
-            dropped = _clip(db, new_range, write)
+            _clip(db, new_range, write)
             for other in parts[1:]:
                 scratch = target.with_name(f"{target.name}.from-{other.subtask}")
                 try:
@@ -214,8 +213,6 @@ def restore_rescaled(
                 finally:
                     shutil.rmtree(scratch, ignore_errors=True)
             db.flush(True)
-            for a, b in dropped:  # rewrite only the files that held deleted key groups
-                db.compact_range(a, b)
         finally:
             db.close()
         shutil.rmtree(target, ignore_errors=True)

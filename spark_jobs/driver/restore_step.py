@@ -3,7 +3,7 @@ subtask's working state restored local-first on the host its hint names, falling
 checkpoints with positive evidence against them (spark_jobs/driver/restore_fallback.py); the
 micro-batch tasks anchored to where each subtask now lives (placement.py); the epochs the sinks
 committed after the restored checkpoint replayed without output; the recovery recorded in the
-catalog."""
+catalog; after a rescale, the subtasks asked to compact at the next barrier."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cutline.sinks import SinkWriter
+from spark_jobs.catalog.tables import now_ms
 from spark_jobs.driver.epoch_ends import EpochEnds
 from spark_jobs.driver.evolution import checkpoint_parallelism
 from spark_jobs.driver.micro_batches import MicroBatches
@@ -26,7 +27,9 @@ from spark_jobs.driver.restore_fallback import (
 from spark_jobs.driver.run_state import RunState
 from spark_jobs.driver.startup_phases import StartupTimeline
 from state.catalog import JobCatalog
+from state.compaction import CompactionRequest, write_request
 from state.manifest import CheckpointManifest
+from state.paths import JobLayout
 from state.storage import DurableStorage
 
 
@@ -107,5 +110,10 @@ class AttemptRestore:
                     f"restored at {job.parallelism} (key groups of {job.max_parallelism} "
                     "redistributed; each subtask built from the old ones overlapping it)"
                 )
+                # the key groups each subtask dropped are compacted away at the next barrier,
+                # off the restore's path (state/rescale.py)
+                reason = f"rescaled from parallelism {was} to {job.parallelism}"
+                request = CompactionRequest((), now_ms(), m.checkpoint_id, reason)
+                write_request(self.storage, JobLayout(job.name), request)
         self.timeline.note_overlapped("restore", time.perf_counter() - started)
         return restored, allocation
