@@ -49,6 +49,7 @@ def test_verbose_before_or_after_the_subcommand():
         (["checkpoints"], "no checkpoints of job 'sessions'"),
         (["verify"], "no checkpoints of job 'sessions'"),
         (["compact", "--dry-run"], "sessions: no completed checkpoint to measure"),
+        (["savepoints"], "sessions has no savepoints"),
     ],
 )
 def test_a_job_reference_works_for_every_subcommand(command, says, tmp_path, capsys):
@@ -103,4 +104,16 @@ def test_a_missing_bucket_fails_the_run_at_once_naming_the_role(
 )
 def test_state_read_names_what_is_missing(flags, says, tmp_path, capsys):
     assert main(["state", "read", REF, *flags, "--home", str(tmp_path)]) == 2
+    assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        ([], "sessions has never run: there is nothing to save"),
+        (["--dispose", "no-such-savepoint"], "no savepoint at file://"),
+    ],
+)
+def test_savepoint_names_what_is_missing(flags, says, tmp_path, capsys):
+    assert main(["savepoint", REF, *flags, "--home", str(tmp_path)]) == 2
     assert says in capsys.readouterr().err
