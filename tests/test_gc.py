@@ -98,7 +98,9 @@ def test_gc_while_the_job_runs_and_restores_keeps_storage_bounded_and_output_exa
 
     # uploads slowed down: checkpoints stay pending for a while, with their files in storage
     slow = {"CUTLINE_FAULT_UPLOAD_DELAY_S": "2"}
-    proc = cutline(home, "run", JOB, "--idle-timeout", IDLE, env=slow)
+    # in small micro-batches: it must still run when its fourth checkpoint completes
+    small = ["--max-records-per-partition", "8000"]
+    proc = cutline(home, "run", JOB, "--idle-timeout", IDLE, *small, env=slow)
     wait_for(lambda: checkpoints_so_far(home, JOB), 300, "a first checkpoint", proc)
     while len(completed_checkpoints(home, JOB)) < 4:
         assert proc.poll() is None, "the first attempt ended before it was killed"
