@@ -16,7 +16,7 @@ from typing import Any
 from spark_jobs.catalog import open_catalog
 from spark_jobs.catalog.tables import CatalogReader, now_ms
 from spark_jobs.deploy.settings import RuntimePaths
-from spark_jobs.driver.savepoints import savepoint_row
+from spark_jobs.driver.savepoints import completed_row, savepoint_location
 from spark_jobs.errors import ConfigurationError
 from spark_jobs.job_loader import get_job
 from state.catalog import CheckpointStatus
@@ -30,7 +30,6 @@ from state.savepoint import (
     write_savepoint,
 )
 from state.storage import open_storage
-from state.storage.tables import join_url
 
 
 class SavepointFailedError(RuntimeError):
@@ -80,20 +79,8 @@ def _from_latest(job, paths: RuntimePaths, request: SavepointRequest, log) -> di
         raise ConfigurationError(f"{job.name} has no completed checkpoint to save")
     storage = open_storage(paths.checkpoint_root)
     manifest = read_manifest(storage, rows[-1].metadata_path)
-    directory = request.target or join_url(paths.savepoints, job.name)
-    location = join_url(directory, f"savepoint-{manifest.checkpoint_id}-{request.request_id}")
-    info = write_savepoint(manifest, storage, open_storage(location))
-    row = savepoint_row(
-        job,
-        request,
-        info.location,
-        checkpoint_id=info.checkpoint_id,
-        batch_id=info.batch_id,
-        size=info.size,
-        file_count=info.file_count,
-        copy_ms=round(info.seconds * 1000, 1),
-        status="COMPLETED",
-    )
+    location = savepoint_location(job, request, paths.savepoints, manifest.checkpoint_id)
+    row = completed_row(job, request, write_savepoint(manifest, storage, open_storage(location)))
     catalog.record_savepoint(row)
     log(f"{job.name} is not running: its latest checkpoint {manifest.checkpoint_id} saved")
     return row

@@ -40,6 +40,7 @@ from state.paths import JobLayout
 from state.savepoint import (
     SAVEPOINT_REQUEST,
     SavepointError,
+    SavepointInfo,
     SavepointRequest,
     clear_request,
     import_savepoint,
@@ -70,6 +71,30 @@ def savepoint_row(job: JobDefinition, request: SavepointRequest, location: str, 
         "reason": "",
     }
     return row | values
+
+
+def completed_row(job: JobDefinition, request: SavepointRequest, info: SavepointInfo) -> dict:
+    """The ``savepoints`` row of a savepoint written."""
+    return savepoint_row(
+        job,
+        request,
+        info.location,
+        checkpoint_id=info.checkpoint_id,
+        batch_id=info.batch_id,
+        size=info.size,
+        file_count=info.file_count,
+        copy_ms=round(info.seconds * 1000, 1),
+        status="COMPLETED",
+    )
+
+
+def savepoint_location(
+    job: JobDefinition, request: SavepointRequest, savepoint_root: str, checkpoint_id: int
+) -> str:
+    """Where a savepoint of checkpoint ``checkpoint_id`` goes: under the request's target, or
+    the savepoint root's directory of the job."""
+    directory = request.target or join_url(savepoint_root, job.name)
+    return join_url(directory, f"savepoint-{checkpoint_id}-{request.request_id}")
 
 
 class SavepointRequests:
@@ -149,8 +174,9 @@ class SavepointRequests:
             if serving is None or serving.checkpoint_id != manifest.checkpoint_id:
                 return
         request = serving.request
-        target = request.target or join_url(self.savepoint_root, self.job.name)
-        location = join_url(target, f"savepoint-{manifest.checkpoint_id}-{request.request_id}")
+        location = savepoint_location(
+            self.job, request, self.savepoint_root, manifest.checkpoint_id
+        )
         try:
             target_storage = open_storage(location)
             location = target_storage.url
@@ -160,17 +186,7 @@ class SavepointRequests:
             self.log(f"savepoint of checkpoint {manifest.checkpoint_id} failed: {reason}")
             row = savepoint_row(self.job, request, location, status="FAILED", reason=reason)
         else:
-            row = savepoint_row(
-                self.job,
-                request,
-                info.location,
-                checkpoint_id=info.checkpoint_id,
-                batch_id=info.batch_id,
-                size=info.size,
-                file_count=info.file_count,
-                copy_ms=round(info.seconds * 1000, 1),
-                status="COMPLETED",
-            )
+            row = completed_row(self.job, request, info)
             self.log(
                 f"savepoint {info.location}: checkpoint {info.checkpoint_id} (batch "
                 f"{info.batch_id}), {info.size:,} B in {info.file_count} files, copied in "
