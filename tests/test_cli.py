@@ -3,6 +3,8 @@ global options before or after the subcommand, ``generate --count`` in total. No
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from spark_jobs.commands.handlers import runtime_paths
@@ -117,3 +119,23 @@ def test_state_read_names_what_is_missing(flags, says, tmp_path, capsys):
 def test_savepoint_names_what_is_missing(flags, says, tmp_path, capsys):
     assert main(["savepoint", REF, *flags, "--home", str(tmp_path)]) == 2
     assert says in capsys.readouterr().err
+
+
+def test_savepoints_lists_each_with_what_it_holds_or_why_it_failed(tmp_path, capsys):
+    from spark_jobs.catalog.delta_catalog import DeltaCatalog
+    from spark_jobs.driver.savepoints import completed_row, savepoint_row
+    from state.savepoint import SavepointInfo, SavepointRequest
+
+    catalog = DeltaCatalog(tmp_path / "warehouse" / "catalog")
+    job = SimpleNamespace(name="sessions", version="1.2", parallelism=2)
+    failed = savepoint_row(
+        job, SavepointRequest.new("", False, 1), "file:///a", status="FAILED", reason="denied"
+    )
+    catalog.record_savepoint(failed)
+    info = SavepointInfo("file:///b", "sessions", 3, 7, 12_345, 6, 0.5)
+    catalog.record_savepoint(completed_row(job, SavepointRequest.new("", True, 2), info))
+    assert main(["savepoints", REF, "--home", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "FAILED    file:///a  code 1.2  denied",
+        "COMPLETED file:///b  checkpoint 3 batch 7  12,345 B in 6 files  code 1.2  (stopped)",
+    ]

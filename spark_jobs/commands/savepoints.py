@@ -115,10 +115,14 @@ def list_savepoints(job_ref: str, paths: RuntimePaths, *, as_json: bool = False)
     if not rows:
         print(f"{job.name} has no savepoints")
     for r in rows:
-        size = f"{r['size']:,} B in {r['file_count']} files" if r["size"] is not None else ""
+        held = (
+            f"checkpoint {r['checkpoint_id']} batch {r['batch_id']}  {r['size']:,} B in "
+            f"{r['file_count']} files  "
+            if r["checkpoint_id"] is not None
+            else ""
+        )
         print(
-            f"{r['status']:<9} {r['location']}  checkpoint {r['checkpoint_id']} batch "
-            f"{r['batch_id']}  {size}  code {r['code_version'] or '-'}"
+            f"{r['status']:<9} {r['location']}  {held}code {r['code_version'] or '-'}"
             + ("  (stopped)" if r["stopped"] else "")
             + (f"  {r['reason']}" if r["reason"] else "")
         )
