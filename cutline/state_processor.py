@@ -27,12 +27,8 @@ def read_state(
     come from the deployment's settings (``home``: everything under that directory). Raises
     ``ValueError`` naming what is missing or stored in another form."""
     from spark_jobs.commands.state_read import load_state
-    from spark_jobs.deploy.settings import load_settings
-    from spark_jobs.job_loader import get_job
 
-    settings = load_settings()
-    paths = (settings.at_home(home) if home else settings).paths()
-    definition = get_job(job) if isinstance(job, str) else job
+    definition, paths = _job_and_paths(job, home)
     return spark.createDataFrame(load_state(definition, stage, state, paths, checkpoint))
 
 
@@ -58,18 +54,23 @@ def write_savepoint(
     ``cutline run JOB --restore TARGET``. Returns the savepoint's location. Raises
     ``ValueError`` naming a stage, state or column that does not fit the job."""
     from spark_jobs.commands.state_write import write_savepoint_from_tables
+
+    definition, paths = _job_and_paths(job, home)
+    tables = {key: _arrow(frame) for key, frame in states.items()}
+    info = write_savepoint_from_tables(
+        definition, tables, target, paths, base=base, positions=positions
+    )
+    return info.location
+
+
+def _job_and_paths(job: JobDefinition | str, home: str | None) -> tuple[JobDefinition, Any]:
+    """The job's definition and the deployment's paths (``home``: everything under it)."""
     from spark_jobs.deploy.settings import load_settings
     from spark_jobs.job_loader import get_job
 
     settings = load_settings()
     paths = (settings.at_home(home) if home else settings).paths()
-    definition = get_job(job) if isinstance(job, str) else job
-    tables = {key: _arrow(frame) for key, frame in states.items()}
-    given = {s: {p: int(o) for p, o in parts.items()} for s, parts in (positions or {}).items()}
-    info = write_savepoint_from_tables(
-        definition, tables, target, paths, base=base, positions=given if positions else None
-    )
-    return info.location
+    return (get_job(job) if isinstance(job, str) else job), paths
 
 
 def _arrow(frame: Any):

@@ -233,6 +233,11 @@ class RocksDBStore(KeyedStateBackend):
             raise
         txn.state = TransactionState.COMMITTED
 
+    def clear_state(self, name: str) -> None:
+        """Delete every entry of state ``name`` in this store's key groups, by range."""
+        for start in self._prefix_table(name)[self.key_group_range.start :]:
+            self.db.delete_range(start, start[:-1] + bytes([start[-1] + 1]), self._write_opts)
+
     def compact(self) -> None:
         """Compact the whole database into few files (bounds the files a restore must read)."""
         self.db.compact_range(None, None)

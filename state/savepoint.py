@@ -54,6 +54,28 @@ class SavepointInfo:
     file_count: int
     seconds: float
 
+    @classmethod
+    def of(
+        cls, target: DurableStorage, manifest: CheckpointManifest, started: float
+    ) -> SavepointInfo:
+        """The savepoint of ``manifest`` written to ``target``, begun at ``started``
+        (``time.perf_counter``)."""
+        return cls(
+            target.url,
+            manifest.job_id,
+            manifest.checkpoint_id,
+            manifest.batch_id,
+            manifest.full_size,
+            manifest.file_count,
+            time.perf_counter() - started,
+        )
+
+
+def check_free(target: DurableStorage) -> None:
+    """Refuse a directory that already holds a savepoint: one is never overwritten."""
+    if target.exists(SavepointLayout.METADATA):
+        raise SavepointError(f"{target.url} already holds a savepoint: choose another target")
+
 
 def copy_files(
     pairs: list[tuple[str, str, int]], source: DurableStorage, target: DurableStorage
@@ -71,23 +93,14 @@ def write_savepoint(
     the savepoint directory ``target``; ``_metadata`` last. Refuses a directory that already
     holds a savepoint."""
     started = time.perf_counter()
-    if target.exists(SavepointLayout.METADATA):
-        raise SavepointError(f"{target.url} already holds a savepoint: choose another target")
+    check_free(target)
     layout = JobLayout(manifest.job_id)
     files = [(layout.job_path(f.path), f.path, f.size) for f in manifest.files()]
     copy_files(files, storage, target)
     target.put_bytes(
         SavepointLayout.METADATA, dataclasses.replace(manifest, savepoint=True).to_json()
     )
-    return SavepointInfo(
-        target.url,
-        manifest.job_id,
-        manifest.checkpoint_id,
-        manifest.batch_id,
-        manifest.full_size,
-        manifest.file_count,
-        time.perf_counter() - started,
-    )
+    return SavepointInfo.of(target, manifest, started)
 
 
 def read_savepoint(target: DurableStorage, *, checksums: bool = True) -> CheckpointManifest:

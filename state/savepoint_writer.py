@@ -22,7 +22,7 @@ from state.manifest import CheckpointManifest, Positions
 from state.paths import JobLayout, SavepointLayout
 from state.restore import restore_subtask
 from state.rocksdb_store import RocksDBStore
-from state.savepoint import SavepointError, SavepointInfo, copy_files
+from state.savepoint import SavepointInfo, check_free, copy_files
 from state.snapshot import upload_snapshot
 from state.state_writer import EncodedState, replace_states
 from state.storage import DurableStorage
@@ -46,8 +46,7 @@ def write_states_savepoint(
     the restore's check). ``base``: the manifest, storage and layout of the checkpoint or
     savepoint whose other state it keeps (its parallelism then, not ``parallelism``)."""
     started = time.perf_counter()
-    if target.exists(SavepointLayout.METADATA):
-        raise SavepointError(f"{target.url} already holds a savepoint: choose another target")
+    check_free(target)
     manifest, source, layout = base if base is not None else (None, None, None)
     checkpoint_id = manifest.checkpoint_id if manifest else NEW_CHECKPOINT_ID
     if manifest is not None:
@@ -59,21 +58,16 @@ def write_states_savepoint(
             for subtask in range(parallelism):
                 kgs = key_group_range(subtask, parallelism, max_parallelism)
                 db = Path(scratch) / f"{uid}-{subtask}"
+                snapshot = Path(scratch) / f"{uid}-{subtask}.snapshot"
                 old = manifest.handle(uid, subtask) if manifest else None
                 if old is not None:
                     restore_subtask(old, source, layout, db)
                 with RocksDBStore(db, kgs) as store:
                     replace_states(store, states)
-                    store.snapshot_to(db.with_name(db.name + ".snapshot"))
+                    store.snapshot_to(snapshot)
                 handles.append(
                     upload_snapshot(
-                        target,
-                        SavepointLayout(),
-                        uid,
-                        subtask,
-                        checkpoint_id,
-                        db.with_name(db.name + ".snapshot"),
-                        kgs,
+                        target, SavepointLayout(), uid, subtask, checkpoint_id, snapshot, kgs
                     )
                 )
     kept = [h for h in manifest.subtasks if h.operator not in writes] if manifest else []
@@ -94,19 +88,14 @@ def write_states_savepoint(
             batch_id=0,
             attempt=0,
             trigger_time_ms=int(time.time() * 1000),
-            source_positions={s: dict(p) for s, p in (positions or {}).items()},
+            source_positions={
+                src: {str(p): int(o) for p, o in parts.items()}
+                for src, parts in (positions or {}).items()
+            },
             subtasks=tuple(handles),
             stages=stages,
             savepoint=True,
             bootstrapped=True,
         )
     target.put_bytes(SavepointLayout.METADATA, written.to_json())
-    return SavepointInfo(
-        target.url,
-        written.job_id,
-        written.checkpoint_id,
-        written.batch_id,
-        written.full_size,
-        written.file_count,
-        time.perf_counter() - started,
-    )
+    return SavepointInfo.of(target, written, started)

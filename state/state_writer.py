@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from state.rocksdb_store import RocksDBStore, _name_prefix, encode_list
+from state.rocksdb_store import RocksDBStore, encode_list
 from state.state_types import KeyCodec, StateAccessError, StateSpec, encode_values
 from state.user_state import EXPIRY, TTL_TIMERS, ttl_timer_key
 from state.write_buffer import BufferedTransaction
@@ -178,9 +178,7 @@ def replace_states(store: RocksDBStore, states: list[EncodedState]) -> int:
     r = store.key_group_range
     written = 0
     for s in states:
-        for kg in r:
-            start = _name_prefix(kg, s.spec.name)
-            store.db.delete_range(start, start[:-1] + bytes([start[-1] + 1]))
+        store.clear_state(s.spec.name)
         mine = np.flatnonzero((s.groups >= r.start) & (s.groups <= r.end))
         for at in range(0, len(mine), _BATCH):
             rows = mine[at : at + _BATCH]

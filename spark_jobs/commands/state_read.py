@@ -22,7 +22,7 @@ from state.manifest import CheckpointManifest
 from state.paths import JobLayout
 from state.restore import read_manifest
 from state.state_reader import StateReadError, read_state, read_states
-from state.state_types import KeyCodec
+from state.state_types import KeyCodec, StateSpec
 from state.storage import DurableStorage, open_storage
 
 
@@ -52,6 +52,16 @@ def latest_manifest(
     return read_manifest(storage, layout.job_path(layout.metadata(checkpoint_id)))
 
 
+def state_of(s: KeyedProcess, state: str) -> StateSpec:
+    """State ``state`` of stage ``s``; :class:`StateReadError` naming the stage's states."""
+    specs = {spec.name: spec for spec in s.function.states}
+    if state not in specs:
+        raise StateReadError(
+            f"stage {s.name!r} (uid {s.uid!r}) has no state {state!r} (its states: {sorted(specs)})"
+        )
+    return specs[state]
+
+
 def stage_codec(job: JobDefinition, s: KeyedProcess) -> tuple[KeyCodec, tuple[str, ...]]:
     """Stage ``s``'s key codec and key column names."""
     names = key_columns(s.key_column)
@@ -68,16 +78,12 @@ def load_state(
     """State ``state`` of ``stage`` (uid or name) in checkpoint ``checkpoint_id`` of ``job``
     (default: its latest completed one), decoded with the job's definition."""
     s = stage_of(job, stage)
-    specs = {spec.name: spec for spec in s.function.states}
-    if state not in specs:
-        raise StateReadError(
-            f"stage {s.name!r} (uid {s.uid!r}) has no state {state!r} (its states: {sorted(specs)})"
-        )
+    spec = state_of(s, state)
     storage = open_storage(paths.checkpoint_root)
     manifest = latest_manifest(job, paths, storage, checkpoint_id)
     codec, names = stage_codec(job, s)
     with tempfile.TemporaryDirectory(prefix="cutline-state-read-") as scratch:
-        return read_state(manifest, storage, s.uid, specs[state], codec, names, Path(scratch))
+        return read_state(manifest, storage, s.uid, spec, codec, names, Path(scratch))
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import pyarrow as pa
 
 from cutline.job import JobDefinition
-from spark_jobs.commands.state_read import latest_manifest, stage_codec, stage_of
+from spark_jobs.commands.state_read import latest_manifest, stage_codec, stage_of, state_of
 from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.driver.evolution import check_restorable
 from spark_jobs.driver.savepoints import is_location
@@ -45,14 +45,12 @@ def write_savepoint_from_tables(
     writes: dict[str, list[EncodedState]] = {}
     for (stage, state), table in tables.items():
         s = stage_of(job, stage)
-        specs = {spec.name: spec for spec in s.function.states}
+        spec = state_of(s, state)
         where = f"stage {s.name!r} (uid {s.uid!r}), state {state!r}"
-        if state not in specs:
-            raise StateWriteError(f"{where}: the stage has no such state (its: {sorted(specs)})")
         if any(e.spec.name == state for e in writes.get(s.uid, [])):
             raise StateWriteError(f"{where}: given twice")
         codec, names = stage_codec(job, s)
-        writes.setdefault(s.uid, []).append(encode_state(table, specs[state], codec, names, where))
+        writes.setdefault(s.uid, []).append(encode_state(table, spec, codec, names, where))
     based = None if base is None else _base(job, paths, base)
     if based is not None:
         check_restorable(job, based[0])

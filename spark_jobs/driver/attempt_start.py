@@ -38,6 +38,7 @@ from cutline.sinks import SinkWriter
 from spark_jobs.catalog import open_catalog
 from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.driver.evolution import check_restorable
+from spark_jobs.driver.new_history import begin_new_history
 from spark_jobs.driver.savepoints import is_location, start_from_savepoint
 from spark_jobs.errors import ConfigurationError, NoRestorableCheckpointError
 from state.catalog import CheckpointStatus, FencedError, JobCatalog
@@ -91,12 +92,12 @@ def plan_start(
         for sink in sinks:
             sink.fence()
         kill_point("restore-started")
+        fallbacks: list[str] = []
         if restore is None:
             start_over(catalog, job, sinks, reset_sink, log)
-            manifest, fallbacks = None, []
+            manifest = None
         elif is_location(restore):
             check_root(catalog, storage, job.name, paths.checkpoint_root)
-            fallbacks = []
             manifest = start_from_savepoint(
                 catalog,
                 storage,
@@ -272,21 +273,19 @@ def refuse_silent_start(
 def start_over(
     catalog: JobCatalog, job: JobDefinition, sinks: list[SinkWriter], reset: bool, log
 ) -> None:
-    """An explicit start from empty state: refuse to append to output unless ``reset``; retire
-    the old checkpoints (SUBSUMED: GC collects them, no restore goes back to them)."""
-    with_output = [s for s in sinks if s.has_output()]
-    if with_output and not reset:
-        raise ConfigurationError(
-            f"--restore none starts {job.name} over, but its sink table "
-            f"{with_output[0].table_path} already has output that a start-over would append "
-            "to again; pass --reset-sink to delete it first"
-        )
-    for sink in with_output:
-        log(f"sink {sink.sink}: start-over deletes {sink.reset():,} rows of {sink.table_path}")
-    old = [c.checkpoint_id for c in catalog.checkpoints(job.name, (CheckpointStatus.COMPLETED,))]
-    if old:
-        catalog.mark_subsumed(job.name, old)
-        log(f"start-over: checkpoints {old} retired")
+    """An explicit start from empty state (driver/new_history.py)."""
+    begin_new_history(
+        catalog,
+        job.name,
+        sinks,
+        reset,
+        log,
+        label="start-over",
+        refusal=lambda table: (
+            f"--restore none starts {job.name} over, but its sink table {table} already has "
+            "output that a start-over would append to again; pass --reset-sink to delete it first"
+        ),
+    )
 
 
 def recover_sinks(

@@ -26,6 +26,7 @@ from cutline.job import JobDefinition
 from cutline.sinks import SinkWriter
 from spark_jobs.catalog.tables import now_ms
 from spark_jobs.driver.evolution import check_restorable
+from spark_jobs.driver.new_history import begin_new_history
 from spark_jobs.driver.run_state import RunState, SavepointSlot, ServedSavepoint
 from spark_jobs.errors import (
     ConfigurationError,
@@ -33,7 +34,7 @@ from spark_jobs.errors import (
     NoRestorableCheckpointError,
 )
 from spark_jobs.events import EventChannel
-from state.catalog import CheckpointStatus, CompletedCheckpoint, JobCatalog, shared_file_rows
+from state.catalog import CompletedCheckpoint, JobCatalog, shared_file_rows
 from state.claims import claim_checkpoint_id
 from state.manifest import CheckpointManifest
 from state.paths import JobLayout
@@ -116,22 +117,19 @@ class SavepointRequests:
         self.savepoint_root = savepoint_root
         self.state, self.log, self.events = state, log, events
 
-    def _take(self, slot: SavepointSlot, checkpoint_id: int | None) -> SavepointRequest | None:
-        """Serve the pending request, if any and none is served yet, by ``checkpoint_id``."""
+    def _pending(self, slot: SavepointSlot) -> SavepointRequest | None:
+        """The pending request, unless one is served already (a malformed one is removed; an
+        unreadable one is tried again at the next barrier)."""
         if slot.serving is not None:
             return None
         try:
-            request = read_request(self.storage, self.layout)
+            return read_request(self.storage, self.layout)
         except SavepointError as e:
             self.log(f"{e}: removed")
             self.storage.delete(self.layout.job_path(SAVEPOINT_REQUEST))
-            return None
-        except StorageError as e:  # tried again at the next barrier
+        except StorageError as e:
             self.log(f"savepoint request unreadable: {e}")
-            return None
-        if request is not None:
-            slot.serving = ServedSavepoint(request, checkpoint_id)
-        return request
+        return None
 
     def at_barrier(self, checkpoint_id: int | None) -> None:
         """Checkpoint ``checkpoint_id`` is triggered (the stream thread): a pending request is
@@ -139,9 +137,9 @@ class SavepointRequests:
         if checkpoint_id is None:
             return
         with self.state.savepoint() as slot:
-            request = self._take(slot, checkpoint_id)
-            if request is not None and request.stop:
-                slot.serving = ServedSavepoint(request, None)
+            request = self._pending(slot)
+            if request is not None:
+                slot.serving = ServedSavepoint(request, None if request.stop else checkpoint_id)
         if request is not None and request.stop:
             self.log("stop with savepoint: the run stops; its final checkpoint is the savepoint")
             self.state.stop.set()
@@ -163,8 +161,8 @@ class SavepointRequests:
         with self.state.savepoint() as slot:
             if slot.serving is not None and slot.serving.checkpoint_id is None:
                 slot.serving = dataclasses.replace(slot.serving, checkpoint_id=checkpoint_id)
-            else:
-                self._take(slot, checkpoint_id)
+            elif (request := self._pending(slot)) is not None:
+                slot.serving = ServedSavepoint(request, checkpoint_id)
 
     def on_complete(self, manifest: CheckpointManifest) -> None:
         """Checkpoint ``manifest`` is complete and its output committed (the ack thread): if it
@@ -244,24 +242,21 @@ def start_from_savepoint(
     layout = JobLayout(job.name)
     continue_at = None
     if saved.job_id != job.name or saved.bootstrapped:
-        with_output = [s for s in sinks if s.has_output()]
-        if with_output and not reset_sink:
-            raise ConfigurationError(
+        begin_new_history(
+            catalog,
+            job.name,
+            sinks,
+            reset_sink,
+            log,
+            label=f"savepoint of {saved.job_id}",
+            refusal=lambda table: (
                 f"{location} is a savepoint of {saved.job_id}"
                 + (" written from tables" if saved.bootstrapped else "")
-                + f", and {job.name}'s sink table "
-                f"{with_output[0].table_path} has output of its own that the savepoint's "
-                "history would continue: pass --reset-sink to delete it, or restore under "
-                "another job name"
-            )
-        for sink in with_output:
-            log(f"sink {sink.sink}: deleted {sink.reset():,} rows of {sink.table_path}")
-        old = [
-            c.checkpoint_id for c in catalog.checkpoints(job.name, (CheckpointStatus.COMPLETED,))
-        ]
-        if old:
-            catalog.mark_subsumed(job.name, old)
-            log(f"checkpoints {old} of {job.name} retired: the savepoint starts another history")
+                + f", and {job.name}'s sink table {table} has output of its own that the "
+                "savepoint's history would continue: pass --reset-sink to delete it, or "
+                "restore under another job name"
+            ),
+        )
         continue_at = max([saved.batch_id, *(s.committed_epoch() for s in sinks)])
     known = [c.checkpoint_id for c in catalog.checkpoints(job.name)]
     checkpoint_id, _ = claim_checkpoint_id(storage, layout, attempt, max([0, *known]) + 1)
