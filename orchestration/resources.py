@@ -1,14 +1,16 @@
 """Resources: where jobs keep their files, how drivers are submitted to Spark, and S3.
 
 Every field defaults to the deployment's settings (spark_jobs/deploy/settings.py: the environment,
-or the
-file ``$CUTLINE_CONFIG``), which the ``cutline`` command reads too; the embedded default puts
+or the file ``$CUTLINE_CONFIG``), which the ``cutline`` command reads too; the embedded default puts
 everything under one home directory. A run's resource config overrides them, and a restore run
 carries the failed run's config (orchestration/sensors/restore.py). Credentials for S3 never pass
 through here: boto3 finds them through its standard chain.
 """
 
 import dataclasses
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from dagster import ConfigurableResource
 from pydantic import Field
@@ -43,6 +45,21 @@ class S3Resource(ConfigurableResource):
         if self.region:
             env["AWS_DEFAULT_REGION"] = self.region
         return env
+
+    @contextmanager
+    def environment(self) -> Iterator[None]:
+        """Inside, this process's S3 clients (boto3's and delta-rs's) reach this endpoint, as a
+        driver's do: for ops that open storage by URL (a savepoint's target, say)."""
+        saved = {name: os.environ.get(name) for name in self.env()}
+        os.environ.update(self.env())
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 class CutlinePaths(ConfigurableResource):

@@ -30,7 +30,7 @@ from orchestration.partitions import (
     UPGRADE_OF_TAG,
     streaming_job_partitions,
 )
-from orchestration.resources import CutlinePaths
+from orchestration.resources import CutlinePaths, S3Resource
 from orchestration.streaming import streaming_job
 from spark_jobs.commands.savepoints import take_savepoint
 
@@ -45,17 +45,18 @@ class UpgradeConfig(Config):
 
 @op(description="Stops the streaming job (the partition) with a savepoint")
 def stop_with_savepoint(
-    context: OpExecutionContext, config: UpgradeConfig, cutline_paths: CutlinePaths
+    context: OpExecutionContext, config: UpgradeConfig, cutline_paths: CutlinePaths, s3: S3Resource
 ) -> None:
     job_name = context.partition_key
-    row = take_savepoint(
-        job_name,
-        cutline_paths.paths(),
-        target=config.target,
-        stop=True,
-        timeout_s=config.timeout_s,
-        log=context.log.info,
-    )
+    with s3.environment():
+        row = take_savepoint(
+            job_name,
+            cutline_paths.paths(),
+            target=config.target,
+            stop=True,
+            timeout_s=config.timeout_s,
+            log=context.log.info,
+        )
     context.log_event(
         AssetMaterialization("savepoints", partition=job_name, metadata=savepoint_metadata(row))
     )

@@ -2,13 +2,14 @@
 
 ``CUTLINE_FAULT_KILL=<point>`` kills the driver's process group the first time one of its processes
 reaches ``<point>``; ``<point>@<n>`` the ``n``-th time that process reaches it. The points, in
-protocol order, are :data:`KILL_POINTS`; some are reached in Spark's Python workers, which PySpark
-runs in process groups of their own: :func:`arm`, called by the driver before it starts Spark,
-puts its own process group into the environment they inherit, so a kill anywhere takes the whole
-driver down, as a crash of its host would. Before dying the process writes one line,
-``CUTLINE_FAULT killed at <point>``, to stderr and, when ``CUTLINE_FAULT_RECORD`` names a file,
-appends it there: a Python worker's stderr reaches the log through its JVM, which the kill can
-take down before it copies the line, so a test tells where each kill landed from the file.
+protocol order, are :data:`KILL_POINTS`, and a savepoint's :data:`SAVEPOINT_KILL_POINTS`. Some are
+reached in Spark's Python workers, which PySpark runs in process groups of their own:
+:func:`arm`, called by the driver before it starts Spark, puts its own process group into the
+environment they inherit, so a kill anywhere takes the whole driver down, as a crash of its host
+would. Before dying the process writes one line, ``CUTLINE_FAULT killed at <point>``, to stderr
+and, when ``CUTLINE_FAULT_RECORD`` names a file, appends it there: a Python worker's stderr
+reaches the log through its JVM, which the kill can take down before it copies the line, so a
+test tells where each kill landed from the file.
 
 Without the variable :func:`kill_point` is a dictionary lookup: it costs nothing in production.
 """
@@ -35,6 +36,14 @@ KILL_POINTS = (
     "catalog-committed",  # checkpoint n is complete; its sink epochs not yet committed
     "sink-committing",  # the sink's commit is planned; its data files and Delta commit not yet
     "sink-committed",  # the sink commit landed; staged files not yet removed
+)
+# points of a savepoint's life (reached only while a savepoint is written or imported)
+SAVEPOINT_KILL_POINTS = (
+    "savepoint-copying",  # a file of the savepoint is copied; others and _metadata not yet
+    "savepoint-written",  # the savepoint's _metadata is written; its catalog row not yet
+    "savepoint-recorded",  # its catalog row is recorded; the request not yet cleared
+    "savepoint-importing",  # a file of a savepoint restored is copied into the job's directory
+    "savepoint-imported",  # the imported checkpoint's _metadata is written; not yet committed
 )
 
 _hits: Counter[str] = Counter()

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from state.compaction import REQUESTS_DIR
+from state.faults import kill_point
 from state.handles import SubtaskStateHandle
 from state.manifest import CheckpointManifest, ManifestError
 from state.paths import JobLayout, SavepointLayout
@@ -34,6 +35,7 @@ from state.restore import validate_checkpoint
 from state.storage import DurableStorage, MissingFileError
 
 SAVEPOINT_REQUEST = f"{REQUESTS_DIR}/savepoint.json"
+SAVEPOINT_WRITING = f"{REQUESTS_DIR}/savepoint-writing.json"  # where the request's copy goes
 COPY_THREADS = 8
 
 
@@ -78,12 +80,21 @@ def check_free(target: DurableStorage) -> None:
 
 
 def copy_files(
-    pairs: list[tuple[str, str, int]], source: DurableStorage, target: DurableStorage
+    pairs: list[tuple[str, str, int]],
+    source: DurableStorage,
+    target: DurableStorage,
+    point: str = "savepoint-copying",
 ) -> None:
     """Copy ``(source path, target path, size)`` pairs from ``source`` to ``target``, several
-    at a time (each inside the storage service where it can)."""
+    at a time (each inside the storage service where it can); ``point``: the kill point each
+    file copied reaches (state/faults.py)."""
+
+    def copy(pair: tuple[str, str, int]) -> None:
+        source.copy_to(pair[0], target, pair[1], expected_size=pair[2])
+        kill_point(point)
+
     with ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="cutline-copy") as pool:
-        list(pool.map(lambda p: source.copy_to(p[0], target, p[1], expected_size=p[2]), pairs))
+        list(pool.map(copy, pairs))
 
 
 def write_savepoint(
@@ -171,6 +182,7 @@ def import_savepoint(
         [(f.path, layout.job_path(moved[f.path]), f.size) for f in manifest.files()],
         source,
         storage,
+        point="savepoint-importing",
     )
 
     def relocated(h: SubtaskStateHandle) -> SubtaskStateHandle:
@@ -256,7 +268,26 @@ def read_request(storage: DurableStorage, layout: JobLayout) -> SavepointRequest
 
 
 def clear_request(storage: DurableStorage, layout: JobLayout, request_id: str) -> None:
-    """Delete the pending request if it is request ``request_id`` (a newer one stays)."""
+    """Delete the pending request if it is request ``request_id`` (a newer one stays), and
+    the note of where its savepoint was being written."""
     current = read_request(storage, layout)
     if current is not None and current.request_id == request_id:
         storage.delete(layout.job_path(SAVEPOINT_REQUEST))
+    storage.delete(layout.job_path(SAVEPOINT_WRITING))
+
+
+def note_writing(storage: DurableStorage, layout: JobLayout, request_id: str, url: str) -> None:
+    """Note, before a copy begins, that request ``request_id``'s savepoint is written at
+    ``url``: an attempt that dies mid-copy leaves a directory the next one finds."""
+    doc = {"request_id": request_id, "location": url}
+    storage.put_bytes(layout.job_path(SAVEPOINT_WRITING), json.dumps(doc).encode())
+
+
+def noted_writing(storage: DurableStorage, layout: JobLayout) -> tuple[str, str] | None:
+    """``(request id, location)`` of the savepoint an earlier attempt began writing and did
+    not record, if one did."""
+    try:
+        doc = json.loads(storage.get_bytes(layout.job_path(SAVEPOINT_WRITING)))
+    except MissingFileError:
+        return None
+    return str(doc["request_id"]), str(doc["location"])

@@ -155,7 +155,10 @@ def test_materializing_savepoints_saves_a_finished_job_and_lists_it(home):
     with instance_for_test() as instance:
         instance.add_dynamic_partitions("streaming_jobs", [JOB])
         result = materialize(
-            [savepoints], partition_key=JOB, instance=instance, resources={"cutline_paths": paths}
+            [savepoints],
+            partition_key=JOB,
+            instance=instance,
+            resources={"cutline_paths": paths, "s3": S3Resource()},
         )
     assert result.success
     (mat,) = result.asset_materializations_for_node("savepoints")

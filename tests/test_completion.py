@@ -4,6 +4,7 @@ savepoint requests (spark_jobs/driver/savepoints.py) and local storage."""
 
 from __future__ import annotations
 
+import zlib
 from types import SimpleNamespace
 
 from spark_jobs.driver.barrier import CompactionRequests
@@ -17,7 +18,13 @@ from state.handles import StateFile, SubtaskStateHandle
 from state.keygroups import KeyGroupRange
 from state.manifest import CheckpointManifest
 from state.paths import JobLayout
-from state.savepoint import SavepointRequest, read_savepoint
+from state.savepoint import (
+    SAVEPOINT_WRITING,
+    SavepointRequest,
+    note_writing,
+    read_savepoint,
+    write_savepoint,
+)
 from state.savepoint import read_request as pending_savepoint
 from state.savepoint import write_request as ask_savepoint
 from state.storage import LocalFileStorage, open_storage
@@ -45,13 +52,16 @@ class FakeCatalogWriter:
 
     def __init__(self) -> None:
         self.shared: list[list[dict]] = []
-        self.savepoints: list[dict] = []
+        self.recorded: list[dict] = []  # savepoints rows
 
     def record_shared_files(self, rows: list[dict]) -> None:
         self.shared.append(rows)
 
     def record_savepoint(self, row: dict) -> None:
-        self.savepoints.append(row)
+        self.recorded.append(row)
+
+    def savepoints(self, job_id: str) -> list[dict]:
+        return [r for r in self.recorded if r["job_id"] == job_id]
 
 
 class Events:
@@ -65,12 +75,21 @@ class Events:
         return [k for k, _ in self.emitted]
 
 
+def contents(size: int) -> bytes:
+    """A file's bytes as Rig.stored writes them."""
+    return b"x" * size
+
+
+def crc(size: int) -> str:
+    return f"crc32:{zlib.crc32(contents(size)):08x}"
+
+
 def handle(cid: int, subtask: int, shared: list[str], private: int = 1) -> SubtaskStateHandle:
     files = tuple(
-        StateFile(f"{name}.sst", f"shared/count/{subtask}/{name}.sst", 100, "crc32:00000001")
+        StateFile(f"{name}.sst", f"shared/count/{subtask}/{name}.sst", 100, crc(100))
         for name in shared
     ) + tuple(
-        StateFile(f"MANIFEST-{i}", f"chk-{cid}/count/{subtask}/MANIFEST-{i}", 7, "crc32:00000002")
+        StateFile(f"MANIFEST-{i}", f"chk-{cid}/count/{subtask}/MANIFEST-{i}", 7, crc(7))
         for i in range(private)
     )
     return SubtaskStateHandle(
@@ -139,7 +158,7 @@ class Rig:
     def stored(self, m: CheckpointManifest) -> CheckpointManifest:
         """``m`` with its files in storage (a savepoint copies them)."""
         for f in m.files():
-            self.storage.put_bytes(self.layout.job_path(f.path), b"x" * f.size)
+            self.storage.put_bytes(self.layout.job_path(f.path), contents(f.size))
         return m
 
 
@@ -317,7 +336,7 @@ def test_a_savepoint_is_written_once_its_checkpoints_output_is_committed(tmp_pat
     rig.savepoints.at_barrier(2)
     rig.complete(rig.stored(manifest(2, 4, {0: ["a-t2"]}, sink_epochs={"main": 4})))
     assert rig.sinks[0].commits and rig.state.checkpoints == [2] and not rig.state.stop.is_set()
-    [row] = rig.catalog.savepoints
+    [row] = rig.catalog.recorded
     assert row["status"] == "COMPLETED" and row["location"].endswith("/sp/savepoint-2-r1")
     assert (row["checkpoint_id"], row["batch_id"], row["code_version"]) == (2, 4, "v7")
     saved = read_savepoint(open_storage(row["location"]), checksums=False)
@@ -325,7 +344,7 @@ def test_a_savepoint_is_written_once_its_checkpoints_output_is_committed(tmp_pat
     assert pending_savepoint(rig.storage, rig.layout) is None, "the request is cleared"
     assert rig.events.kinds() == ["savepoint", "checkpoint"]
     rig.complete(rig.stored(manifest(3, 5, {0: ["b-t3"]})))
-    assert len(rig.catalog.savepoints) == 1, "served once"
+    assert len(rig.catalog.recorded) == 1, "served once"
 
 
 def test_a_stop_request_stops_the_run_and_its_final_checkpoint_is_the_savepoint(tmp_path):
@@ -334,10 +353,10 @@ def test_a_stop_request_stops_the_run_and_its_final_checkpoint_is_the_savepoint(
     rig.savepoints.at_barrier(2)
     assert rig.state.stop.is_set(), "no micro-batch after this one"
     rig.complete(rig.stored(manifest(2, 4, {0: ["a-t2"]})))
-    assert rig.catalog.savepoints == [], "the barrier's checkpoint is not the last one"
+    assert rig.catalog.recorded == [], "the barrier's checkpoint is not the last one"
     rig.savepoints.at_final(3)
     rig.complete(rig.stored(manifest(3, 5, {0: ["a-t2"]})))
-    [row] = rig.catalog.savepoints
+    [row] = rig.catalog.recorded
     assert row["stopped"] and row["checkpoint_id"] == 3
     assert row["location"] == (tmp_path / "savepoints" / JOB / "savepoint-3-r2").as_uri()
 
@@ -350,7 +369,7 @@ def test_a_savepoint_that_cannot_be_written_is_recorded_failed_and_the_job_goes_
     )
     rig.savepoints.at_barrier(2)
     rig.complete(rig.stored(manifest(2, 4, {0: ["a-t2"]})))
-    [row] = rig.catalog.savepoints
+    [row] = rig.catalog.recorded
     assert row["status"] == "FAILED" and "a-file" in row["reason"]
     assert not rig.state.failed and rig.state.checkpoints == [2]
     assert pending_savepoint(rig.storage, rig.layout) is None
@@ -363,7 +382,85 @@ def test_an_aborted_checkpoint_leaves_the_savepoint_to_the_next_barrier(tmp_path
     rig.savepoints.at_barrier(3)  # served by 2 already
     rig.completion.on_checkpoint_aborted(2, "expired")
     rig.complete(rig.stored(manifest(3, 4, {0: ["a-t3"]})))
-    assert rig.catalog.savepoints == [], "3 was triggered while 2 served it"
+    assert rig.catalog.recorded == [], "3 was triggered while 2 served it"
     rig.savepoints.at_barrier(4)
     rig.complete(rig.stored(manifest(4, 5, {0: ["a-t4"]})))
-    assert [r["checkpoint_id"] for r in rig.catalog.savepoints] == [4]
+    assert [r["checkpoint_id"] for r in rig.catalog.recorded] == [4]
+
+
+# -- an attempt that died serving a request ------------------------------------------------
+
+
+def test_a_request_whose_savepoint_was_recorded_is_served_once(tmp_path):
+    """Killed after the row was recorded, before the request was cleared: the next attempt
+    clears it and writes no second savepoint (a stop request does not stop it again)."""
+    rig = Rig(tmp_path)
+    ask_savepoint(rig.storage, rig.layout, SavepointRequest("r5", str(tmp_path / "sp"), True, 1))
+    rig.catalog.record_savepoint({"job_id": JOB, "request_id": "r5", "status": "COMPLETED"})
+    assert not rig.savepoints.stop_requested()
+    rig.savepoints.at_barrier(2)
+    rig.complete(rig.stored(manifest(2, 4, {0: ["a-t2"]})))
+    assert len(rig.catalog.recorded) == 1 and not rig.state.stop.is_set()
+    assert pending_savepoint(rig.storage, rig.layout) is None
+    assert any("r5 was served already" in line for line in rig.lines)
+
+
+def test_a_savepoint_left_half_copied_is_deleted_and_written_again(tmp_path):
+    rig = Rig(tmp_path)
+    ask_savepoint(rig.storage, rig.layout, SavepointRequest("r6", str(tmp_path / "sp"), False, 1))
+    half = tmp_path / "sp" / "savepoint-1-r6"
+    (half / "shared").mkdir(parents=True)
+    (half / "shared" / "x.sst").write_bytes(b"half")
+    note_writing(rig.storage, rig.layout, "r6", half.as_uri())
+    rig.savepoints.at_barrier(2)
+    rig.complete(rig.stored(manifest(2, 4, {0: ["a-t2"]})))
+    [row] = rig.catalog.recorded
+    assert row["status"] == "COMPLETED" and row["checkpoint_id"] == 2
+    assert not [f for f in half.rglob("*") if f.is_file()], "the half copy is gone"
+    assert not rig.storage.exists(rig.layout.job_path(SAVEPOINT_WRITING))
+
+
+def test_a_savepoint_written_but_not_recorded_is_recorded_not_written_twice(tmp_path):
+    rig = Rig(tmp_path)
+    earlier = rig.stored(manifest(1, 3, {0: ["a-t1"]}))
+    whole = open_storage(str(tmp_path / "sp" / "savepoint-1-r7"))
+    write_savepoint(earlier, rig.storage, whole)
+    ask_savepoint(rig.storage, rig.layout, SavepointRequest("r7", str(tmp_path / "sp"), False, 1))
+    note_writing(rig.storage, rig.layout, "r7", whole.url)
+    rig.savepoints.at_barrier(2)
+    rig.complete(rig.stored(manifest(2, 4, {0: ["a-t2"]})))
+    [row] = rig.catalog.recorded
+    assert (row["status"], row["checkpoint_id"], row["location"]) == ("COMPLETED", 1, whole.url)
+    assert not (tmp_path / "sp" / "savepoint-2-r7").exists()
+    assert pending_savepoint(rig.storage, rig.layout) is None
+
+
+def test_a_damaged_savepoint_left_by_an_earlier_attempt_is_replaced(tmp_path):
+    rig = Rig(tmp_path)
+    earlier = rig.stored(manifest(1, 3, {0: ["a-t1"]}))
+    whole = open_storage(str(tmp_path / "sp" / "savepoint-1-r8"))
+    write_savepoint(earlier, rig.storage, whole)
+    damaged = next(f for f in whole.list() if f.path.endswith(".sst"))
+    whole.put_bytes(damaged.path, b"y" * damaged.size)
+    ask_savepoint(rig.storage, rig.layout, SavepointRequest("r8", str(tmp_path / "sp"), False, 1))
+    note_writing(rig.storage, rig.layout, "r8", whole.url)
+    rig.savepoints.at_barrier(2)
+    rig.complete(rig.stored(manifest(2, 4, {0: ["a-t2"]})))
+    [row] = rig.catalog.recorded
+    assert (row["status"], row["checkpoint_id"]) == ("COMPLETED", 2)
+    assert not whole.exists("_metadata"), "the damaged one is deleted"
+
+
+def test_a_stops_savepoint_left_by_an_earlier_attempt_gives_way_to_the_final_checkpoints(tmp_path):
+    rig = Rig(tmp_path)
+    earlier = rig.stored(manifest(1, 3, {0: ["a-t1"]}))
+    whole = open_storage(str(tmp_path / "sp" / "savepoint-1-r9"))
+    write_savepoint(earlier, rig.storage, whole)
+    ask_savepoint(rig.storage, rig.layout, SavepointRequest("r9", str(tmp_path / "sp"), True, 1))
+    note_writing(rig.storage, rig.layout, "r9", whole.url)
+    rig.savepoints.at_barrier(2)
+    rig.savepoints.at_final(3)
+    rig.complete(rig.stored(manifest(3, 5, {0: ["a-t3"]})))
+    [row] = rig.catalog.recorded
+    assert (row["status"], row["checkpoint_id"], row["stopped"]) == ("COMPLETED", 3, True)
+    assert not whole.exists("_metadata")

@@ -9,9 +9,11 @@ are in flight: ``restore_on_failure`` launches a restore run with the failed run
 (the S3 root included) that restores the latest checkpoint from the local copies, with the failed
 attempt's allocation as hints. The restore run's driver is killed with SIGKILL too, and then the
 third run's own Dagster process: its driver notices and stops, ``streaming_heartbeat`` marks the
-run failed, and a fourth run restores and runs to the end. No checkpoint is marked CORRUPT, and
-the sessions equal what pandas computes from the input (tests/reference.py): nothing lost,
-nothing duplicated.
+run failed, and a fourth run restores. Then ``upgrade_streaming_job`` is launched as from the UI
+with parallelism 3: it stops the fourth run with a savepoint, and ``restart_from_savepoint``
+starts the job from it with the same roots at parallelism 3 (its keyed state and timers
+rescaled), which runs to the end. No checkpoint is marked CORRUPT, and the sessions equal what
+pandas computes from the input (tests/reference.py): nothing lost, nothing duplicated.
 """
 
 from __future__ import annotations
@@ -29,8 +31,14 @@ import pytest
 from dagster import AssetKey, DagsterRunStatus
 
 from orchestration.demo import DagsterProcesses, instance, launch_streaming_run, register_partitions
-from orchestration.partitions import DRIVER_PID_TAG, RESTORE_OF_TAG, WORKER_PID_TAG
-from spark_jobs.catalog.tables import read_delta
+from orchestration.partitions import (
+    DRIVER_PID_TAG,
+    RESTORE_OF_TAG,
+    UPGRADE_OF_TAG,
+    WORKER_PID_TAG,
+)
+from spark_jobs.catalog.tables import CatalogReader, read_delta
+from state.restore import read_manifest
 from state.storage import open_storage
 from tests.e2e_util import ROOT, checkpoints_so_far, completed_checkpoints, report, wait_for
 from tests.reference import check
@@ -199,11 +207,37 @@ def test_dagster_restores_a_users_job_after_driver_kills_and_a_lost_run_process(
         assert "driver lost" in failure_message(home, third.run_id)  # streaming_heartbeat
         fourth = run_where(home, **{RESTORE_OF_TAG: third.run_id})
 
-        # 4. the fourth run restores and runs to the end of the input
+        # 4. the upgrade flow, launched as from the UI: once the fourth run checkpointed,
+        # upgrade_streaming_job stops it with a savepoint and restart_from_savepoint starts the
+        # job from that savepoint at parallelism 3 (its state rescaled), which runs to the end
+        wait_for(
+            lambda: any(r["attempt"] == 4 for r in completed_checkpoints(home, JOB)),
+            180,
+            "a checkpoint of attempt 4",
+        )
+        upgrade = dagster.client().submit_job_execution(
+            "upgrade_streaming_job",
+            run_config={
+                "ops": {"stop_with_savepoint": {"config": {"parallelism": 3}}},
+                "resources": {k: {"config": v} for k, v in resources.items()},
+            },
+            tags={"dagster/partition": JOB},
+        )
+        wait_for(lambda: run_where(home, **{UPGRADE_OF_TAG: upgrade}), 300, "the upgraded run")
+        assert status(home, upgrade) == DagsterRunStatus.SUCCESS
+        upgraded = run_where(home, **{UPGRADE_OF_TAG: upgrade})
+        [saved] = CatalogReader(home / "warehouse" / "catalog").savepoints(JOB)
+        assert saved["stopped"] and saved["status"] == "COMPLETED"
+        config = upgraded.run_config["ops"]["streaming_driver"]["config"]
+        assert config == {"restore": saved["location"], "parallelism": 3}
+        assert upgraded.run_config["resources"] == second.run_config["resources"]
+
+        # 5. the upgraded run runs to the end of the input
         assert generator.wait(timeout=400) == 0
         finished = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
-        wait_for(lambda: status(home, fourth.run_id) in finished, 400, "the last run to finish")
-        assert status(home, fourth.run_id) == DagsterRunStatus.SUCCESS
+        wait_for(lambda: status(home, upgraded.run_id) in finished, 400, "the last run to end")
+        assert status(home, upgraded.run_id) == DagsterRunStatus.SUCCESS
+        assert status(home, fourth.run_id) == DagsterRunStatus.SUCCESS, "stopped, FINISHED"
     finally:
         if generator.poll() is None:
             generator.kill()
@@ -214,8 +248,12 @@ def test_dagster_restores_a_users_job_after_driver_kills_and_a_lost_run_process(
         "LOST",  # killed -9: nobody said it ended until attempt 2 started
         "LOST",
         "FAILED",  # its run process died: the driver stopped itself
+        "FINISHED",  # stopped with a savepoint by the upgrade
         "FINISHED",
     ]
     assert all(r["status"] != "CORRUPT" for r in completed_checkpoints(home, JOB))
+    latest = max(completed_checkpoints(home, JOB), key=lambda r: r["checkpoint_id"])
+    manifest = read_manifest(open_storage(root, endpoint_url=s3_server), latest["metadata_path"])
+    assert latest["attempt"] == 5 and {h.subtask for h in manifest.subtasks} == {0, 1, 2}
     assert not (home / "checkpoints").exists(), "nothing was written under the default root"
     report(check("sessions", home))

@@ -8,7 +8,12 @@ with snapshot uploads in flight, between ``_metadata`` and the catalog commit, b
 commit and the sink commit, inside the sink commit), counted only when the point's own record
 says it fired; or at a random moment within 4 s of the attempt's first micro-batch (never during
 the JVM's start, which proves nothing), with or without uploads slowed down so that checkpoints
-are pending, counted only if the attempt was still running. Input is appended between attempts
+are pending, counted only if the attempt was still running. Savepoints are taken and
+restored under the kills: an attempt killed while it writes one (``SAVEPOINT_KILL_POINTS``:
+mid-copy, before its catalog row, before its request is cleared; a stop-with-savepoint half the
+time) has a request stored before it starts, as do a fifth of the others; one killed while it
+imports one starts with ``--restore`` of a savepoint taken earlier; every request must end
+served exactly once, whole, with nothing half-written left. Input is appended between attempts
 (records to the local log, or new files to the file source's directory). The output is compared
 epoch by epoch with the reference (tests/reference.py). Some jobs run with every durable role on
 the S3 server on loopback (checkpoints, catalog, output tables, staged epochs; the file source's
@@ -36,9 +41,12 @@ from spark_jobs.job_loader import job_name_of
 from spark_jobs.sources.generate import generate
 from state.catalog import CheckpointStatus
 from state.faults import ENV as KILL_ENV
-from state.faults import KILL_POINTS, RECORD_ENV
+from state.faults import KILL_POINTS, RECORD_ENV, SAVEPOINT_KILL_POINTS
+from state.paths import JobLayout, SavepointLayout
 from state.restore import read_manifest
+from state.savepoint import SavepointRequest, read_request, read_savepoint, write_request
 from state.storage import open_storage
+from state.storage.tables import join_url
 from tests.e2e_util import (
     cutline,
     finish,
@@ -90,8 +98,15 @@ RESCALED = {
 }
 STATE_READ = "cutline_sessions.pipelines:country_clicks"  # its state read out after the kills
 IN_TASKS = {"subtask-restored", "batch-applied", "snapshot-taken"}  # counted per Python worker
-ONCE = {"restore-started", "sink-recovered"}  # reached once per attempt
-MODES = [*KILL_POINTS, "random", "uploads in flight"]
+PER_FILE = {"savepoint-copying", "savepoint-importing"}  # once per file copied
+ONCE = {"restore-started", "sink-recovered", "savepoint-written", "savepoint-recorded",
+        "savepoint-imported"}  # reached once per attempt  # fmt: skip
+# an attempt killed while a savepoint is written has a request stored before it starts (a stop
+# one half the time); one killed while it imports a savepoint starts from one taken earlier
+WRITING = {"savepoint-copying", "savepoint-written", "savepoint-recorded"}
+IMPORTING = {"savepoint-importing", "savepoint-imported"}
+MODES = [*KILL_POINTS, *SAVEPOINT_KILL_POINTS, "random", "uploads in flight"]
+ALSO_SAVED = 0.2  # how often an attempt killed elsewhere has a savepoint request too
 
 
 def other_than_latest(paths: RuntimePaths, job: str) -> int:
@@ -115,11 +130,31 @@ def append_input(home: Path, job: str, attempt: int) -> None:
             generate(home / "log", kind, kind, count=count, seed=7, users=3_000)
 
 
-def one_attempt(home: Path, job: str, rng: random.Random, flags: list[str]) -> str | None:
+def savepoints_of(paths: RuntimePaths, job: str) -> list[dict]:
+    return CatalogReader(paths.catalog).savepoints(job_name_of(job))
+
+
+def ask_for_savepoint(paths: RuntimePaths, job: str, stop: bool) -> None:
+    """Store a savepoint request for the next attempt, unless one is pending (it waits)."""
+    storage, layout = open_storage(paths.checkpoint_root), JobLayout(job_name_of(job))
+    if read_request(storage, layout) is None:
+        write_request(storage, layout, SavepointRequest.new("", stop, int(time.time() * 1000)))
+
+
+def one_attempt(
+    home: Path, paths: RuntimePaths, job: str, rng: random.Random, flags: list[str]
+) -> str | None:
     """Start an attempt and kill it as ``rng`` says; what killed it, or None if it ended."""
     mode = rng.choice(MODES)
-    if mode in KILL_POINTS:
-        nth = 1 if mode in ONCE else rng.randint(1, 2 if mode in IN_TASKS else 3)
+    saved = [r["location"] for r in savepoints_of(paths, job) if r["status"] == "COMPLETED"]
+    if mode in IMPORTING and not saved:
+        mode = "savepoint-written"  # nothing to import yet: one is taken
+    if mode in IMPORTING:
+        flags = [*flags, "--restore", rng.choice(saved)]
+    elif mode in WRITING or rng.random() < ALSO_SAVED:
+        ask_for_savepoint(paths, job, stop=mode in WRITING and rng.random() < 0.5)
+    if mode not in ("random", "uploads in flight"):
+        nth = 1 if mode in ONCE else rng.randint(1, 2 if mode in IN_TASKS | PER_FILE else 3)
         record = home / "faults.log"  # where the kill point says it fired (state/faults.py)
         record.unlink(missing_ok=True)
         env = {KILL_ENV: f"{mode}@{nth}", RECORD_ENV: str(record)}
@@ -176,7 +211,7 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
     while len(kills) < KILLS:
         assert attempts < 4 * KILLS, f"only {len(kills)} kills in {attempts} attempts: {kills}"
         append_input(home, job, attempts)
-        killed = one_attempt(home, job, rng, [*flags, *at(attempts)])
+        killed = one_attempt(home, paths, job, rng, [*flags, *at(attempts)])
         attempts += 1
         if killed:
             kills.append(killed)
@@ -184,6 +219,10 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
     # restore rescales whatever the kills left (attempts killed before their restore do not)
     last = [] if schedule is None else ["--parallelism", str(other_than_latest(paths, job))]
     rest = [*flags, *at(attempts), *last, "--max-records-per-partition", "16000"]
+    stop = read_request(open_storage(paths.checkpoint_root), JobLayout(job_name_of(job)))
+    if stop is not None and stop.stop:  # a stop request still pending stops one more attempt
+        run_to_end(home, "run", job, *RUN, *rest)
+    ask_for_savepoint(paths, job, stop=False)  # the last attempt takes one: at least one is
     run_to_end(home, "run", job, *RUN, *rest)
     read = (lambda _: read_files(os.environ[FILES_ENV])) if job == FILE_JOB else None
     summary = check(job_name_of(job), home, paths.output, read)
@@ -196,10 +235,36 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
         rescales = (home / "driver.log").read_text(errors="replace").count("\nrescaled: ")
         report(f"{job}: {rescales} restores rescaled (parallelism cycling {schedule})")
         assert rescales >= 1, "restores at another parallelism than the checkpoint's"
+    report(f"{job}: {check_savepoints(home, paths, job)}")
     if job in ON_S3:
         run_to_end(home, "gc", job, "--grace-s", "0", *roles)
         kept = gc_left_only_what_is_needed(paths, job_name_of(job))
         report(f"{job}: on S3, GC left exactly what checkpoints {kept} need; they verify")
+
+
+def check_savepoints(home: Path, paths: RuntimePaths, job: str) -> str:
+    """Across the kills every savepoint request was served exactly once: each one taken is
+    whole (every checksum), none failed, no request has two, none is pending, and every
+    directory under the job's savepoint root is a recorded savepoint (none left half-written).
+    Says what it saw."""
+    name = job_name_of(job)
+    storage = open_storage(paths.checkpoint_root)
+    assert read_request(storage, JobLayout(name)) is None, "a savepoint request left unserved"
+    rows = savepoints_of(paths, job)
+    assert all(r["status"] == "COMPLETED" for r in rows), [r["reason"] for r in rows]
+    assert rows, "the last attempt takes a savepoint"
+    requests = [r["request_id"] for r in rows]
+    assert len(requests) == len(set(requests)), f"a request served twice: {sorted(requests)}"
+    for row in rows:
+        assert read_savepoint(open_storage(row["location"])).job_id == name
+    root = open_storage(join_url(paths.savepoints, name))
+    directories = {f.path.split("/")[0] for f in root.list()}
+    recorded = {r["location"].rstrip("/").rsplit("/", 1)[-1] for r in rows}
+    whole = {d for d in directories if root.exists(f"{d}/{SavepointLayout.METADATA}")}
+    assert directories == recorded == whole, (directories, recorded)
+    log = (home / "driver.log").read_text(errors="replace")
+    imported = log.count(") imported as checkpoint ")
+    return f"{len(rows)} savepoints, each whole and recorded once; {imported} restored from"
 
 
 def test_at_least_once_loses_nothing_and_reports_duplicates(tmp_path):

@@ -4,6 +4,7 @@ runs, sensors, schedules and checks) and the drivers read the same settings."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -90,3 +91,17 @@ def test_config_explains_each_setting_and_where_it_came_from(tmp_path, capsys, m
     assert rows["home"] == (home, "flag --home")
     assert rows["checkpoint_root"] == (f"{home}/checkpoints", "default, under home")
     assert rows["spark_master"][1].startswith("file "), "not a path: --home leaves it"
+
+
+def test_the_s3_resources_endpoint_applies_inside_its_environment_only(monkeypatch):
+    """Ops that open storage by URL reach the run's endpoint inside ``environment()``; the
+    process's own settings come back after (credentials are never part of it)."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    s3 = S3Resource(endpoint_url="http://127.0.0.1:9999", region="us-east-2")
+    with s3.environment():
+        assert os.environ["AWS_ENDPOINT_URL_S3"] == "http://127.0.0.1:9999"
+        assert os.environ["AWS_DEFAULT_REGION"] == "us-east-2"
+    assert "AWS_ENDPOINT_URL_S3" not in os.environ
+    assert os.environ["AWS_DEFAULT_REGION"] == "eu-west-1"
+    assert not [k for k in s3.env() if "KEY" in k or "SECRET" in k]

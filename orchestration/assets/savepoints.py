@@ -19,7 +19,7 @@ from pydantic import Field
 from orchestration.assets.catalog import GROUP, completed_checkpoints
 from orchestration.metadata import ident, md_table, mib
 from orchestration.partitions import streaming_job_partitions
-from orchestration.resources import CutlinePaths
+from orchestration.resources import CutlinePaths, S3Resource
 from spark_jobs.commands.savepoints import take_savepoint
 
 SAVEPOINT_COLUMNS = ["status", "location", "checkpoint_id", "batch_id", "size", "code_version",
@@ -58,18 +58,22 @@ def savepoint_metadata(row: dict[str, Any]) -> dict[str, Any]:
     "code version; self-contained, never collected by GC",
 )
 def savepoints(
-    context: AssetExecutionContext, config: SavepointConfig, cutline_paths: CutlinePaths
+    context: AssetExecutionContext,
+    config: SavepointConfig,
+    cutline_paths: CutlinePaths,
+    s3: S3Resource,
 ) -> MaterializeResult:
     job = context.partition_key
-    row = take_savepoint(
-        job,
-        cutline_paths.paths(),
-        target=config.target,
-        stop=config.stop,
-        timeout_s=config.timeout_s,
-        log=context.log.info,
-    )
-    every = cutline_paths.catalog().savepoints(job)
+    with s3.environment():
+        row = take_savepoint(
+            job,
+            cutline_paths.paths(),
+            target=config.target,
+            stop=config.stop,
+            timeout_s=config.timeout_s,
+            log=context.log.info,
+        )
+        every = cutline_paths.catalog().savepoints(job)
     listed = [r | {"size": f"{(r['size'] or 0):,}"} for r in every]
     return MaterializeResult(
         metadata=savepoint_metadata(row)

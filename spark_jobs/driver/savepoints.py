@@ -36,15 +36,19 @@ from spark_jobs.errors import (
 from spark_jobs.events import EventChannel
 from state.catalog import CompletedCheckpoint, JobCatalog, shared_file_rows
 from state.claims import claim_checkpoint_id
+from state.faults import kill_point
 from state.manifest import CheckpointManifest
-from state.paths import JobLayout
+from state.paths import JobLayout, SavepointLayout
 from state.savepoint import (
     SAVEPOINT_REQUEST,
     SavepointError,
     SavepointInfo,
     SavepointRequest,
     clear_request,
+    delete_savepoint,
     import_savepoint,
+    note_writing,
+    noted_writing,
     read_request,
     read_savepoint,
     write_savepoint,
@@ -117,13 +121,26 @@ class SavepointRequests:
         self.savepoint_root = savepoint_root
         self.state, self.log, self.events = state, log, events
 
+    def _unserved(self) -> SavepointRequest | None:
+        """The stored request, unless an earlier attempt recorded its savepoint and died before
+        clearing it (cleared now: a request is served once)."""
+        request = read_request(self.storage, self.layout)
+        if request is None:
+            return None
+        rows = self.catalog.savepoints(self.job.name)
+        if any(r["request_id"] == request.request_id and r["status"] == "COMPLETED" for r in rows):
+            self.log(f"savepoint request {request.request_id} was served already: cleared")
+            clear_request(self.storage, self.layout, request.request_id)
+            return None
+        return request
+
     def _pending(self, slot: SavepointSlot) -> SavepointRequest | None:
         """The pending request, unless one is served already (a malformed one is removed; an
         unreadable one is tried again at the next barrier)."""
         if slot.serving is not None:
             return None
         try:
-            return read_request(self.storage, self.layout)
+            return self._unserved()
         except SavepointError as e:
             self.log(f"{e}: removed")
             self.storage.delete(self.layout.job_path(SAVEPOINT_REQUEST))
@@ -150,7 +167,7 @@ class SavepointRequests:
         """Whether a stop-with-savepoint request is pending (the main thread asks while no
         micro-batch runs: a job without new input reaches no barrier)."""
         try:
-            request = read_request(self.storage, self.layout)
+            request = self._unserved()
         except (SavepointError, StorageError):
             return False
         return request is not None and request.stop
@@ -176,9 +193,13 @@ class SavepointRequests:
             self.job, request, self.savepoint_root, manifest.checkpoint_id
         )
         try:
-            target_storage = open_storage(location)
-            location = target_storage.url
-            info = write_savepoint(manifest, self.storage, target_storage)
+            info = self._left_by_earlier(request)
+            if info is None:
+                target_storage = open_storage(location)
+                location = target_storage.url
+                note_writing(self.storage, self.layout, request.request_id, location)
+                info = write_savepoint(manifest, self.storage, target_storage)
+            kill_point("savepoint-written")
         except (SavepointError, StorageError, ValueError) as e:
             reason = f"{type(e).__name__}: {e}"
             self.log(f"savepoint of checkpoint {manifest.checkpoint_id} failed: {reason}")
@@ -192,11 +213,42 @@ class SavepointRequests:
             )
         try:
             self.catalog.record_savepoint(row)
+            kill_point("savepoint-recorded")
             self.events.emit("savepoint", row)
             clear_request(self.storage, self.layout, request.request_id)
         finally:
             with self.state.savepoint() as slot:
                 slot.serving = None
+
+    def _left_by_earlier(self, request: SavepointRequest) -> SavepointInfo | None:
+        """What an attempt that died writing a savepoint left: ``request``'s whole savepoint is
+        returned, to be recorded (not written twice), unless ``request`` stops the job (its
+        savepoint is the final checkpoint's); a partial or damaged one is deleted."""
+        note = noted_writing(self.storage, self.layout)
+        if note is None:
+            return None
+        noted, location = note
+        started = time.perf_counter()
+        target = open_storage(location)
+        if not target.exists(SavepointLayout.METADATA):
+            deleted = target.delete_many([f.path for f in target.list()])
+            self.log(f"{location}: {deleted} files of a savepoint left unfinished deleted")
+            return None
+        if noted != request.request_id:
+            self.log(f"{location}: a savepoint of request {noted}, since replaced, is left")
+            return None
+        if request.stop:  # the stop's savepoint is the final checkpoint's, past this one
+            self.log(f"{location}: an earlier attempt's savepoint for this stop deleted")
+            delete_savepoint(target)
+            return None
+        try:
+            info = SavepointInfo.of(target, read_savepoint(target), started)
+        except SavepointError as e:
+            self.log(f"{e}: deleted; the savepoint is written again")
+            delete_savepoint(target)
+            return None
+        self.log(f"{location}: written whole by an earlier attempt; checked, recorded now")
+        return info
 
     def on_aborted(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` aborted: a request it served waits for the next
@@ -263,6 +315,7 @@ def start_from_savepoint(
     imported = import_savepoint(
         saved, source, storage, job.name, checkpoint_id, attempt, batch_id=continue_at
     )
+    kill_point("savepoint-imported")
     catalog.commit_checkpoint(CompletedCheckpoint.from_manifest(imported, now_ms()))
     catalog.record_shared_files(shared_file_rows(imported, set()))
     log(
