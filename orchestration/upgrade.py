@@ -4,17 +4,20 @@ and, if given, another parallelism (its state rescaled on restore).
 
 ``upgrade_streaming_job`` (partitioned by streaming job) takes the stop-with-savepoint and tags
 its run with the savepoint's location; ``restart_from_savepoint`` sees it succeed and launches
-the streaming run from the savepoint. A failure of that run is restored from the job's latest
+the streaming run from the savepoint, with the stopped run's config (its idle timeout, say) and
+the upgrade's parallelism. A failure of that run is restored from the job's latest
 checkpoint as any other (orchestration/sensors/restore.py): the savepoint became one.
 """
 
 from dagster import (
     AssetMaterialization,
     Config,
+    DagsterInstance,
     DagsterRunStatus,
     DefaultSensorStatus,
     OpExecutionContext,
     RunRequest,
+    RunsFilter,
     RunStatusSensorContext,
     SkipReason,
     job,
@@ -73,6 +76,23 @@ def upgrade_streaming_job() -> None:
     stop_with_savepoint()
 
 
+# what a streaming run's config says of how it starts, not of how the job runs: not carried over
+STARTING = ("restore", "hints", "delay_s")
+
+
+def kept_config(instance: DagsterInstance, job_name: str) -> dict:
+    """The config of the job's latest streaming run, less how that run started: an upgrade
+    changes the code and perhaps the parallelism, not how the job runs (its idle timeout, say)."""
+    records = instance.get_run_records(
+        RunsFilter(job_name=streaming_job.name, tags={JOB_TAG: job_name}), limit=1
+    )
+    if not records:
+        return {}
+    ops = records[0].dagster_run.run_config.get("ops", {})
+    config = ops.get("streaming_driver", {}).get("config", {})
+    return {k: v for k, v in config.items() if k not in STARTING}
+
+
 @run_status_sensor(
     name="restart_from_savepoint",
     run_status=DagsterRunStatus.SUCCESS,
@@ -90,7 +110,9 @@ def restart_from_savepoint(context: RunStatusSensorContext):
         return SkipReason(f"run {upgrade.run_id} has no partition or savepoint tag")
     ops = upgrade.run_config.get("ops", {})
     parallelism = ops.get("stop_with_savepoint", {}).get("config", {}).get("parallelism")
-    config = {"restore": location} | ({"parallelism": parallelism} if parallelism else {})
+    config = kept_config(context.instance, job_name) | {"restore": location}
+    if parallelism:
+        config["parallelism"] = parallelism
     resources = {k: v for k, v in upgrade.run_config.items() if k == "resources"}
     return RunRequest(
         run_key=f"upgrade-{upgrade.run_id}",

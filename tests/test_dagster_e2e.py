@@ -11,9 +11,10 @@ attempt's allocation as hints. The restore run's driver is killed with SIGKILL t
 third run's own Dagster process: its driver notices and stops, ``streaming_heartbeat`` marks the
 run failed, and a fourth run restores. Then ``upgrade_streaming_job`` is launched as from the UI
 with parallelism 3: it stops the fourth run with a savepoint, and ``restart_from_savepoint``
-starts the job from it with the same roots at parallelism 3 (its keyed state and timers
-rescaled), which runs to the end. No checkpoint is marked CORRUPT, and the sessions equal what
-pandas computes from the input (tests/reference.py): nothing lost, nothing duplicated.
+starts the job from it with the same roots and idle timeout at parallelism 3 (its keyed state
+and timers rescaled), which runs to the end. No checkpoint is marked CORRUPT, and the sessions
+equal what pandas computes from the input (tests/reference.py): nothing lost, nothing
+duplicated.
 """
 
 from __future__ import annotations
@@ -229,7 +230,7 @@ def test_dagster_restores_a_users_job_after_driver_kills_and_a_lost_run_process(
         [saved] = CatalogReader(home / "warehouse" / "catalog").savepoints(JOB)
         assert saved["stopped"] and saved["status"] == "COMPLETED"
         config = upgraded.run_config["ops"]["streaming_driver"]["config"]
-        assert config == {"restore": saved["location"], "parallelism": 3}
+        assert config == {"restore": saved["location"], "parallelism": 3, "idle_timeout_s": 20.0}
         assert upgraded.run_config["resources"] == second.run_config["resources"]
 
         # 5. the upgraded run runs to the end of the input

@@ -12,7 +12,8 @@ are pending, counted only if the attempt was still running. Savepoints are taken
 restored under the kills: an attempt killed while it writes one (``SAVEPOINT_KILL_POINTS``:
 mid-copy, before its catalog row, before its request is cleared; a stop-with-savepoint half the
 time) has a request stored before it starts, as do a fifth of the others; one killed while it
-imports one starts with ``--restore`` of a savepoint taken earlier; every request must end
+imports one starts with ``--restore`` of a savepoint taken earlier, as do a fifth of the others
+once there is one (so a restore from a savepoint completes, then the kill); every request must end
 served exactly once, whole, with nothing half-written left. Input is appended between attempts
 (records to the local log, or new files to the file source's directory). The output is compared
 epoch by epoch with the reference (tests/reference.py). Some jobs run with every durable role on
@@ -107,6 +108,7 @@ WRITING = {"savepoint-copying", "savepoint-written", "savepoint-recorded"}
 IMPORTING = {"savepoint-importing", "savepoint-imported"}
 MODES = [*KILL_POINTS, *SAVEPOINT_KILL_POINTS, "random", "uploads in flight"]
 ALSO_SAVED = 0.2  # how often an attempt killed elsewhere has a savepoint request too
+ALSO_RESTORED = 0.2  # how often one starts from a savepoint taken earlier (killed after that)
 
 
 def other_than_latest(paths: RuntimePaths, job: str) -> int:
@@ -149,7 +151,7 @@ def one_attempt(
     saved = [r["location"] for r in savepoints_of(paths, job) if r["status"] == "COMPLETED"]
     if mode in IMPORTING and not saved:
         mode = "savepoint-written"  # nothing to import yet: one is taken
-    if mode in IMPORTING:
+    if mode in IMPORTING or (saved and mode not in WRITING and rng.random() < ALSO_RESTORED):
         flags = [*flags, "--restore", rng.choice(saved)]
     elif mode in WRITING or rng.random() < ALSO_SAVED:
         ask_for_savepoint(paths, job, stop=mode in WRITING and rng.random() < 0.5)

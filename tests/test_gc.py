@@ -4,6 +4,7 @@ output stays exact, and ``shared_state_files`` tells the truth about what is sto
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -177,6 +178,20 @@ def test_compaction_job_compacts_the_catalog_and_requests_state_compaction(spark
     request = read_request(open_storage(paths.checkpoint_root), JobLayout(JOB))
     assert request is not None and request.subtasks == (0, 1)
     assert request.based_on == checkpoints[-1].checkpoint_id
+
+
+def test_gc_given_another_root_than_the_jobs_refuses_naming_both(finished, tmp_path):
+    """A schedule run with the deployment's root over a job whose run config put its
+    checkpoints elsewhere: GC says so before it lists or marks anything."""
+    home = finished
+    elsewhere = tmp_path / "elsewhere"
+    stray = elsewhere / JOB / "shared" / "0" / "000001.sst"
+    stray.parent.mkdir(parents=True)
+    stray.write_bytes(b"state")
+    paths = dataclasses.replace(RuntimePaths.under(home), checkpoint_root=str(elsewhere))
+    with pytest.raises(ConfigurationError, match="was written under the checkpoint root"):
+        collect_garbage(JOB, paths, grace_s=0, log=lambda *_: None)
+    assert stray.read_bytes() == b"state"
 
 
 def test_dry_run_deletes_nothing_and_the_dagster_job_reports_what_it_reclaimed(spark, finished):

@@ -199,9 +199,17 @@ def test_every_registered_job_gets_a_partition(instance):
 
 def test_an_upgrade_restarts_the_job_from_its_savepoint_at_the_new_parallelism(instance, paths):
     """The upgrade run stopped the job with a savepoint (its tag); when it succeeds, the
-    streaming job is launched from that savepoint with the parallelism the upgrade asked for
-    and the upgrade run's roots."""
+    streaming job is launched from that savepoint with the parallelism the upgrade asked for,
+    the stopped run's config (not how it started: its restore and hints) and the upgrade run's
+    roots."""
     resources = {"cutline_paths": {"config": {"home": paths.home}}}
+    running = {"restore": "7", "hints": {"0": "h"}, "idle_timeout_s": 30.0, "parallelism": 2}
+    instance.create_run_for_job(  # the run the upgrade stopped: how it ran is kept
+        job_def=defs.get_job_def(streaming_job.name),
+        run_config={"ops": {"streaming_driver": {"config": running}}, "resources": resources},
+        tags={"dagster/partition": JOB, JOB_TAG: JOB},
+        status=DagsterRunStatus.SUCCESS,
+    )
     upgrade = instance.create_run_for_job(
         job_def=defs.get_job_def(upgrade_streaming_job.name),
         run_config={
@@ -225,7 +233,11 @@ def test_an_upgrade_restarts_the_job_from_its_savepoint_at_the_new_parallelism(i
     assert request.run_config == {
         "ops": {
             "streaming_driver": {
-                "config": {"restore": "s3://b/savepoints/savepoint-7-abc", "parallelism": 4}
+                "config": {
+                    "restore": "s3://b/savepoints/savepoint-7-abc",
+                    "parallelism": 4,
+                    "idle_timeout_s": 30.0,
+                }
             }
         },
         "resources": resources,

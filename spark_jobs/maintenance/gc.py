@@ -26,6 +26,7 @@ from spark_jobs.catalog import catalog_exists, open_catalog
 from spark_jobs.catalog.shared_files import RegistryChanges
 from spark_jobs.catalog.tables import now_ms
 from spark_jobs.deploy.settings import RuntimePaths
+from spark_jobs.driver.attempt_start import check_root
 from spark_jobs.errors import ConfigurationError
 from spark_jobs.job_loader import get_job
 from state.acks import Ack, AckError, ack_location
@@ -89,6 +90,7 @@ def collect_garbage(
         )
     catalog = open_catalog(paths.catalog)  # reads and commits through delta-rs: no Spark
     storage = open_storage(paths.checkpoint_root)
+    check_root(catalog, storage, job_name, paths.checkpoint_root)  # a wrong root: said at once
     layout = JobLayout(job_name)
     report = GcReport(job_name, dry_run)
 
