@@ -256,3 +256,24 @@ def test_output_of_the_global_max_rule_fails_when_a_partition_lags(home):
     old = expect_windowed_revenue(merged, epochs, TIMES)["windowed_revenue"].rows
     message = fails("windowed_revenue", lagged, epochs, {"windowed_revenue": old})
     assert "expected {" in message and "got none" in message
+
+
+def test_records_a_transform_drops_past_the_last_cut_are_not_lost_but_kept_ones_are():
+    """A micro-batch's recorded position is after its last record the job's transforms kept:
+    clicks on a dropped page at the end of the input lie past every cut and are not lost; a
+    kept click there is, and the check names it."""
+    cuts = EpochCuts({0: {"clicks": {"0": 100}}})
+    clicks = pd.DataFrame(
+        {
+            "user": ["u1", "u2", "u3"],
+            "url": ["/p/7", "/p/7", "/p/10"],  # page 10: dropped by country_clicks' transform
+            "ts": [1, 2, 3],
+            "partition": [0, 0, 0],
+            "offset": [0, 50, 100],
+        }
+    )
+    keep = REFERENCES["country_clicks"].kept["clicks"]
+    assert cuts.assign(keep(clicks), "clicks")[EPOCH].tolist() == [0, 0]
+    late = clicks.assign(url=["/p/7", "/p/7", "/p/11"])
+    with pytest.raises(AssertionError, match=r"1 records of clicks .* partition 0 offset 100"):
+        cuts.assign(keep(late), "clicks")
