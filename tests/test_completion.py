@@ -397,7 +397,7 @@ def test_a_request_whose_savepoint_was_recorded_is_served_once(tmp_path):
     rig = Rig(tmp_path)
     ask_savepoint(rig.storage, rig.layout, SavepointRequest("r5", str(tmp_path / "sp"), True, 1))
     rig.catalog.record_savepoint({"job_id": JOB, "request_id": "r5", "status": "COMPLETED"})
-    assert not rig.savepoints.stop_requested()
+    assert not rig.savepoints.when_idle(None, pending=False), "no stop either"
     rig.savepoints.at_barrier(2)
     rig.complete(rig.stored(manifest(2, 4, {0: ["a-t2"]})))
     assert len(rig.catalog.recorded) == 1 and not rig.state.stop.is_set()
@@ -464,3 +464,38 @@ def test_a_stops_savepoint_left_by_an_earlier_attempt_gives_way_to_the_final_che
     [row] = rig.catalog.recorded
     assert (row["status"], row["checkpoint_id"], row["stopped"]) == ("COMPLETED", 3, True)
     assert not whole.exists("_metadata")
+
+
+# -- a run with no new input --------------------------------------------------------------
+
+
+def test_an_idle_run_serves_a_savepoint_from_its_latest_committed_checkpoint(tmp_path):
+    rig = Rig(tmp_path)
+    committed = rig.stored(manifest(5, 9, {0: ["a-t5"]}))
+    assert not rig.savepoints.when_idle(committed, pending=False), "nothing asked"
+    ask_savepoint(rig.storage, rig.layout, SavepointRequest("i1", str(tmp_path / "sp"), False, 1))
+    assert not rig.savepoints.when_idle(committed, pending=True), "a pending one serves it later"
+    assert rig.catalog.recorded == []
+    assert not rig.savepoints.when_idle(committed, pending=False)
+    [row] = rig.catalog.recorded
+    assert (row["status"], row["checkpoint_id"], row["batch_id"]) == ("COMPLETED", 5, 9)
+    assert pending_savepoint(rig.storage, rig.layout) is None
+    with rig.state.savepoint() as slot:
+        assert slot.serving is None
+    rig.savepoints.at_barrier(6)  # the next barrier finds nothing to serve
+    rig.complete(rig.stored(manifest(6, 10, {0: ["a-t6"]})))
+    assert len(rig.catalog.recorded) == 1
+
+
+def test_an_idle_run_asked_to_stop_stops_and_one_serving_a_barrier_is_left_alone(tmp_path):
+    rig = Rig(tmp_path)
+    committed = rig.stored(manifest(5, 9, {0: ["a-t5"]}))
+    ask_savepoint(rig.storage, rig.layout, SavepointRequest("i2", "", True, 1))
+    assert rig.savepoints.when_idle(committed, pending=False), "stop: the final checkpoint"
+    assert rig.catalog.recorded == []
+    ask_savepoint(rig.storage, rig.layout, SavepointRequest("i3", str(tmp_path / "sp"), False, 1))
+    rig.savepoints.at_barrier(6)  # a barrier took the request first
+    assert not rig.savepoints.when_idle(committed, pending=False)
+    assert rig.catalog.recorded == []
+    rig.complete(rig.stored(manifest(6, 10, {0: ["a-t6"]})))
+    assert [r["checkpoint_id"] for r in rig.catalog.recorded] == [6]

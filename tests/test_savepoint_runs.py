@@ -2,7 +2,8 @@
 (spark_jobs/driver/savepoints.py, state/savepoint.py).
 
 clicks_per_user runs over a log that grows while it runs; the restore drill reads its latest
-checkpoint beside it. ``cutline savepoint`` takes a savepoint of it at a barrier, then a
+checkpoint beside it. ``cutline savepoint`` takes a savepoint of it at a barrier, one once it
+has read all its input (no barrier comes: its latest committed checkpoint is copied), then a
 stop-with-savepoint stops it. The job's GC runs; neither
 savepoint changes. The first is moved to another bucket on the S3 server (the original deleted)
 and restored there under another job name, whose output from the savepoint on is exactly what
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
 
 import pandas as pd
@@ -89,13 +91,19 @@ def test_savepoints_move_and_restore_under_any_name_and_outlive_gc(tmp_path, s3_
         drill = restore_drill(get_job(JOB), paths)
         assert drill.rows["count_by_user/aggregates"] > 0 and drill.bytes_read > 0
         first = savepoint(home, "--target", str(tmp_path / "saved"))
+        # all input read, no micro-batch runs: a savepoint of the latest committed checkpoint
+        assert generator.wait(timeout=300) == 0
+        wait_for(lambda: idle_for(home, 4.0), 300, "the job idle", proc)
+        idle = savepoint(home, "--target", str(tmp_path / "saved"), "--timeout", "60")
+        assert idle["batch_id"] == max(job_cuts(home, [JOB]).epochs)
         stopped = savepoint(home, "--target", str(tmp_path / "saved"), "--stop")
         assert finish(proc, 120) == 0, (home / "driver.log").read_text()[-4000:]
     finally:
         if proc.poll() is None:
             kill_driver(proc)
-    assert first["status"] == stopped["status"] == "COMPLETED"
+    assert first["status"] == idle["status"] == stopped["status"] == "COMPLETED"
     assert first["batch_id"] < stopped["batch_id"] and stopped["stopped"]
+    assert "savepoint while idle" in (home / "driver.log").read_text()
     reader = CatalogReader(paths.catalog)
     assert reader.jobs(JOB)[-1]["status"] == "FINISHED"
     # stop-with-savepoint: the output is committed through the savepoint, nothing left staged
@@ -103,6 +111,7 @@ def test_savepoints_move_and_restore_under_any_name_and_outlive_gc(tmp_path, s3_
     assert not [f for f in (home / "warehouse" / "staging").rglob("*") if f.is_file()]
     assert [r["location"] for r in reader.savepoints(JOB)] == [
         first["location"],
+        idle["location"],
         stopped["location"],
     ]
 
@@ -115,7 +124,6 @@ def test_savepoints_move_and_restore_under_any_name_and_outlive_gc(tmp_path, s3_
         assert read_savepoint(open_storage(location)) == manifest  # every checksum again
 
     # the first moves to another bucket, the original deleted: another job restores it there
-    assert generator.wait(timeout=300) == 0
     bucket = f"moved-{uuid.uuid4().hex[:12]}"
     moved = S3Storage(bucket, "team/savepoints/sp-1", endpoint_url=s3_server)
     moved._client.create_bucket(Bucket=bucket)
@@ -135,13 +143,19 @@ def test_savepoints_move_and_restore_under_any_name_and_outlive_gc(tmp_path, s3_
         env={"AWS_ENDPOINT_URL_S3": s3_server},
     )
     report(check_from_savepoint(home, "clicks_copy", first["batch_id"]))
-    assert [r["status"] for r in reader.savepoints(JOB)] == ["DELETED", "COMPLETED"]
+    assert [r["status"] for r in reader.savepoints(JOB)] == ["DELETED", "COMPLETED", "COMPLETED"]
 
     # the second moves to another directory; the job itself restores it and runs to the end
     elsewhere = LocalFileStorage(tmp_path / "elsewhere" / "sp-2")
     copy_tree(open_storage(stopped["location"]), elsewhere)
     run_to_end(home, "run", JOB, "--restore", str(elsewhere.root), "--idle-timeout", "4")
     report(check(JOB, home))
+
+
+def idle_for(home, seconds: float) -> bool:
+    """Whether the job's driver log has not grown for ``seconds``: no micro-batch ran."""
+    log = home / "driver.log"
+    return time.time() - log.stat().st_mtime > seconds
 
 
 def check_from_savepoint(home, table: str, batch_id: int, values: tuple = ()) -> str:

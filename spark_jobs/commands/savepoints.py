@@ -66,8 +66,7 @@ def take_savepoint(
         time.sleep(1.0)
     raise SavepointFailedError(
         f"no savepoint of {job.name} within {timeout_s:.0f} s; the request stays for its next "
-        "barrier (a job without new input reaches none until a record arrives; --stop stops "
-        "an idle job at once)"
+        "barrier (or, once the job is idle, its latest committed checkpoint)"
     )
 
 

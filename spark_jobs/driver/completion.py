@@ -48,6 +48,11 @@ class Completion:
         self._latest = restored
         self._known_shared = {f.path for f in restored.files() if f.shared} if restored else set()
 
+    @property
+    def committed(self) -> CheckpointManifest | None:
+        """The latest completed checkpoint whose output is committed (or the one restored)."""
+        return self._latest
+
     def on_checkpoint_complete(self, record, manifest: CheckpointManifest) -> None:
         kill_point("catalog-committed")
         committed = 0

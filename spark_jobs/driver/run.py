@@ -135,7 +135,6 @@ class StreamingRun:
         self.savepoints = SavepointRequests(
             job, self.storage, self.catalog, paths.savepoints, self.state, self.log, self.events
         )
-        self.watch.stop_requested = self.savepoints.stop_requested
         self.acks: AckPoller | None = None  # once the state is restored
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -315,6 +314,9 @@ class StreamingRun:
             coordinator, self.storage, self.layout, self.attempt, self.batches.tasks(), self.log
         ).start()
         self.batches.coordinator, self.batches.acks = coordinator, self.acks
+        self.watch.when_idle = lambda: self.savepoints.when_idle(
+            completion.committed, bool(coordinator.pending_ids())
+        )
 
     def _check_superseded(self) -> None:
         """A failed attempt that a newer one superseded failed because of it (its working state

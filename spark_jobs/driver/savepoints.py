@@ -163,14 +163,26 @@ class SavepointRequests:
         elif request is not None:
             self.log(f"checkpoint {checkpoint_id} will be copied into a savepoint")
 
-    def stop_requested(self) -> bool:
-        """Whether a stop-with-savepoint request is pending (the main thread asks while no
-        micro-batch runs: a job without new input reaches no barrier)."""
+    def when_idle(self, committed: CheckpointManifest | None, pending: bool) -> bool:
+        """No micro-batch runs (the main thread; a job without new input reaches no barrier):
+        whether a stop-with-savepoint is requested. Any other request is served now from
+        ``committed``, the latest checkpoint whose output is committed, unless a checkpoint is
+        ``pending`` (the next call serves it from that one)."""
         try:
             request = self._unserved()
         except (SavepointError, StorageError):
             return False
-        return request is not None and request.stop
+        if request is None or request.stop:
+            return request is not None
+        if committed is None or pending:
+            return False
+        with self.state.savepoint() as slot:
+            if slot.serving is not None:  # a barrier took it meanwhile
+                return False
+            slot.serving = ServedSavepoint(request, committed.checkpoint_id)
+        self.log(f"savepoint while idle: checkpoint {committed.checkpoint_id} is copied")
+        self._serve(request, committed)
+        return False
 
     def at_final(self, checkpoint_id: int) -> None:
         """The run's final checkpoint is triggered: it serves a stop request, or any request
@@ -183,12 +195,16 @@ class SavepointRequests:
 
     def on_complete(self, manifest: CheckpointManifest) -> None:
         """Checkpoint ``manifest`` is complete and its output committed (the ack thread): if it
-        serves the request, write the savepoint, record it, clear the request."""
+        serves the request, write the savepoint."""
         with self.state.savepoint() as slot:
             serving = slot.serving
             if serving is None or serving.checkpoint_id != manifest.checkpoint_id:
                 return
-        request = serving.request
+        self._serve(serving.request, manifest)
+
+    def _serve(self, request: SavepointRequest, manifest: CheckpointManifest) -> None:
+        """Write ``request``'s savepoint of ``manifest`` (the slot serves it), record it, clear
+        the request and free the slot."""
         location = savepoint_location(
             self.job, request, self.savepoint_root, manifest.checkpoint_id
         )

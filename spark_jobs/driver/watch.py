@@ -1,7 +1,8 @@
 """What stops a running attempt besides a failed micro-batch: its streaming query dying, the
 loss of the executors that hold subtasks' working state (on a cluster: those subtasks must
 restore from the latest checkpoint), the idle timeout (no new input), and a stop-with-savepoint
-request that finds the run idle."""
+request that finds the run idle (a savepoint request that does is served from its latest
+checkpoint)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from spark_jobs.driver.placement import executor_hosts, lost_subtasks
 from spark_jobs.driver.run_state import RunState
 
 HOST_CHECK_S = 2.0  # how often a run on a cluster checks that its subtasks' hosts have executors
-REQUEST_CHECK_S = 2.0  # how often an idle run looks for a stop-with-savepoint request
+REQUEST_CHECK_S = 2.0  # how often an idle run looks for a savepoint request
 
 
 class QueryWatch:
@@ -37,8 +38,9 @@ class QueryWatch:
         self.last_progress = time.monotonic()
         self.has_run = False
         self.in_batch = False
-        # whether a stop-with-savepoint request is pending: an idle run reaches no barrier
-        self.stop_requested: Callable[[], bool] = lambda: False
+        # while idle (an idle run reaches no barrier): serves a savepoint request, and says
+        # whether a stop-with-savepoint is requested (driver/savepoints.py)
+        self.when_idle: Callable[[], bool] = lambda: False
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -88,7 +90,7 @@ class QueryWatch:
                 and time.monotonic() - max(requests_checked, self.last_progress) > REQUEST_CHECK_S
             ):
                 requests_checked = time.monotonic()
-                if self.stop_requested():
+                if self.when_idle():
                     self.log(
                         "stop with savepoint while idle: its final checkpoint is the savepoint"
                     )
