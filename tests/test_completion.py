@@ -27,7 +27,7 @@ from state.savepoint import (
 )
 from state.savepoint import read_request as pending_savepoint
 from state.savepoint import write_request as ask_savepoint
-from state.storage import LocalFileStorage, open_storage
+from state.storage import DurableStorage, LocalFileStorage, open_storage
 
 JOB = "clicks"
 
@@ -154,6 +154,15 @@ class Rig:
 
     def complete(self, m: CheckpointManifest) -> None:
         self.completion.on_checkpoint_complete(record(m), m)
+
+    def left_whole(self, tmp_path, request: SavepointRequest) -> DurableStorage:
+        """An earlier attempt wrote ``request``'s savepoint of checkpoint 1 whole, noted where,
+        and died before recording it; the request is pending."""
+        whole = open_storage(str(tmp_path / "sp" / f"savepoint-1-{request.request_id}"))
+        write_savepoint(self.stored(manifest(1, 3, {0: ["a-t1"]})), self.storage, whole)
+        ask_savepoint(self.storage, self.layout, request)
+        note_writing(self.storage, self.layout, request.request_id, whole.url)
+        return whole
 
     def stored(self, m: CheckpointManifest) -> CheckpointManifest:
         """``m`` with its files in storage (a savepoint copies them)."""
@@ -422,11 +431,7 @@ def test_a_savepoint_left_half_copied_is_deleted_and_written_again(tmp_path):
 
 def test_a_savepoint_written_but_not_recorded_is_recorded_not_written_twice(tmp_path):
     rig = Rig(tmp_path)
-    earlier = rig.stored(manifest(1, 3, {0: ["a-t1"]}))
-    whole = open_storage(str(tmp_path / "sp" / "savepoint-1-r7"))
-    write_savepoint(earlier, rig.storage, whole)
-    ask_savepoint(rig.storage, rig.layout, SavepointRequest("r7", str(tmp_path / "sp"), False, 1))
-    note_writing(rig.storage, rig.layout, "r7", whole.url)
+    whole = rig.left_whole(tmp_path, SavepointRequest("r7", str(tmp_path / "sp"), False, 1))
     rig.savepoints.at_barrier(2)
     rig.complete(rig.stored(manifest(2, 4, {0: ["a-t2"]})))
     [row] = rig.catalog.recorded
@@ -437,13 +442,9 @@ def test_a_savepoint_written_but_not_recorded_is_recorded_not_written_twice(tmp_
 
 def test_a_damaged_savepoint_left_by_an_earlier_attempt_is_replaced(tmp_path):
     rig = Rig(tmp_path)
-    earlier = rig.stored(manifest(1, 3, {0: ["a-t1"]}))
-    whole = open_storage(str(tmp_path / "sp" / "savepoint-1-r8"))
-    write_savepoint(earlier, rig.storage, whole)
+    whole = rig.left_whole(tmp_path, SavepointRequest("r8", str(tmp_path / "sp"), False, 1))
     damaged = next(f for f in whole.list() if f.path.endswith(".sst"))
     whole.put_bytes(damaged.path, b"y" * damaged.size)
-    ask_savepoint(rig.storage, rig.layout, SavepointRequest("r8", str(tmp_path / "sp"), False, 1))
-    note_writing(rig.storage, rig.layout, "r8", whole.url)
     rig.savepoints.at_barrier(2)
     rig.complete(rig.stored(manifest(2, 4, {0: ["a-t2"]})))
     [row] = rig.catalog.recorded
@@ -453,11 +454,7 @@ def test_a_damaged_savepoint_left_by_an_earlier_attempt_is_replaced(tmp_path):
 
 def test_a_stops_savepoint_left_by_an_earlier_attempt_gives_way_to_the_final_checkpoints(tmp_path):
     rig = Rig(tmp_path)
-    earlier = rig.stored(manifest(1, 3, {0: ["a-t1"]}))
-    whole = open_storage(str(tmp_path / "sp" / "savepoint-1-r9"))
-    write_savepoint(earlier, rig.storage, whole)
-    ask_savepoint(rig.storage, rig.layout, SavepointRequest("r9", str(tmp_path / "sp"), True, 1))
-    note_writing(rig.storage, rig.layout, "r9", whole.url)
+    whole = rig.left_whole(tmp_path, SavepointRequest("r9", str(tmp_path / "sp"), True, 1))
     rig.savepoints.at_barrier(2)
     rig.savepoints.at_final(3)
     rig.complete(rig.stored(manifest(3, 5, {0: ["a-t3"]})))
