@@ -102,3 +102,25 @@ def test_definitions_are_checked():
         FileSource("c", "/tmp/x", "user string", format="csv")
     with pytest.raises(JobDefinitionError, match="path must be a directory"):
         FileSource("c", "", "user string")
+
+
+@pytest.mark.spark
+def test_a_replay_reads_a_file_that_appeared_in_its_micro_batch_from_its_start(
+    spark, tmp_path, monkeypatch
+):
+    """A replayed micro-batch runs from the previous cut, which names only the files that
+    existed then: a file that appeared in that micro-batch is read from its first record (a
+    long replay, from an older checkpoint or a savepoint, spans many such files)."""
+    from spark_jobs.sources.frames import range_frame
+    from tests.file_jobs import FILES_ENV, file_clicks
+
+    monkeypatch.setenv(FILES_ENV, str(tmp_path))
+    put_file(tmp_path, "clicks-000.json", clicks(300, 1))
+    put_file(tmp_path, "clicks-001.json", clicks(200, 2))
+    job = file_clicks()
+    sizes = {str(partition_of(p.name)): p.stat().st_size for p in tmp_path.iterdir()}
+    first = str(partition_of("clicks-000.json"))
+    cut = {first: sizes[first]}  # the first file read whole; the other not there yet
+    assert range_frame(spark, job, "clicks", cut, sizes).count() == 200
+    assert range_frame(spark, job, "clicks", {}, sizes).count() == 500
+    assert range_frame(spark, job, "clicks", sizes, sizes).count() == 0

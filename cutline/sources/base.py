@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 
@@ -55,6 +55,8 @@ class Source(ABC):
     name: str
     schema: str
     max_records_per_partition: int
+    #: the position a partition is read from when no cut names it: from its beginning
+    beginning: ClassVar[int] = 0
 
     @abstractmethod
     def current_partitions(self) -> tuple[list[int], int]:

@@ -7,7 +7,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from cutline.sources.base import (
     BAD_OFFSET,
@@ -45,6 +45,7 @@ class KafkaSource(Source):
     topic: str
     schema: str
     partitions: int
+    beginning: ClassVar[int] = EARLIEST
     max_records_per_partition: int = 10_000
     bootstrap_servers: str | None = None
     options: dict[str, str] = field(default_factory=dict)

@@ -36,12 +36,15 @@ def range_frame(
     spark, job: JobDefinition, name: str, start: PartitionPositions, end: PartitionPositions
 ):
     """The records of source ``name`` from ``start`` up to ``end``, as a batch: exactly what
-    one micro-batch that ran from ``start`` to ``end`` read."""
-    moved = [p for p, position in end.items() if position != start.get(p, position)]
+    one micro-batch that ran from ``start`` to ``end`` read. A partition ``start`` does not
+    name (a file that appeared in that micro-batch) is read from its beginning."""
+    source = job.source(name)
+    begin = {p: start.get(p, source.beginning) for p in end}
+    moved = [p for p, position in end.items() if position != begin[p]]
     if not moved:
         return empty_frame(spark, job, name)
-    start, end = {p: start[p] for p in moved}, {p: end[p] for p in moved}
-    return job.source(name).batch(spark, _raw_key(job, name), start, end)
+    begin, end = {p: begin[p] for p in moved}, {p: end[p] for p in moved}
+    return source.batch(spark, _raw_key(job, name), begin, end)
 
 
 def _raw_key(job: JobDefinition, name: str) -> tuple[str, ...]:
