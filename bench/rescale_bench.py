@@ -9,7 +9,9 @@ same way. Prints, per rescale, the total and slowest subtask's restore time for 
 (the target: a rescaled restore within 1.5x of a same-parallelism remote restore), the keys
 copied across, and, at each new subtask's first barrier (where the runtime compacts away the
 key groups a rescaled subtask dropped), the compaction's time and the first snapshot's size
-against the state. Writes ``bench/results/rescale_<N>mib_<storage>.json``.
+against the state. Beside it, the same rescaled restore with every other old subtask's keys
+copied in (the path taken when files cannot be merged: state/sst_merge.py). Writes
+``bench/results/rescale_<N>mib_<storage>.json``.
 
     .venv/bin/python bench/rescale_bench.py --state-mib 1024 --rescales 2:4 4:2
 """
@@ -111,7 +113,16 @@ def run(args: argparse.Namespace) -> dict:
                 target = work / "same" / str(h.subtask)
                 same.append(restore_subtask(h, storage, layout, target, None).duration_s)
                 shutil.rmtree(target)
-            rescaled, copied, snap, compaction = [], 0, [], []
+            by_copy = []  # the baseline: every other old subtask's keys copied in
+            for j in range(new):
+                target = LocalCopies(work / "restored", JOB, OPERATOR, j).db_dir
+                r = restore_rescaled(
+                    handles, j, key_group_range(j, new, MAX), storage, layout, target,
+                    lambda _: None, by_files=False,
+                )  # fmt: skip
+                by_copy.append(r.duration_s)
+                shutil.rmtree(target.parent, ignore_errors=True)
+            rescaled, copied, merged, snap, compaction = [], 0, 0, [], []
             for j in range(new):
                 target = LocalCopies(work / "restored", JOB, OPERATOR, j).db_dir
                 shutil.rmtree(target.parent, ignore_errors=True)
@@ -121,6 +132,7 @@ def run(args: argparse.Namespace) -> dict:
                 )  # fmt: skip
                 rescaled.append(r.duration_s)
                 copied += r.keys_copied
+                merged += r.merged_by_files
                 size, compact_s = first_snapshot(work, storage, j, new, pool)
                 snap.append(size)
                 compaction.append(compact_s)
@@ -136,6 +148,9 @@ def run(args: argparse.Namespace) -> dict:
                 "ratio_total": round(sum(rescaled) / sum(same), 2),
                 "ratio_slowest_subtask": round(max(rescaled) / max(same), 2),
                 "keys_copied": copied,
+                "subtasks_merged_by_files": merged,
+                "by_copying_keys_restore_s": round(sum(by_copy), 2),
+                "by_copying_keys_slowest_subtask_s": round(max(by_copy), 2),
                 "first_snapshot_bytes": sum(snap),
                 "first_snapshot_over_state": round(sum(snap) / full, 3),
                 "first_barrier_compaction_slowest_s": round(max(compaction), 2),

@@ -5,11 +5,15 @@ Old and new parallelism cut the same ``max_parallelism`` key groups into contigu
 subtasks. Every key of the working database starts with its key group (state/rocksdb_store.py:
 values, lists, maps and timers alike), so a key group's state moves as one byte range:
 
-1. the old subtask whose range overlaps the new one most is restored whole, local copy first
-   (state/restore.py), and clipped: the key groups outside the new range are deleted by range;
-2. each other overlapping old subtask is restored beside it, and the keys of its overlap are
-   copied in, read in key order and written in write batches;
-3. the deleted ranges stay range tombstones: compacting them is left to the first barrier
+1. every old subtask whose range overlaps the new one is restored, local copy first
+   (state/restore.py), the one that overlaps most into the new database's directory;
+2. the others join it by files when they can: their SST files are linked in and the MANIFEST is
+   rebuilt over all of them (state/sst_merge.py, which checks first that this reads as the parts
+   did), in C++ and without rewriting data. Otherwise (a part holds range tombstones outside its
+   key groups, as one restored at another parallelism does until its first compaction) the keys
+   of each overlap are copied in, read in key order and written in write batches;
+3. the database is clipped: the key groups outside the new range are deleted by range;
+4. the deleted ranges stay range tombstones: compacting them is left to the first barrier
    after the restore (the driver asks for it: spark_jobs/driver/restore_step.py), off the
    restore's path, so that the first checkpoint after a rescale holds only the new range's keys
    (it uploads the subtask whole anyway: no earlier snapshot of it shares its files).
@@ -30,16 +34,16 @@ from pathlib import Path
 import rocksdict as rd
 
 from state.handles import SubtaskStateHandle
-from state.keygroups import MAX_MAX_PARALLELISM, KeyGroupRange, key_group_range
+from state.keygroups import KeyGroupRange, key_group_range
 from state.local_copies import LocalCopies
 from state.manifest import PartitionClock
 from state.paths import JobLayout
 from state.restore import RestoreReport, restore_subtask
 from state.rocksdb_store import StoreOptions
+from state.sst_merge import merge_by_files
 from state.storage import DurableStorage
 
 COPY_BATCH = 50_000  # keys per write batch when copying an overlap
-_END = MAX_MAX_PARALLELISM.to_bytes(2, "big")  # above every key: key groups are < this
 
 
 class RescaleError(RuntimeError):
@@ -49,14 +53,17 @@ class RescaleError(RuntimeError):
 
 @dataclass
 class RescaleReport:
-    """How one new subtask was built: a restore report per old subtask read, and the keys
-    copied from the ones after the first."""
+    """How one new subtask was built: a restore report per old subtask read, and how the ones
+    after the first joined it: their files merged in (``merged_by_files``), or their keys copied
+    (``keys_copied``, and ``copy_reason``: why the files could not be merged)."""
 
     operator: str
     subtask: int
     key_group_range: KeyGroupRange
     checkpoint_id: int
     restores: list[RestoreReport] = field(default_factory=list)
+    merged_by_files: bool = False
+    copy_reason: str | None = None
     keys_copied: int = 0
     duration_s: float = 0.0
 
@@ -143,12 +150,19 @@ def _bounds(r: KeyGroupRange) -> tuple[bytes, bytes]:
     return r.start.to_bytes(2, "big"), (r.end + 1).to_bytes(2, "big")
 
 
-def _clip(db: rd.Rdict, keep: KeyGroupRange, write: rd.WriteOptions) -> None:
-    """Delete every key outside ``keep``, by range."""
-    lower, upper = _bounds(keep)
-    for a, b in ((b"\x00\x00", lower), (upper, _END)):
-        if a < b:
-            db.delete_range(a, b, write)
+def _clip(
+    db: rd.Rdict, held: Sequence[KeyGroupRange], keep: KeyGroupRange, write: rd.WriteOptions
+) -> None:
+    """Delete, by range, the key groups of ``held`` (the old subtasks' ranges in ``db``) outside
+    ``keep``. Only those: a range tombstone over no key would still stop the first barrier's
+    compaction from moving merged files down without rewriting them."""
+    for r in held:
+        for outside in (
+            KeyGroupRange(r.start, min(r.end, keep.start - 1)),
+            KeyGroupRange(max(r.start, keep.end + 1), r.end),
+        ):
+            if len(outside):
+                db.delete_range(*_bounds(outside), write)
 
 
 def _copy(source: Path, db: rd.Rdict, keys: KeyGroupRange, write: rd.WriteOptions) -> int:
@@ -182,10 +196,12 @@ def restore_rescaled(
     target: Path,
     copies_of: Callable[[int], LocalCopies | None],
     options: StoreOptions | None = None,
+    by_files: bool = True,
 ) -> RescaleReport:
     """Build ``target``, the working database of new subtask ``subtask`` owning ``new_range``,
     from ``handles`` (every old subtask of one operator in one checkpoint); ``copies_of(i)``:
-    this host's local copies of old subtask ``i`` (None: read durable storage only)."""
+    this host's local copies of old subtask ``i`` (None: read durable storage only).
+    ``by_files=False`` always copies keys (the benchmark's baseline)."""
     started = time.perf_counter()
     parts = overlapping(handles, new_range)
     base = parts[0]
@@ -193,25 +209,38 @@ def restore_rescaled(
     target = Path(target)
     building = target.with_name(target.name + ".rescaling")
     shutil.rmtree(building, ignore_errors=True)
+    opts = (options or StoreOptions()).to_rocksdb()
+    others: list[tuple[SubtaskStateHandle, Path]] = []
     try:
         report.restores.append(
             restore_subtask(base, storage, layout, building, copies_of(base.subtask))
         )
+        for other in parts[1:]:
+            scratch = target.with_name(f"{target.name}.from-{other.subtask}")
+            others.append((other, scratch))
+            report.restores.append(
+                restore_subtask(other, storage, layout, scratch, copies_of(other.subtask))
+            )
+        if others and not by_files:
+            report.copy_reason = "merging by files was not asked for"
+        elif others:
+            report.copy_reason = merge_by_files(
+                building,
+                [(building, base.key_group_range)]
+                + [(scratch, h.key_group_range) for h, scratch in others],
+                opts,
+            )
+            report.merged_by_files = report.copy_reason is None
         write = rd.WriteOptions()
         write.disable_wal = True
-        db = rd.Rdict(str(building), (options or StoreOptions()).to_rocksdb())
+        db = rd.Rdict(str(building), opts)
         try:
-            _clip(db, new_range, write)
-            for other in parts[1:]:
-                scratch = target.with_name(f"{target.name}.from-{other.subtask}")
-                try:
-                    report.restores.append(
-                        restore_subtask(other, storage, layout, scratch, copies_of(other.subtask))
-                    )
+            held = [h.key_group_range for h in (parts if report.merged_by_files else [base])]
+            _clip(db, held, new_range, write)
+            if not report.merged_by_files:
+                for other, scratch in others:
                     keys = overlap(other.key_group_range, new_range)
                     report.keys_copied += _copy(scratch, db, keys, write)
-                finally:
-                    shutil.rmtree(scratch, ignore_errors=True)
             db.flush(True)
         finally:
             db.close()
@@ -219,5 +248,7 @@ def restore_rescaled(
         os.replace(building, target)
     finally:
         shutil.rmtree(building, ignore_errors=True)
+        for _, scratch in others:
+            shutil.rmtree(scratch, ignore_errors=True)
     report.duration_s = time.perf_counter() - started
     return report

@@ -123,21 +123,56 @@ def test_state_restored_at_2_then_3_then_1_then_4_subtasks_keeps_every_key_once(
             seen.update(got)
             assert report.source == ("local" if step % 2 == 0 else "remote"), report
         assert seen == state, f"{len(seen)} entries after rescaling to {parallelism}"
+        joined = [
+            (r.merged_by_files, r.keys_copied > 0, "outside" in (r.copy_reason or ""))
+            for r in reports
+            if len(r.restores) > 1
+        ]
+        # 2 -> 3: the new middle subtask joins two fresh databases by their files; 3 -> 1: the
+        # old subtasks, snapshotted before their first compaction, hold range tombstones outside
+        # their key groups, so their keys are copied
+        assert joined == {3: [(True, False, False)], 1: [(False, True, True)], 4: []}[parallelism]
         handles = job.snapshot(parallelism, attempt=step, checkpoint_id=step)
     job.pool.shutdown()
 
 
-def test_scale_in_copies_the_overlap_of_every_other_old_subtask(tmp_path, storage):
+def test_scale_in_merges_the_files_of_every_other_old_subtask_and_copies_no_key(tmp_path, storage):
     job = Layout(tmp_path, storage)
     state = expected_state()
     for i in range(4):
         with RocksDBStore(job.copies(i, 1).db_dir, key_group_range(i, 4, MAX), OPTS) as store:
             write(store, state)
     handles = job.snapshot(4, attempt=1, checkpoint_id=1)
-    [first, second] = job.rescale(handles, 2, attempt=2, local=True)
-    assert [len(r.restores) for r in (first, second)] == [2, 2]  # each from two old subtasks
-    held = int(np.isin(GROUPS, list(key_group_range(1, 4, MAX))).sum())
-    assert first.keys_copied >= held  # the second old subtask's keys, copied in
+    reports = job.rescale(handles, 2, attempt=2, local=True)
+    assert [len(r.restores) for r in reports] == [2, 2]  # each from two old subtasks
+    assert [(r.merged_by_files, r.keys_copied, r.copy_reason) for r in reports] == [
+        (True, 0, None)
+    ] * 2
+    seen = {}
+    for j in range(2):
+        seen.update(read(job.copies(j, 2).db_dir, key_group_range(j, 2, MAX)))
+    assert seen == state
+    job.pool.shutdown()
+
+
+def test_a_rescaled_subtask_compacted_at_its_first_barrier_merges_by_files_again(tmp_path, storage):
+    """The runtime compacts a rescaled subtask at its first barrier (its clipped ranges go), so
+    a checkpoint taken after a scale-out can be scaled in by files."""
+    job = Layout(tmp_path, storage)
+    state = expected_state()
+    for i in range(2):
+        with RocksDBStore(job.copies(i, 1).db_dir, key_group_range(i, 2, MAX), OPTS) as store:
+            write(store, state)
+    job.rescale(job.snapshot(2, attempt=1, checkpoint_id=1), 4, attempt=2, local=True)
+    for i in range(4):
+        with RocksDBStore(job.copies(i, 2).db_dir, key_group_range(i, 4, MAX), OPTS) as store:
+            store.compact()
+    reports = job.rescale(job.snapshot(4, attempt=2, checkpoint_id=2), 2, attempt=3, local=False)
+    assert [r.merged_by_files for r in reports] == [True, True], [r.copy_reason for r in reports]
+    seen = {}
+    for j in range(2):
+        seen.update(read(job.copies(j, 3).db_dir, key_group_range(j, 2, MAX)))
+    assert seen == state
     job.pool.shutdown()
 
 
