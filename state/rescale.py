@@ -28,6 +28,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -210,17 +211,15 @@ def restore_rescaled(
     building = target.with_name(target.name + ".rescaling")
     shutil.rmtree(building, ignore_errors=True)
     opts = (options or StoreOptions()).to_rocksdb()
-    others: list[tuple[SubtaskStateHandle, Path]] = []
+    others = [(h, target.with_name(f"{target.name}.from-{h.subtask}")) for h in parts[1:]]
     try:
-        report.restores.append(
-            restore_subtask(base, storage, layout, building, copies_of(base.subtask))
-        )
-        for other in parts[1:]:
-            scratch = target.with_name(f"{target.name}.from-{other.subtask}")
-            others.append((other, scratch))
-            report.restores.append(
-                restore_subtask(other, storage, layout, scratch, copies_of(other.subtask))
-            )
+        # every overlapping old subtask at once, as Flink's transfer threads do
+        with ThreadPoolExecutor(len(parts), thread_name_prefix="cutline-rescale") as pool:
+            restoring = [
+                pool.submit(restore_subtask, h, storage, layout, dest, copies_of(h.subtask))
+                for h, dest in [(base, building), *others]
+            ]
+            report.restores = [f.result() for f in restoring]
         if others and not by_files:
             report.copy_reason = "merging by files was not asked for"
         elif others:
