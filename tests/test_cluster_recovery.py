@@ -227,9 +227,12 @@ def test_rescaled_2_3_1_4_across_hosts_then_a_kill_restores_every_subtask_locall
     for recovery in recoveries:
         placement = json.loads(recovery["placement"])
         sources = sorted({i for p in placement for i in p.get("rescaled_from", [])})
-        rescaled.append((len({p["subtask"] for p in placement}), len(sources)))
-    report(f"\nrestores on the cluster (new parallelism, old subtasks read): {rescaled}")
-    assert rescaled == [(3, 2), (1, 3), (4, 1), (4, 0)]
+        joined = sorted({p["joined"] for p in placement if len(p.get("rescaled_from", [])) > 1})
+        rescaled.append((len({p["subtask"] for p in placement}), len(sources), joined))
+    report(f"\nrestores on the cluster (new parallelism, old subtasks read, joined by): {rescaled}")
+    # a subtask built from several old ones joins their files: every checkpoint here is of a
+    # first attempt or taken after a rescaled attempt's first-barrier compaction
+    assert rescaled == [(3, 2, ["files"]), (1, 3, ["files"]), (4, 1, []), (4, 0, [])]
     last = recoveries[-1]
     placement = json.loads(last["placement"])
     local = last["subtasks_local"] / len(placement)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import re
 import time
 from pathlib import Path
 
@@ -234,8 +235,15 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
         summary = check_country_state(home, job, request.getfixturevalue("spark"))
         report(f"{job}: its state read out == reference ({summary})")
     if schedule:
-        rescales = (home / "driver.log").read_text(errors="replace").count("\nrescaled: ")
-        report(f"{job}: {rescales} restores rescaled (parallelism cycling {schedule})")
+        log = (home / "driver.log").read_text(errors="replace")
+        rescales = log.count("\nrescaled: ")
+        joins = re.findall(r"(\d+) joined several by files, (\d+) by copying keys", log)
+        report(
+            f"{job}: {rescales} restores rescaled (parallelism cycling "
+            f"{schedule}); subtasks built from several old ones: "
+            f"{sum(int(f) for f, _ in joins)} joined their files, "
+            f"{sum(int(k) for _, k in joins)} copied their keys"
+        )
         assert rescales >= 1, "restores at another parallelism than the checkpoint's"
     report(f"{job}: {check_savepoints(home, paths, job)}")
     if job in ON_S3:

@@ -187,6 +187,7 @@ def recovery_row(
             [
                 {k: getattr(r, k) for k in ("stage", "subtask", "host", "hint", "source")}
                 | ({"rescaled_from": list(r.rescaled_from)} if r.rescaled_from else {})
+                | ({"joined": r.joined} if r.joined else {})
                 for r in reports
             ]
         ),

@@ -105,10 +105,15 @@ class AttemptRestore:
             )
             was = checkpoint_parallelism(job, m)
             if was is not None and was != job.parallelism:
+                joined = [r.joined for r in restored.reports if r.joined]
+                by_files = joined.count("files")
+                why = next((j for j in joined if j != "files"), None)
                 self.log(
                     f"rescaled: checkpoint {m.checkpoint_id} was taken at parallelism {was}, "
                     f"restored at {job.parallelism} (key groups of {job.max_parallelism} "
-                    "redistributed; each subtask built from the old ones overlapping it)"
+                    "redistributed; each subtask built from the old ones overlapping it; "
+                    f"{by_files} joined several by files, {len(joined) - by_files} by copying "
+                    "keys" + (f", the first {why}" if why else "") + ")"
                 )
                 # the key groups each subtask dropped are compacted away at the next barrier,
                 # off the restore's path (state/rescale.py)

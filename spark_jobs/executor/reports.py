@@ -60,6 +60,9 @@ class SubtaskRestoreReport:
     hint: str | None = None
     placed: bool = False
     rescaled_from: tuple[int, ...] = ()  # the old subtasks its state came from, when rescaled
+    # rescaled from several old subtasks: how they were joined, "files" (state/sst_merge.py) or
+    # "keys: <why their files could not be>"
+    joined: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The report as events and catalog rows carry it (JSON-ready)."""

@@ -382,6 +382,9 @@ def prepare_subtask(
             fallbacks=tuple(r.fallbacks),
             duration_ms=r.duration_s * 1000,
         )
+        if rescaled and len(r.restores) > 1:
+            joined = "files" if r.merged_by_files else f"keys: {r.copy_reason}"
+            report = replace(report, joined=joined)
     with RocksDBStore(copies.db_dir, key_groups) as store:
         txn = store.begin()
         if rescaled:  # the old subtasks' progress markers, each at its first key group
