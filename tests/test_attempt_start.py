@@ -8,11 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from spark_jobs.catalog.checkpoint_root import check_root, same_root
 from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.driver import attempt_start
 from spark_jobs.driver.attempt_start import (
-    _same_root,
-    check_root,
     plan_start,
     recover_sinks,
     refuse_silent_start,
@@ -284,12 +283,12 @@ def test_a_root_holding_none_of_the_manifests_is_refused(tmp_path):
         check_root(rig.catalog, empty, JOB, str(tmp_path / "empty"))
 
 
-def test_same_root():
-    assert _same_root("/a/b/", "/a/b")
-    assert _same_root("/a/x/../b", "/a/b")
-    assert _same_root("s3://bucket/root/", "s3://bucket/root")
-    assert not _same_root("s3://bucket/root", "s3://bucket/other")
-    assert not _same_root("/a/b", "/a/c")
+def testsame_root():
+    assert same_root("/a/b/", "/a/b")
+    assert same_root("/a/x/../b", "/a/b")
+    assert same_root("s3://bucket/root/", "s3://bucket/root")
+    assert not same_root("s3://bucket/root", "s3://bucket/other")
+    assert not same_root("/a/b", "/a/c")
 
 
 # -- refuse_silent_start and start_over ----------------------------------------------------------

@@ -31,16 +31,16 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from cutline.job import JobDefinition
 from cutline.sinks import SinkWriter
 from spark_jobs.catalog import open_catalog
+from spark_jobs.catalog.checkpoint_root import check_root
 from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.driver.evolution import check_restorable
 from spark_jobs.driver.new_history import begin_new_history
 from spark_jobs.driver.savepoints import is_location, start_from_savepoint
-from spark_jobs.errors import ConfigurationError, NoRestorableCheckpointError
+from spark_jobs.errors import NoRestorableCheckpointError
 from state.catalog import CheckpointStatus, FencedError, JobCatalog
 from state.config import EXACTLY_ONCE
 from state.faults import kill_point
@@ -174,36 +174,6 @@ def abandon_plan(
     except Exception:  # the plan failed too; no attempt to close, or it is left to the sensor
         return
     open_catalog(paths.catalog).set_job_status(job_id, attempt, "FAILED", reason)
-
-
-def _same_root(a: str, b: str) -> bool:
-    if "://" in a or "://" in b:
-        return a.rstrip("/") == b.rstrip("/")
-    return Path(a).resolve() == Path(b).resolve()
-
-
-def check_root(
-    catalog: JobCatalog, storage: DurableStorage, job_id: str, checkpoint_root: str
-) -> None:
-    """Refuse a checkpoint root that is not where the job's completed checkpoints are: the root
-    their attempt recorded differs, or the root holds none of their manifests."""
-    rows = catalog.checkpoints(job_id, (CheckpointStatus.COMPLETED,))
-    if not rows:
-        return
-    roots = {r["attempt"]: r.get("checkpoint_root") for r in catalog.jobs(job_id)}
-    latest = max(rows, key=lambda r: r.checkpoint_id)
-    recorded = roots.get(latest.attempt)
-    if recorded and not _same_root(recorded, checkpoint_root):
-        raise ConfigurationError(
-            f"checkpoint {latest.checkpoint_id} of {job_id} was written under the checkpoint "
-            f"root {recorded}, but this run's checkpoint root is {checkpoint_root}: run with "
-            "the deployment's settings (docs/design.md §7)"
-        )
-    if not any(storage.exists(r.metadata_path) for r in rows):
-        raise ConfigurationError(
-            f"the checkpoint root {checkpoint_root} holds none of the manifests of {job_id}'s "
-            f"completed checkpoints {[r.checkpoint_id for r in rows]}: is it the right root?"
-        )
 
 
 def select_checkpoint(

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from spark_jobs.catalog import catalog_exists, open_catalog
+from spark_jobs.catalog.checkpoint_root import check_root
 from spark_jobs.catalog.shared_files import RegistryChanges
 from spark_jobs.catalog.tables import now_ms
 from spark_jobs.deploy.settings import RuntimePaths
-from spark_jobs.driver.attempt_start import check_root
 from spark_jobs.errors import ConfigurationError
 from spark_jobs.job_loader import get_job
 from state.acks import Ack, AckError, ack_location
