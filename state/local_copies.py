@@ -55,14 +55,34 @@ class LocalCopies:
         newer one's). Returns their attempt numbers."""
         if not self.root.is_dir():
             return []
-        dropped = []
+        dropped = set()
         for directory in self.root.glob("db-a*"):
-            # db-a<n>, and what a restore of attempt n left when killed (db-a<n>.restoring, ...)
-            suffix = directory.name[len("db-a") :].split(".", 1)[0]
-            if suffix.isdigit() and int(suffix) < self.attempt:
+            attempt = _working_attempt(directory.name)
+            if attempt is not None and attempt < self.attempt:
                 shutil.rmtree(directory, ignore_errors=True)
-                dropped.append(int(suffix))
-        return sorted(set(dropped))
+                dropped.add(attempt)
+        return sorted(dropped)
+
+    def drop_beyond(self, parallelism: int, confirmed: int) -> list[int]:
+        """After a scale-in: on this host, delete what older attempts left for the operator's
+        subtasks at or above ``parallelism`` (which this attempt does not run): their working
+        databases, and their snapshots older than checkpoint ``confirmed``, which completed at
+        this parallelism. A newer attempt's (a later scale-out's) are never touched. Returns the
+        subtasks something was deleted of."""
+        operator = self.root.parent
+        dropped = set()
+        for directory in operator.iterdir() if operator.is_dir() else ():
+            if not directory.name.isdigit() or int(directory.name) < parallelism:
+                continue
+            for entry in list(directory.iterdir()):
+                attempt = _working_attempt(entry.name)
+                cid = JobLayout.checkpoint_id_of(entry.name)
+                if (attempt is not None and attempt < self.attempt) or (
+                    cid is not None and cid < confirmed
+                ):
+                    shutil.rmtree(entry, ignore_errors=True)
+                    dropped.add(int(directory.name))
+        return sorted(dropped)
 
     def snapshot_dir(self, checkpoint_id: int) -> Path:
         return self.root / JobLayout.checkpoint_dir(checkpoint_id)
@@ -119,3 +139,10 @@ class LocalCopies:
         for i in dropped:
             self.discard(i)
         return dropped
+
+
+def _working_attempt(name: str) -> int | None:
+    """The attempt of a working database directory: ``db-a<n>``, or what a restore of attempt
+    ``n`` left (``db-a<n>.restoring``, ``db-a<n>.rescaling``, ``db-a<n>.from-<i>``)."""
+    suffix = name[len("db-a") :].split(".", 1)[0] if name.startswith("db-a") else ""
+    return int(suffix) if suffix.isdigit() else None

@@ -211,6 +211,28 @@ def test_what_a_killed_restore_left_goes_with_its_attempts_working_database(tmp_
     assert sorted(p.name for p in copies.root.iterdir()) == ["db-a3", "db-a4.x"]
 
 
+def test_after_a_scale_in_what_older_attempts_left_beyond_the_parallelism_goes(tmp_path):
+    """Attempt 5 runs at parallelism 2 and confirmed checkpoint 9: subtasks 2 and 3 lose the
+    working databases of attempts before 5 and their snapshots before 9; a newer attempt's
+    (a later scale-out that started meanwhile) stay, and so do subtasks 0 and 1."""
+    left = {
+        0: ["db-a4", "chk-7"],
+        2: ["db-a3", "db-a4.rescaling", "chk-7", "chk-8"],
+        3: ["db-a4", "chk-8", "db-a6", "chk-10"],
+    }
+    for subtask, names in left.items():
+        for name in names:
+            (LocalCopies(tmp_path, JOB, OPERATOR, subtask).root / name).mkdir(parents=True)
+    copies = LocalCopies(tmp_path, JOB, OPERATOR, 1, attempt=5)
+    assert copies.drop_beyond(2, confirmed=9) == [2, 3]
+    held = {
+        s: sorted(p.name for p in LocalCopies(tmp_path, JOB, OPERATOR, s).root.iterdir())
+        for s in left
+    }
+    assert held == {0: ["chk-7", "db-a4"], 2: [], 3: ["chk-10", "db-a6"]}
+    assert copies.drop_beyond(2, confirmed=9) == []
+
+
 def test_a_restore_at_another_parallelism_renumbers_only_upstream_subtasks_clocks():
     """country_clicks: a source feeds clicks_by_user, whose subtasks feed clicks_by_country."""
     from cutline_sessions.pipelines import country_clicks

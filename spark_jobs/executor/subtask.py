@@ -234,6 +234,7 @@ def run_subtask(
     copies = ctx.copies(op.uid, subtask)
     if plan.confirmed_checkpoint is not None:
         copies.confirm(plan.confirmed_checkpoint)
+        copies.drop_beyond(ctx.job.parallelism, plan.confirmed_checkpoint)  # after a scale-in
     if not copies.db_dir.is_dir():
         raise SubtaskStateError(
             f"subtask {subtask} of stage {op.uid!r} of {ctx.job.name} runs on {host_name()}, "
