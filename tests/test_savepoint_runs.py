@@ -3,7 +3,8 @@
 
 clicks_per_user runs over a log that grows while it runs; the restore drill reads its latest
 checkpoint beside it. ``cutline savepoint`` takes a savepoint of it at a barrier, one once it
-has read all its input (no barrier comes: its latest committed checkpoint is copied), then a
+has read all its input and gone idle (its output is then committed in full, by a barrier with no
+records if the last micro-batch carried none; its latest committed checkpoint is copied), then a
 stop-with-savepoint stops it. The job's GC runs; neither
 savepoint changes. The first is moved to another bucket on the S3 server (the original deleted)
 and restored there under another job name, whose output from the savepoint on is exactly what
@@ -94,6 +95,9 @@ def test_savepoints_move_and_restore_under_any_name_and_outlive_gc(tmp_path, s3_
         # all input read, no micro-batch runs: a savepoint of the latest committed checkpoint
         assert generator.wait(timeout=300) == 0
         wait_for(lambda: idle_for(home, 4.0), 300, "the job idle", proc)
+        # idle, and running: every click is in committed output (what the last micro-batches
+        # staged after their barrier commits at a barrier with no records, within the interval)
+        report(f"idle, before any stop: {check(JOB, home)}")
         idle = savepoint(home, "--target", str(tmp_path / "saved"), "--timeout", "60")
         assert idle["batch_id"] == max(job_cuts(home, [JOB]).epochs)
         stopped = savepoint(home, "--target", str(tmp_path / "saved"), "--stop")

@@ -7,11 +7,18 @@ After a micro-batch the subtasks' statistics are folded into the attempt's
 (spark_jobs/driver/epoch_ends.py), and at a barrier its :class:`~spark_jobs.driver.barrier.Cut`
 goes to the ack poller, which completes the checkpoint once every subtask acked. At least once,
 the output is appended at once. The final checkpoint is a barrier with no records (Flink's
-stop-with-checkpoint); a replay runs committed epochs again, exactly as they ran, without output.
+stop-with-checkpoint), and so is a checkpoint of an idle run whose output is staged but not
+committed yet (Flink's checkpoints are timed, not driven by records: the output of a job whose
+input stopped commits within the checkpoint interval). A replay runs committed epochs again,
+exactly as they ran, without output.
+
+Micro-batches hold :attr:`MicroBatches.lock` (the stream thread's, the idle barrier's on the main
+thread, and a stop waiting for the running one), so no two run at once.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -29,6 +36,7 @@ from spark_jobs.executor.subtask import BatchPlan, RunContext
 from spark_jobs.sources.bad_records import bad_record_error
 from spark_jobs.sources.frames import empty_frame, range_frame, source_columns, tag_and_union
 from state.coordinator import CheckpointCoordinator
+from state.manifest import CheckpointManifest
 
 
 class MicroBatches:
@@ -57,6 +65,7 @@ class MicroBatches:
         self.coordinator: CheckpointCoordinator | None = None
         self.acks: AckPoller | None = None
         self.source_columns = source_columns(spark, self.job)
+        self.lock = threading.Lock()
 
     def tasks(self) -> list[tuple[str, int]]:
         """Every (stage uid, subtask) of the job: the coordinator's tasks."""
@@ -91,11 +100,36 @@ class MicroBatches:
             return
         cid = pending.checkpoint_id
         self.savepoints.at_final(cid)
-        frames = {n: empty_frame(self.spark, self.job, n) for n in self.job.source_inputs}
-        plan = self._plan(self.progress.epoch, cid)
-        self._after(plan, self._execute(tag_and_union(self.job, frames), plan))
+        self._without_records(cid)
         if not self.state.wait_for_checkpoint(cid, deadline - time.monotonic()):
             self.state.fail(f"final checkpoint {cid} did not complete")
+
+    def when_idle(self, committed: CheckpointManifest | None) -> bool:
+        """The watch's hook while no micro-batch runs (the main thread): a barrier with no
+        records if exactly-once output is staged after ``committed`` (the latest checkpoint
+        whose output is committed) and the checkpoint policy allows one now, then the savepoint
+        requests (driver/savepoints.py; a barrier serves a pending one). Returns whether the run
+        stops for a stop-with-savepoint."""
+        with self.lock:
+            done = committed.batch_id if committed is not None else 0
+            if self.exactly_once and not self.state.stop.is_set() and done < self.progress.epoch:
+                pending = self.coordinator.trigger(self.progress.epoch + 1, None, now_ms())
+                if pending is not None:
+                    self.progress.epoch += 1
+                    self.log(
+                        f"idle: checkpoint {pending.checkpoint_id}, a barrier with no records, "
+                        f"commits the output of epochs {done + 1}..{self.progress.epoch - 1}"
+                    )
+                    self.savepoints.at_barrier(pending.checkpoint_id)
+                    self._without_records(pending.checkpoint_id, count=False)
+        return self.savepoints.when_idle(committed, bool(self.coordinator.pending_ids()))
+
+    def _without_records(self, checkpoint_id: int, *, count: bool = True) -> None:
+        """A micro-batch of the current epoch with no records, carrying barrier
+        ``checkpoint_id``."""
+        frames = {n: empty_frame(self.spark, self.job, n) for n in self.job.source_inputs}
+        plan = self._plan(self.progress.epoch, checkpoint_id)
+        self._after(plan, self._execute(tag_and_union(self.job, frames), plan), count=count)
 
     def replay(self, epochs: list[ReplayEpoch]) -> None:
         """Run committed micro-batches again, exactly as they ran (the same source ranges and
@@ -149,10 +183,11 @@ class MicroBatches:
         subtasks' statistics."""
         return execute(df, plan, self.anchor)
 
-    def _after(self, plan: BatchPlan, stats: list[SubtaskStats]) -> int:
+    def _after(self, plan: BatchPlan, stats: list[SubtaskStats], *, count: bool = True) -> int:
         """Fold the statistics into the progress, record the epoch's end (and planned
-        processing time) and a barrier's cut, append at-least-once output; returns the records
-        read from the sources."""
+        processing time) and a barrier's cut, append at-least-once output, count the batch
+        (unless not ``count``: an idle barrier is not one); returns the records read from the
+        sources."""
         epoch, checkpoint_id, clock = plan.epoch, plan.checkpoint_id, plan.processing_time
         found = [r.first_bad for r in stats if r.first_bad]
         bad = sum(r.bad_records for r in stats)
@@ -184,5 +219,6 @@ class MicroBatches:
             for sink in self.sinks:
                 sink.append_now(epoch, {epoch: ends}, {epoch: clock})
             self.ends.forget_through(epoch)
-        self.state.count_batch(records, sum(r.late_records for r in stats), bad)
+        if count:
+            self.state.count_batch(records, sum(r.late_records for r in stats), bad)
         return records

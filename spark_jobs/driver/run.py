@@ -124,7 +124,6 @@ class StreamingRun:
         self.state = RunState()  # what the threads share: the failure, the stop, the report
         self._restored = threading.Event()  # the working state is restored: micro-batches may run
         self._shutdown = threading.Event()  # stop the heartbeat (after the final checkpoint)
-        self._batch_lock = threading.Lock()
         self.watch = QueryWatch(spark.sparkContext, idle_timeout_s, self.state, self.log)
         self.ends = EpochEnds()
         self.progress = Progress(job)
@@ -254,7 +253,7 @@ class StreamingRun:
             )
             self.watch.restart_idle_clock()
             self.watch(query, self.allocation)
-            with self._batch_lock:  # let a running micro-batch finish; later ones are skipped
+            with self.batches.lock:  # let a running micro-batch finish; later ones are skipped
                 pass
             query.stop()
             query = None
@@ -314,9 +313,7 @@ class StreamingRun:
             coordinator, self.storage, self.layout, self.attempt, self.batches.tasks(), self.log
         ).start()
         self.batches.coordinator, self.batches.acks = coordinator, self.acks
-        self.watch.when_idle = lambda: self.savepoints.when_idle(
-            completion.committed, bool(coordinator.pending_ids())
-        )
+        self.watch.when_idle = lambda: self.batches.when_idle(completion.committed)
 
     def _check_superseded(self) -> None:
         """A failed attempt that a newer one superseded failed because of it (its working state
@@ -370,7 +367,7 @@ class StreamingRun:
     def _process_batch(self, df, spark_batch_id: int) -> None:
         """``foreachBatch``: one micro-batch, unless the run is stopping."""
         self._restored.wait()  # the query starts while the state restores
-        with self._batch_lock:  # a graceful stop waits for a running micro-batch
+        with self.batches.lock:  # a graceful stop waits for a running micro-batch
             if not self.state.stop.is_set():
                 with self.watch.batch():
                     self._run_batch(df)

@@ -1,8 +1,8 @@
 """What stops a running attempt besides a failed micro-batch: its streaming query dying, the
 loss of the executors that hold subtasks' working state (on a cluster: those subtasks must
 restore from the latest checkpoint), the idle timeout (no new input), and a stop-with-savepoint
-request that finds the run idle (a savepoint request that does is served from its latest
-checkpoint)."""
+request that finds the run idle. While idle it calls the run's idle hook every 2 s (a barrier with
+no records when output is staged, then savepoint requests: driver/micro_batches.py)."""
 
 from __future__ import annotations
 
@@ -38,8 +38,9 @@ class QueryWatch:
         self.last_progress = time.monotonic()
         self.has_run = False
         self.in_batch = False
-        # while idle (an idle run reaches no barrier): serves a savepoint request, and says
-        # whether a stop-with-savepoint is requested (driver/savepoints.py)
+        # while idle (no micro-batch, so no barrier): an idle barrier if output is staged, then
+        # savepoint requests; says whether a stop-with-savepoint is requested
+        # (MicroBatches.when_idle)
         self.when_idle: Callable[[], bool] = lambda: False
 
     @contextmanager

@@ -1,0 +1,100 @@
+"""When an idle run takes a barrier with no records (spark_jobs/driver/micro_batches.py
+``MicroBatches.when_idle``), without Spark: the coordinator's policy and the savepoint requests
+are fakes that record what they were asked, and the micro-batch without records is recorded,
+not run. The real run is in tests/test_savepoint_runs.py (an idle job's output committed in
+full while it runs)."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from spark_jobs.driver.micro_batches import MicroBatches
+from spark_jobs.driver.run_state import RunState
+
+
+class Policy:
+    """The coordinator as the idle hook sees it: a trigger the test allows or not."""
+
+    def __init__(self, allows: bool) -> None:
+        self.allows, self.triggered, self.pending = allows, [], []
+
+    def trigger(self, epoch: int, positions, now_ms: int):
+        if not self.allows:
+            return None
+        self.triggered.append(epoch)
+        self.pending.append(40 + len(self.triggered))
+        return SimpleNamespace(checkpoint_id=self.pending[-1])
+
+    def pending_ids(self) -> list[int]:
+        return list(self.pending)
+
+
+class Requests:
+    """Savepoint requests: which barriers they saw, and what the idle check was told."""
+
+    def __init__(self, stops: bool = False) -> None:
+        self.stops, self.barriers, self.idle_calls = stops, [], []
+
+    def at_barrier(self, checkpoint_id: int) -> None:
+        self.barriers.append(checkpoint_id)
+
+    def when_idle(self, committed, pending: bool) -> bool:
+        self.idle_calls.append((committed, pending))
+        return self.stops
+
+
+def batches(epoch: int, *, exactly_once: bool = True, allows: bool = True, stops=False):
+    b = object.__new__(MicroBatches)  # no Spark: only the idle hook's collaborators
+    b.exactly_once, b.lock, b.state = exactly_once, threading.Lock(), RunState()
+    b.progress = SimpleNamespace(epoch=epoch)
+    b.coordinator, b.savepoints, b.lines, b.ran = Policy(allows), Requests(stops), [], []
+    b.log = b.lines.append
+    b._without_records = lambda cid, count=True: b.ran.append((b.progress.epoch, cid, count))
+    return b
+
+
+def committed_at(batch_id: int) -> SimpleNamespace:
+    return SimpleNamespace(batch_id=batch_id, checkpoint_id=7)
+
+
+def test_staged_output_gets_a_barrier_with_no_records_in_an_epoch_of_its_own():
+    b = batches(epoch=9)
+    assert b.when_idle(committed_at(6)) is False
+    assert b.coordinator.triggered == [10] and b.progress.epoch == 10
+    assert b.ran == [(10, 41, False)]  # not counted as a micro-batch
+    assert b.savepoints.barriers == [41]  # a pending savepoint request is served by it
+    assert b.savepoints.idle_calls == [(committed_at(6), True)]  # then: pending, served later
+    assert b.lines == ["idle: checkpoint 41, a barrier with no records, commits the output of "
+                       "epochs 7..9"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "epoch, committed, options",
+    [
+        (9, committed_at(9), {}),  # everything committed
+        (0, None, {}),  # nothing ran, nothing restored
+        (9, committed_at(6), {"allows": False}),  # the interval has not passed: later
+        (9, committed_at(6), {"exactly_once": False}),  # at least once: appended already
+    ],
+)
+def test_no_barrier_without_staged_output_or_before_the_policy_allows(epoch, committed, options):
+    b = batches(epoch, **options)
+    b.when_idle(committed)
+    assert b.ran == [] and b.progress.epoch == epoch and b.savepoints.barriers == []
+    assert b.savepoints.idle_calls == [(committed, False)]
+
+
+def test_nothing_ever_committed_but_epochs_ran_takes_one():
+    b = batches(epoch=3)
+    b.when_idle(None)
+    assert b.ran == [(4, 41, False)]
+
+
+def test_a_stopping_run_takes_none_and_a_stop_request_stops_it():
+    b = batches(epoch=9, stops=True)
+    b.state.stop.set()
+    assert b.when_idle(committed_at(6)) is True
+    assert b.ran == []
