@@ -223,12 +223,15 @@ def restore_rescaled(
         if others and not by_files:
             report.copy_reason = "merging by files was not asked for"
         elif others:
-            report.copy_reason = merge_by_files(
-                building,
-                [(building, base.key_group_range)]
-                + [(scratch, h.key_group_range) for h, scratch in others],
-                opts,
-            )
+            parts_at = [(building, base.key_group_range)]
+            parts_at += [(scratch, h.key_group_range) for h, scratch in others]
+            try:
+                report.copy_reason = merge_by_files(building, parts_at, opts)
+            except Exception as e:  # RocksDB could not rebuild it: the base again, keys copied
+                report.copy_reason = f"merging the files failed: {e}"
+                report.restores[0] = restore_subtask(
+                    base, storage, layout, building, copies_of(base.subtask)
+                )
             report.merged_by_files = report.copy_reason is None
         write = rd.WriteOptions()
         write.disable_wal = True

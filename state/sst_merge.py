@@ -126,7 +126,10 @@ def merge_by_files(
     copying keys. The other parts' directories are read, never changed."""
     live = []
     for path, own in parts:
-        files = live_sst_files(path)
+        try:
+            files = live_sst_files(path)
+        except ValueError as e:  # a listing this code cannot read: judge nothing by it
+            return f"{Path(path).name}: {e}"
         reason = why_not_mergeable(files, own)
         on_disk = {p.name for p in Path(path).glob("*.sst")}
         if not reason and on_disk != {f"{f.number:06d}.sst" for f in files}:

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import rocksdict as rd
 
 from state.handles import SubtaskStateHandle
 from state.keygroups import KeyGroupRange, key_group_range, key_groups
@@ -172,6 +173,31 @@ def test_a_rescaled_subtask_compacted_at_its_first_barrier_merges_by_files_again
     seen = {}
     for j in range(2):
         seen.update(read(job.copies(j, 3).db_dir, key_group_range(j, 2, MAX)))
+    assert seen == state
+    job.pool.shutdown()
+
+
+def test_a_merge_that_rocksdb_cannot_rebuild_restores_again_and_copies_keys(
+    tmp_path, storage, monkeypatch
+):
+    job = Layout(tmp_path, storage)
+    state = expected_state()
+    for i in range(4):
+        with RocksDBStore(job.copies(i, 1).db_dir, key_group_range(i, 4, MAX), OPTS) as store:
+            write(store, state)
+    handles = job.snapshot(4, attempt=1, checkpoint_id=1)
+
+    def repair_fails(path, options):
+        raise Exception(f"Corruption: cannot rebuild {path}")
+
+    monkeypatch.setattr(rd.Rdict, "repair", repair_fails)
+    reports = job.rescale(handles, 2, attempt=2, local=True)
+    assert [r.merged_by_files for r in reports] == [False, False]
+    assert all(r.copy_reason.startswith("merging the files failed: Corruption") for r in reports)
+    assert all(r.keys_copied > 0 for r in reports)
+    seen = {}
+    for j in range(2):
+        seen.update(read(job.copies(j, 2).db_dir, key_group_range(j, 2, MAX)))
     assert seen == state
     job.pool.shutdown()
 

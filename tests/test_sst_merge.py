@@ -144,3 +144,17 @@ def sst(level: int, number: int, largest: int, groups=(0, 9)) -> SstFile:
 def test_a_part_merges_only_if_every_newer_version_sorts_first(files, reason):
     got = why_not_mergeable(files, KeyGroupRange(0, 9))
     assert got == reason if reason is None else got.startswith(reason), got
+
+
+def test_a_file_listing_it_cannot_read_merges_nothing(tmp_path, monkeypatch):
+    for i, own in enumerate(HALVES):
+        build(tmp_path / f"work{i}", own)
+        checkpoint(tmp_path / f"work{i}", tmp_path / f"part{i}")
+
+    def unreadable(path):
+        raise ValueError(f"unexpected line in rocksdb.sstables of {path}: 'x'")
+
+    monkeypatch.setattr("state.sst_merge.live_sst_files", unreadable)
+    parts = [(tmp_path / f"part{i}", own) for i, own in enumerate(HALVES)]
+    reason = merge_by_files(tmp_path / "part0", parts, OPTS.to_rocksdb())
+    assert reason.startswith("part0: unexpected line in rocksdb.sstables"), reason
