@@ -66,9 +66,11 @@ class LocalCopies:
     def drop_beyond(self, parallelism: int, confirmed: int) -> list[int]:
         """After a scale-in: on this host, delete what older attempts left for the operator's
         subtasks at or above ``parallelism`` (which this attempt does not run): their working
-        databases, and their snapshots older than checkpoint ``confirmed``, which completed at
-        this parallelism. A newer attempt's (a later scale-out's) are never touched. Returns the
-        subtasks something was deleted of."""
+        databases, and their snapshots older than checkpoint ``confirmed`` (the latest completed;
+        the restored one at first), which no restore of it or a later one reads. A newer
+        attempt's working database (a later scale-out's) is never touched, nor its snapshots,
+        which are newer than any this attempt confirms. Returns the subtasks something was
+        deleted of."""
         operator = self.root.parent
         dropped = set()
         for directory in operator.iterdir() if operator.is_dir() else ():

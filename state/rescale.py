@@ -65,6 +65,7 @@ class RescaleReport:
     restores: list[RestoreReport] = field(default_factory=list)
     merged_by_files: bool = False
     copy_reason: str | None = None
+    compacted: bool = False  # so many level-0 files that RocksDB would slow writes down
     keys_copied: int = 0
     duration_s: float = 0.0
 
@@ -166,6 +167,11 @@ def _clip(
                 db.delete_range(*_bounds(outside), write)
 
 
+def _slowdown(options: StoreOptions | None) -> int:
+    """The level-0 file count at which RocksDB slows writes down (StoreOptions.to_rocksdb)."""
+    return (options or StoreOptions()).l0_compaction_trigger * 3
+
+
 def _copy(source: Path, db: rd.Rdict, keys: KeyGroupRange, write: rd.WriteOptions) -> int:
     """Copy the keys of ``keys`` from the database at ``source`` into ``db``; returns how many."""
     lower, upper = _bounds(keys)
@@ -223,16 +229,14 @@ def restore_rescaled(
         if others and not by_files:
             report.copy_reason = "merging by files was not asked for"
         elif others:
+            merging = target.with_name(target.name + ".merging")
             parts_at = [(building, base.key_group_range)]
             parts_at += [(scratch, h.key_group_range) for h, scratch in others]
-            try:
-                report.copy_reason = merge_by_files(building, parts_at, opts)
-            except Exception as e:  # RocksDB could not rebuild it: the base again, keys copied
-                report.copy_reason = f"merging the files failed: {e}"
-                report.restores[0] = restore_subtask(
-                    base, storage, layout, building, copies_of(base.subtask)
-                )
+            report.copy_reason = merge_by_files(merging, parts_at, opts)
             report.merged_by_files = report.copy_reason is None
+            if report.merged_by_files:
+                shutil.rmtree(building)
+                os.replace(merging, building)
         write = rd.WriteOptions()
         write.disable_wal = True
         db = rd.Rdict(str(building), opts)
@@ -244,12 +248,16 @@ def restore_rescaled(
                     keys = overlap(other.key_group_range, new_range)
                     report.keys_copied += _copy(scratch, db, keys, write)
             db.flush(True)
+            if db.property_int_value("rocksdb.num-files-at-level0") >= _slowdown(options):
+                db.compact_range(None, None)  # writes would stall until it is done anyway
+                report.compacted = True
         finally:
             db.close()
         shutil.rmtree(target, ignore_errors=True)
         os.replace(building, target)
     finally:
         shutil.rmtree(building, ignore_errors=True)
+        shutil.rmtree(target.with_name(target.name + ".merging"), ignore_errors=True)
         for _, scratch in others:
             shutil.rmtree(scratch, ignore_errors=True)
     report.duration_s = time.perf_counter() - started

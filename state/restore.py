@@ -98,10 +98,13 @@ def restore_subtask(
         for f in handle.files:
             dest = staging / f.local_name
             if local is not None and _usable_local(local[0] / f.local_name, f, report):
-                _place_local(local[0] / f.local_name, dest)
-                report.files_local += 1
-                report.bytes_local += f.size
-                continue
+                try:
+                    _place_local(local[0] / f.local_name, dest)
+                    report.files_local += 1
+                    report.bytes_local += f.size
+                    continue
+                except OSError as e:  # gone meanwhile (a cleanup on this host): the primary copy
+                    report.fallbacks.append(f"local {f.local_name}: {e}")
             remote = layout.job_path(f.path)
             storage.get_file(remote, dest, expected_size=f.size)
             if file_checksum(dest) != f.checksum:

@@ -121,9 +121,13 @@ def _numbers(directory: Path) -> list[int]:
 def merge_by_files(
     target: Path, parts: list[tuple[Path, KeyGroupRange]], options: rd.Options
 ) -> str | None:
-    """Merge the closed databases of ``parts`` (directory, its key groups) into the first one's
-    directory, ``target``; returns None, or why they were left untouched and must be merged by
-    copying keys. The other parts' directories are read, never changed."""
+    """Merge the closed databases of ``parts`` (directory, its key groups) into ``target``, a new
+    directory of hard links to their SST files; returns None, or why not (then ``target`` does
+    not exist and the keys must be copied). The parts' directories are read, never changed.
+
+    RocksDB's repair sets aside, with a warning only, a file it cannot read; so the rebuilt
+    database is checked before it counts: every file linked is live, each where its part's key
+    groups are, and nothing was set aside."""
     live = []
     for path, own in parts:
         try:
@@ -138,11 +142,38 @@ def merge_by_files(
             return f"{Path(path).name}: {reason}"
         live.append(files)
     target = Path(target)
-    next_number = max(_numbers(target), default=0) + 1
-    for (path, _), files in zip(parts[1:], live[1:], strict=True):
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    expected: dict[int, KeyGroupRange] = {}  # file number in target -> its part's key groups
+    next_number = max(_numbers(Path(parts[0][0])), default=0) + 1
+    for i, ((path, own), files) in enumerate(zip(parts, live, strict=True)):
         for f in files:
-            os.link(Path(path) / f"{f.number:06d}.sst", target / f"{next_number:06d}.sst")
-            next_number += 1
-    rd.Rdict.repair(str(target), options)
-    shutil.rmtree(target / "lost", ignore_errors=True)  # the replaced MANIFEST, archived
+            number = f.number if i == 0 else next_number
+            next_number += i > 0
+            os.link(Path(path) / f"{f.number:06d}.sst", target / f"{number:06d}.sst")
+            expected[number] = own
+    try:
+        rd.Rdict.repair(str(target), options)
+        problem = _rebuilt_wrong(target, expected)
+    except Exception as e:  # rocksdict raises plain Exception with RocksDB's status
+        problem = str(e)
+    if problem:
+        shutil.rmtree(target, ignore_errors=True)
+        return f"merging the files failed: {problem}"
+    shutil.rmtree(target / "lost", ignore_errors=True)  # the MANIFEST repair replaced
+    return None
+
+
+def _rebuilt_wrong(target: Path, expected: dict[int, KeyGroupRange]) -> str | None:
+    """What is wrong with the repaired database at ``target`` (None: nothing)."""
+    lost = sorted(p.name for p in (target / "lost").glob("*") if p.suffix in (".sst", ".log"))
+    if lost:
+        return f"RocksDB set aside {lost}"
+    files = live_sst_files(target)
+    if {f.number for f in files} != set(expected):
+        return f"{len(files)} live files after the repair, {len(expected)} linked"
+    for f in files:
+        own = expected[f.number]
+        if f.first_key_group < own.start or f.last_key_group > own.end:
+            return f"file {f.number} spans key groups outside {own.start}..{own.end}"
     return None

@@ -51,6 +51,7 @@ def batches(epoch: int, *, exactly_once: bool = True, allows: bool = True, stops
     b.exactly_once, b.lock, b.state = exactly_once, threading.Lock(), RunState()
     b.progress = SimpleNamespace(epoch=epoch)
     b.coordinator, b.savepoints, b.lines, b.ran = Policy(allows), Requests(stops), [], []
+    b.idle_barrier = None
     b.log = b.lines.append
     b._without_records = lambda cid, count=True: b.ran.append((b.progress.epoch, cid, count))
     return b
@@ -60,13 +61,22 @@ def committed_at(batch_id: int) -> SimpleNamespace:
     return SimpleNamespace(batch_id=batch_id, checkpoint_id=7)
 
 
+def idle(b: MicroBatches, committed) -> bool:
+    """The watch's call, and the barrier's thread (if it started one) to its end."""
+    stops = b.when_idle(lambda: committed)
+    if b.idle_barrier is not None:
+        b.idle_barrier.join(10)
+        assert not b.idle_barrier.is_alive()
+    return stops
+
+
 def test_staged_output_gets_a_barrier_with_no_records_in_an_epoch_of_its_own():
     b = batches(epoch=9)
-    assert b.when_idle(committed_at(6)) is False
+    assert idle(b, committed_at(6)) is False
     assert b.coordinator.triggered == [10] and b.progress.epoch == 10
     assert b.ran == [(10, 41, False)]  # not counted as a micro-batch
     assert b.savepoints.barriers == [41]  # a pending savepoint request is served by it
-    assert b.savepoints.idle_calls == [(committed_at(6), True)]  # then: pending, served later
+    assert len(b.savepoints.idle_calls) == 1  # then the requests: a pending one is served by it
     assert b.lines == ["idle: checkpoint 41, a barrier with no records, commits the output of "
                        "epochs 7..9"]  # fmt: skip
 
@@ -82,19 +92,30 @@ def test_staged_output_gets_a_barrier_with_no_records_in_an_epoch_of_its_own():
 )
 def test_no_barrier_without_staged_output_or_before_the_policy_allows(epoch, committed, options):
     b = batches(epoch, **options)
-    b.when_idle(committed)
+    idle(b, committed)
     assert b.ran == [] and b.progress.epoch == epoch and b.savepoints.barriers == []
     assert b.savepoints.idle_calls == [(committed, False)]
 
 
 def test_nothing_ever_committed_but_epochs_ran_takes_one():
     b = batches(epoch=3)
-    b.when_idle(None)
+    idle(b, None)
     assert b.ran == [(4, 41, False)]
+
+
+def test_a_barrier_that_fails_fails_the_run_and_the_watch_goes_on():
+    b = batches(epoch=9)
+
+    def cancelled(cid, count=True):
+        raise RuntimeError("Job 12 cancelled because SparkContext was shut down")
+
+    b._without_records = cancelled
+    assert idle(b, committed_at(6)) is False  # the watch was back at once
+    assert b.state.failure.startswith("idle barrier: RuntimeError: Job 12 cancelled")
 
 
 def test_a_stopping_run_takes_none_and_a_stop_request_stops_it():
     b = batches(epoch=9, stops=True)
     b.state.stop.set()
-    assert b.when_idle(committed_at(6)) is True
+    assert idle(b, committed_at(6)) is True
     assert b.ran == []

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+import state.restore as restore_module
 from state.keygroups import KeyGroupRange
 from state.local_copies import LocalCopies
 from state.paths import JobLayout
@@ -130,6 +131,29 @@ def test_corrupt_local_file_falls_back_to_the_remote_copy(sub):
     assert report.source == "mixed"
     assert report.bytes_remote == sst.size
     assert any("checksum mismatch" in f for f in report.fallbacks)
+    assert contents_of(sub.copies.db_dir) == expected
+
+
+def test_a_local_file_gone_after_its_check_is_read_from_the_remote_copy(sub, monkeypatch):
+    """A cleanup on the host (LocalCopies.drop_beyond, by a subtask of another attempt) may
+    delete a local copy between its check and its use."""
+    sub.write(0, 20_000, b"a" * 100)
+    h1 = sub.snapshotter.snapshot(sub.store, 1, None).result()
+    expected = sub.contents()
+    sub.store.close()
+    assert sub.copies.find(1) is not None  # a local copy, checked whole before each use
+    sst = max((f for f in h1.files if f.shared), key=lambda f: f.size)
+    place = restore_module._place_local
+
+    def deleted_meanwhile(candidate, target):
+        if candidate.name == sst.local_name:
+            raise FileNotFoundError(f"No such file or directory: {str(candidate)!r}")
+        place(candidate, target)
+
+    monkeypatch.setattr(restore_module, "_place_local", deleted_meanwhile)
+    report = restore_subtask(h1, sub.storage, JobLayout(JOB), sub.copies.db_dir, sub.copies)
+    assert report.source == "mixed" and report.bytes_remote == sst.size
+    assert any(f.startswith(f"local {sst.local_name}: No such file") for f in report.fallbacks)
     assert contents_of(sub.copies.db_dir) == expected
 
 

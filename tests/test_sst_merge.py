@@ -6,6 +6,7 @@ refused with the reason, its files untouched."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 import rocksdict as rd
@@ -61,9 +62,10 @@ def test_merged_databases_read_every_key_as_their_parts_did(tmp_path):
         deleted += gone
         checkpoint(tmp_path / f"work{i}", tmp_path / f"part{i}")
     parts = [(tmp_path / f"part{i}", own) for i, own in enumerate(HALVES)]
-    assert merge_by_files(tmp_path / "part0", parts, OPTS.to_rocksdb()) is None
+    before = {i: dump_of(tmp_path / f"part{i}") for i in range(2)}
+    assert merge_by_files(tmp_path / "merged", parts, OPTS.to_rocksdb()) is None
 
-    db = rd.Rdict(str(tmp_path / "part0"), OPTS.to_rocksdb())
+    db = rd.Rdict(str(tmp_path / "merged"), OPTS.to_rocksdb())
     try:
         assert {f["level"] for f in db.live_files()} == {0}  # every file at level 0
         assert dump(db) == expected
@@ -74,7 +76,7 @@ def test_merged_databases_read_every_key_as_their_parts_did(tmp_path):
         assert db.latest_sequence_number() >= 1
     finally:
         db.close()
-    assert dump_of(tmp_path / "part1") == {k: v for k, v in expected.items() if k[:2] >= b"\x00@"}
+    assert {i: dump_of(tmp_path / f"part{i}") for i in range(2)} == before  # read, not changed
 
 
 def dump_of(path) -> dict[bytes, bytes]:
@@ -94,12 +96,13 @@ def test_a_part_with_keys_outside_its_key_groups_is_refused_and_nothing_is_touch
         checkpoint(tmp_path / f"work{i}", tmp_path / f"part{i}")
     before = sorted(p.name for p in (tmp_path / "part0").iterdir())
     reason = merge_by_files(
-        tmp_path / "part0",
+        tmp_path / "merged",
         [(tmp_path / f"part{i}", own) for i, own in enumerate(HALVES)],
         OPTS.to_rocksdb(),
     )
     assert reason and reason.startswith("part1: file ") and "outside 64..127" in reason, reason
     assert sorted(p.name for p in (tmp_path / "part0").iterdir()) == before
+    assert not (tmp_path / "merged").exists()
 
 
 def test_a_directory_with_an_sst_file_that_is_not_live_is_refused(tmp_path):
@@ -109,7 +112,7 @@ def test_a_directory_with_an_sst_file_that_is_not_live_is_refused(tmp_path):
     stray = next((tmp_path / "part1").glob("*.sst"))
     shutil.copyfile(stray, tmp_path / "part1" / "999999.sst")
     reason = merge_by_files(
-        tmp_path / "part0",
+        tmp_path / "merged",
         [(tmp_path / f"part{i}", own) for i, own in enumerate(HALVES)],
         OPTS.to_rocksdb(),
     )
@@ -156,5 +159,24 @@ def test_a_file_listing_it_cannot_read_merges_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setattr("state.sst_merge.live_sst_files", unreadable)
     parts = [(tmp_path / f"part{i}", own) for i, own in enumerate(HALVES)]
-    reason = merge_by_files(tmp_path / "part0", parts, OPTS.to_rocksdb())
+    reason = merge_by_files(tmp_path / "merged", parts, OPTS.to_rocksdb())
     assert reason.startswith("part0: unexpected line in rocksdb.sstables"), reason
+
+
+def test_a_repair_that_leaves_a_linked_file_out_is_caught_and_leaves_nothing(tmp_path, monkeypatch):
+    """RocksDB's repair sets aside a file it cannot read and still succeeds: the rebuilt
+    database must hold every file linked, or it does not count."""
+    for i, own in enumerate(HALVES):
+        build(tmp_path / f"work{i}", own)
+        checkpoint(tmp_path / f"work{i}", tmp_path / f"part{i}")
+    repair = rd.Rdict.repair
+
+    def loses_a_file(path, options):
+        max(Path(path).glob("*.sst")).unlink()
+        repair(path, options)
+
+    monkeypatch.setattr(rd.Rdict, "repair", loses_a_file)
+    parts = [(tmp_path / f"part{i}", own) for i, own in enumerate(HALVES)]
+    reason = merge_by_files(tmp_path / "merged", parts, OPTS.to_rocksdb())
+    assert reason and reason.startswith("merging the files failed: "), reason
+    assert "live files after the repair" in reason and not (tmp_path / "merged").exists()

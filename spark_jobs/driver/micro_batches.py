@@ -66,6 +66,7 @@ class MicroBatches:
         self.acks: AckPoller | None = None
         self.source_columns = source_columns(spark, self.job)
         self.lock = threading.Lock()
+        self.idle_barrier: threading.Thread | None = None
 
     def tasks(self) -> list[tuple[str, int]]:
         """Every (stage uid, subtask) of the job: the coordinator's tasks."""
@@ -104,25 +105,46 @@ class MicroBatches:
         if not self.state.wait_for_checkpoint(cid, deadline - time.monotonic()):
             self.state.fail(f"final checkpoint {cid} did not complete")
 
-    def when_idle(self, committed: CheckpointManifest | None) -> bool:
-        """The watch's hook while no micro-batch runs (the main thread): a barrier with no
-        records if exactly-once output is staged after ``committed`` (the latest checkpoint
-        whose output is committed) and the checkpoint policy allows one now, then the savepoint
-        requests (driver/savepoints.py; a barrier serves a pending one). Returns whether the run
-        stops for a stop-with-savepoint."""
-        with self.lock:
-            done = committed.batch_id if committed is not None else 0
-            if self.exactly_once and not self.state.stop.is_set() and done < self.progress.epoch:
+    def when_idle(self, committed: Callable[[], CheckpointManifest | None]) -> bool:
+        """The watch's hook while no micro-batch runs (the main thread): when exactly-once output
+        is staged after ``committed()`` (the latest checkpoint whose output is committed), a
+        barrier with no records on a thread of its own, so the watch goes on watching the query
+        and the hosts; then the savepoint requests (driver/savepoints.py; a barrier serves a
+        pending one). Returns whether the run stops for a stop-with-savepoint."""
+        running = self.idle_barrier is not None and self.idle_barrier.is_alive()
+        if not running and self._output_staged(committed()):
+            self.idle_barrier = threading.Thread(
+                target=self._idle_barrier, args=(committed,), name="cutline-idle-barrier"
+            )
+            self.idle_barrier.daemon = True
+            self.idle_barrier.start()
+        return self.savepoints.when_idle(committed(), bool(self.coordinator.pending_ids()))
+
+    def _output_staged(self, committed: CheckpointManifest | None) -> bool:
+        done = committed.batch_id if committed is not None else 0
+        return self.exactly_once and not self.state.stop.is_set() and done < self.progress.epoch
+
+    def _idle_barrier(self, committed: Callable[[], CheckpointManifest | None]) -> None:
+        """The barrier with no records, if still due under the micro-batch lock and the
+        checkpoint policy allows one now (interval, pause, concurrency)."""
+        try:
+            with self.lock:
+                latest = committed()
+                if not self._output_staged(latest):
+                    return
                 pending = self.coordinator.trigger(self.progress.epoch + 1, None, now_ms())
-                if pending is not None:
-                    self.progress.epoch += 1
-                    self.log(
-                        f"idle: checkpoint {pending.checkpoint_id}, a barrier with no records, "
-                        f"commits the output of epochs {done + 1}..{self.progress.epoch - 1}"
-                    )
-                    self.savepoints.at_barrier(pending.checkpoint_id)
-                    self._without_records(pending.checkpoint_id, count=False)
-        return self.savepoints.when_idle(committed, bool(self.coordinator.pending_ids()))
+                if pending is None:
+                    return
+                self.progress.epoch += 1
+                done = latest.batch_id if latest is not None else 0
+                self.log(
+                    f"idle: checkpoint {pending.checkpoint_id}, a barrier with no records, "
+                    f"commits the output of epochs {done + 1}..{self.progress.epoch - 1}"
+                )
+                self.savepoints.at_barrier(pending.checkpoint_id)
+                self._without_records(pending.checkpoint_id, count=False)
+        except Exception as e:  # its Spark job cancelled (a host lost), storage, ...
+            self.state.fail(f"idle barrier: {type(e).__name__}: {e}", e)
 
     def _without_records(self, checkpoint_id: int, *, count: bool = True) -> None:
         """A micro-batch of the current epoch with no records, carrying barrier

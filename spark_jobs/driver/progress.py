@@ -19,8 +19,9 @@ from state.rescale import rescaled_clocks
 class Progress:
     """Where the attempt's micro-batches stand. Written by the micro-batches alone, one thread
     at a time: the restore's replay (before the query's first micro-batch may run), then Spark's
-    stream thread, then the final checkpoint on the main thread (after the query stopped); cuts
-    carry copies. Not shared, so not locked (driver/run_state.py)."""
+    stream thread and an idle barrier's thread (each holding the micro-batch lock), then the
+    final checkpoint on the main thread (after the query stopped); cuts carry copies. Not
+    shared, so not locked (driver/run_state.py)."""
 
     job: JobDefinition
     epoch: int = 0

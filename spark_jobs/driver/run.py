@@ -313,7 +313,7 @@ class StreamingRun:
             coordinator, self.storage, self.layout, self.attempt, self.batches.tasks(), self.log
         ).start()
         self.batches.coordinator, self.batches.acks = coordinator, self.acks
-        self.watch.when_idle = lambda: self.batches.when_idle(completion.committed)
+        self.watch.when_idle = lambda: self.batches.when_idle(lambda: completion.committed)
 
     def _check_superseded(self) -> None:
         """A failed attempt that a newer one superseded failed because of it (its working state
