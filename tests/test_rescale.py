@@ -78,6 +78,20 @@ class Layout:
     def copies(self, subtask: int, attempt: int) -> LocalCopies:
         return LocalCopies(self.root, JOB, OPERATOR, subtask, attempt)
 
+    def write_all(self, parallelism: int, state: dict) -> None:
+        """``state`` into the working databases of attempt 1's subtasks."""
+        for i in range(parallelism):
+            kgs = key_group_range(i, parallelism, MAX)
+            with RocksDBStore(self.copies(i, 1).db_dir, kgs, OPTS) as store:
+                write(store, state)
+
+    def read_all(self, parallelism: int, attempt: int) -> dict:
+        """Everything the working databases of ``attempt``'s subtasks hold."""
+        seen: dict = {}
+        for j in range(parallelism):
+            seen.update(read(self.copies(j, attempt).db_dir, key_group_range(j, parallelism, MAX)))
+        return seen
+
     def snapshot(self, parallelism: int, attempt: int, checkpoint_id: int) -> list:
         handles = []
         for i in range(parallelism):
@@ -111,9 +125,7 @@ class Layout:
 def test_state_restored_at_2_then_3_then_1_then_4_subtasks_keeps_every_key_once(tmp_path, storage):
     job = Layout(tmp_path, storage)
     state = expected_state()
-    for i in range(2):
-        with RocksDBStore(job.copies(i, 1).db_dir, key_group_range(i, 2, MAX), OPTS) as store:
-            write(store, state)
+    job.write_all(2, state)
     handles = job.snapshot(2, attempt=1, checkpoint_id=1)
     for step, parallelism in enumerate([3, 1, 4], start=2):
         reports = job.rescale(handles, parallelism, attempt=step, local=step % 2 == 0)
@@ -140,19 +152,14 @@ def test_state_restored_at_2_then_3_then_1_then_4_subtasks_keeps_every_key_once(
 def test_scale_in_merges_the_files_of_every_other_old_subtask_and_copies_no_key(tmp_path, storage):
     job = Layout(tmp_path, storage)
     state = expected_state()
-    for i in range(4):
-        with RocksDBStore(job.copies(i, 1).db_dir, key_group_range(i, 4, MAX), OPTS) as store:
-            write(store, state)
+    job.write_all(4, state)
     handles = job.snapshot(4, attempt=1, checkpoint_id=1)
     reports = job.rescale(handles, 2, attempt=2, local=True)
     assert [len(r.restores) for r in reports] == [2, 2]  # each from two old subtasks
     assert [(r.merged_by_files, r.keys_copied, r.copy_reason) for r in reports] == [
         (True, 0, None)
     ] * 2
-    seen = {}
-    for j in range(2):
-        seen.update(read(job.copies(j, 2).db_dir, key_group_range(j, 2, MAX)))
-    assert seen == state
+    assert job.read_all(2, attempt=2) == state
     job.pool.shutdown()
 
 
@@ -161,30 +168,21 @@ def test_a_rescaled_subtask_compacted_at_its_first_barrier_merges_by_files_again
     a checkpoint taken after a scale-out can be scaled in by files."""
     job = Layout(tmp_path, storage)
     state = expected_state()
-    for i in range(2):
-        with RocksDBStore(job.copies(i, 1).db_dir, key_group_range(i, 2, MAX), OPTS) as store:
-            write(store, state)
+    job.write_all(2, state)
     job.rescale(job.snapshot(2, attempt=1, checkpoint_id=1), 4, attempt=2, local=True)
     for i in range(4):
         with RocksDBStore(job.copies(i, 2).db_dir, key_group_range(i, 4, MAX), OPTS) as store:
             store.compact()
     reports = job.rescale(job.snapshot(4, attempt=2, checkpoint_id=2), 2, attempt=3, local=False)
     assert [r.merged_by_files for r in reports] == [True, True], [r.copy_reason for r in reports]
-    seen = {}
-    for j in range(2):
-        seen.update(read(job.copies(j, 3).db_dir, key_group_range(j, 2, MAX)))
-    assert seen == state
+    assert job.read_all(2, attempt=3) == state
     job.pool.shutdown()
 
 
-def test_a_merge_that_rocksdb_cannot_rebuild_restores_again_and_copies_keys(
-    tmp_path, storage, monkeypatch
-):
+def test_a_merge_that_rocksdb_cannot_rebuild_copies_keys_instead(tmp_path, storage, monkeypatch):
     job = Layout(tmp_path, storage)
     state = expected_state()
-    for i in range(4):
-        with RocksDBStore(job.copies(i, 1).db_dir, key_group_range(i, 4, MAX), OPTS) as store:
-            write(store, state)
+    job.write_all(4, state)
     handles = job.snapshot(4, attempt=1, checkpoint_id=1)
 
     def repair_fails(path, options):
@@ -195,10 +193,7 @@ def test_a_merge_that_rocksdb_cannot_rebuild_restores_again_and_copies_keys(
     assert [r.merged_by_files for r in reports] == [False, False]
     assert all(r.copy_reason.startswith("merging the files failed: Corruption") for r in reports)
     assert all(r.keys_copied > 0 for r in reports)
-    seen = {}
-    for j in range(2):
-        seen.update(read(job.copies(j, 2).db_dir, key_group_range(j, 2, MAX)))
-    assert seen == state
+    assert job.read_all(2, attempt=2) == state
     job.pool.shutdown()
 
 
