@@ -167,11 +167,6 @@ def _clip(
                 db.delete_range(*_bounds(outside), write)
 
 
-def _slowdown(options: StoreOptions | None) -> int:
-    """The level-0 file count at which RocksDB slows writes down (StoreOptions.to_rocksdb)."""
-    return (options or StoreOptions()).l0_compaction_trigger * 3
-
-
 def _copy(source: Path, db: rd.Rdict, keys: KeyGroupRange, write: rd.WriteOptions) -> int:
     """Copy the keys of ``keys`` from the database at ``source`` into ``db``; returns how many."""
     lower, upper = _bounds(keys)
@@ -216,7 +211,9 @@ def restore_rescaled(
     target = Path(target)
     building = target.with_name(target.name + ".rescaling")
     shutil.rmtree(building, ignore_errors=True)
-    opts = (options or StoreOptions()).to_rocksdb()
+    options = options or StoreOptions()
+    opts = options.to_rocksdb()
+    merging = target.with_name(target.name + ".merging")
     others = [(h, target.with_name(f"{target.name}.from-{h.subtask}")) for h in parts[1:]]
     try:
         # every overlapping old subtask at once, as Flink's transfer threads do
@@ -229,7 +226,6 @@ def restore_rescaled(
         if others and not by_files:
             report.copy_reason = "merging by files was not asked for"
         elif others:
-            merging = target.with_name(target.name + ".merging")
             parts_at = [(building, base.key_group_range)]
             parts_at += [(scratch, h.key_group_range) for h, scratch in others]
             report.copy_reason = merge_by_files(merging, parts_at, opts)
@@ -248,7 +244,7 @@ def restore_rescaled(
                     keys = overlap(other.key_group_range, new_range)
                     report.keys_copied += _copy(scratch, db, keys, write)
             db.flush(True)
-            if db.property_int_value("rocksdb.num-files-at-level0") >= _slowdown(options):
+            if db.property_int_value("rocksdb.num-files-at-level0") >= options.l0_slowdown_trigger:
                 db.compact_range(None, None)  # writes would stall until it is done anyway
                 report.compacted = True
         finally:
@@ -257,7 +253,7 @@ def restore_rescaled(
         os.replace(building, target)
     finally:
         shutil.rmtree(building, ignore_errors=True)
-        shutil.rmtree(target.with_name(target.name + ".merging"), ignore_errors=True)
+        shutil.rmtree(merging, ignore_errors=True)
         for _, scratch in others:
             shutil.rmtree(scratch, ignore_errors=True)
     report.duration_s = time.perf_counter() - started

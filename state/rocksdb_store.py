@@ -63,6 +63,11 @@ class StoreOptions:
     block_cache_mib: int = 64
     compression: str = "lz4"
 
+    @property
+    def l0_slowdown_trigger(self) -> int:
+        """The level-0 file count at which RocksDB slows writes down."""
+        return self.l0_compaction_trigger * 3
+
     def to_rocksdb(self) -> rd.Options:
         opts = rd.Options(raw_mode=True)
         opts.create_if_missing(True)
@@ -70,7 +75,7 @@ class StoreOptions:
         opts.set_max_write_buffer_number(self.max_write_buffers)
         opts.set_target_file_size_base(self.target_file_size_mib << 20)
         opts.set_level_zero_file_num_compaction_trigger(self.l0_compaction_trigger)
-        opts.set_level_zero_slowdown_writes_trigger(self.l0_compaction_trigger * 3)
+        opts.set_level_zero_slowdown_writes_trigger(self.l0_slowdown_trigger)
         opts.set_level_zero_stop_writes_trigger(self.l0_compaction_trigger * 4)
         opts.set_max_background_jobs(2)
         opts.set_keep_log_file_num(2)  # every task opens the store: one info LOG per open
