@@ -68,6 +68,11 @@ class StreamingRunConfig(Config):
     idle_timeout_s: float | None = Field(
         default=None, description="stop after S seconds without input (None: run until stopped)"
     )
+    until_caught_up: bool = Field(
+        default=False,
+        description="stop, after a final checkpoint, once the job has read all its input "
+        "(a backfill or a batch rerun)",
+    )
 
 
 def checkpoint_metadata(event: dict[str, Any]) -> dict[str, Any]:
@@ -224,6 +229,8 @@ def streaming_driver(
             args += ["--max-batches", str(config.max_batches)]
         if config.idle_timeout_s is not None:
             args += ["--idle-timeout", str(config.idle_timeout_s)]
+        if config.until_caught_up:
+            args.append("--until-caught-up")
         submit = spark_submit.command(args, needs=definition.spark_dependencies())
         forward = _Forwarder(context, job_name)
         with open_pipes_session(

@@ -29,6 +29,8 @@ class Query:
     def __init__(self, state: RunState, polls: int = 2000, on_poll=None) -> None:
         self.state, self.polls, self.on_poll = state, polls, on_poll
         self.isActive, self.lastProgress, self.error = True, {"batchId": 0}, None
+        self.status = {"message": "Initializing sources", "isDataAvailable": False,
+                       "isTriggerActive": False}  # fmt: skip
         self.seen = 0
 
     def exception(self):
@@ -76,11 +78,11 @@ class SparkContext:
         self.cancelled += 1
 
 
-def rig(idle_timeout_s: float | None, master: str = "local[2]", hosts=()):
+def rig(idle_timeout_s: float | None, master: str = "local[2]", hosts=(), caught_up=False):
     state, lines = RunState(), []
     state.stop = QuickEvent()
     sc = SparkContext(master, list(hosts))
-    return state, lines, sc, QueryWatch(sc, idle_timeout_s, state, lines.append)
+    return state, lines, sc, QueryWatch(sc, idle_timeout_s, state, lines.append, caught_up)
 
 
 def run(watcher: QueryWatch, query: Query, allocation=None, limit_s: float = 10.0) -> None:
@@ -188,6 +190,54 @@ def test_a_micro_batch_between_two_polls_restarts_the_idle_clock():
     run(watcher, query)
     assert lines == ["no new input for 0.05 s: stopping"]
     assert time.monotonic() - ended[0] >= 0.05, "stopped at once: the batch counted as idle"
+
+
+def trigger(query: Query, message: str, data: bool, active: bool = False) -> None:
+    query.status = {"message": message, "isDataAvailable": data, "isTriggerActive": active}
+
+
+def test_until_caught_up_stops_once_a_trigger_finds_no_new_input():
+    """Not while the sources initialize, not during a trigger or a micro-batch, not after a
+    trigger that found input; at the first poll that sees a trigger that found none, with no
+    micro-batch running."""
+    state, lines, _, watcher = rig(None, caught_up=True)
+    batch = watcher.batch()
+
+    def triggers(n: int) -> None:
+        if n == 10:
+            trigger(query, "Processing new data", True, active=True)
+        if n == 20:
+            trigger(query, "Waiting for next trigger", True)  # more input is waiting
+        if n == 30:
+            trigger(query, "Waiting for data to arrive", False, active=True)  # in the trigger
+        if n == 40:
+            batch.__enter__()  # a micro-batch the runtime still applies
+            trigger(query, "Waiting for next trigger", False)
+        if n == 50:
+            batch.__exit__(None, None, None)
+
+    query = Query(state, on_poll=triggers)
+    run(watcher, query)
+    assert lines == ["caught up with every source: stopping"]
+    assert not state.failed and query.seen == 50, "stopped by the poll that saw the batch end"
+
+
+def test_a_run_that_starts_caught_up_stops_after_its_first_trigger():
+    state, lines, _, watcher = rig(None, caught_up=True)
+    query = Query(
+        state, on_poll=lambda n: n == 5 and trigger(query, "Waiting for data to arrive", False)
+    )
+    query.lastProgress = None  # a trigger without input reports no progress
+    run(watcher, query)
+    assert lines == ["caught up with every source: stopping"] and query.seen == 5
+
+
+def test_without_until_caught_up_a_caught_up_run_goes_on():
+    state, lines, _, watcher = rig(None)
+    query = Query(state, polls=20)
+    trigger(query, "Waiting for next trigger", False)
+    run(watcher, query)
+    assert query.seen == 20 and lines == []
 
 
 def test_local_mode_never_checks_executors():

@@ -219,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
                 hints=hints,
                 max_batches=args.max_batches,
                 idle_timeout_s=args.idle_timeout,
+                until_caught_up=args.until_caught_up,
                 run_id=args.run_id,
                 events=events,
                 watch_pid=int(watch) if watch else None,

@@ -118,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--idle-timeout", type=_positive(float), help="stop after S seconds without new input"
     )
+    run.add_argument(
+        "--until-caught-up",
+        action="store_true",
+        help="stop, after a final checkpoint, once a trigger finds no new input in any source "
+        "(a backfill or a batch rerun of a streaming job, as Spark's AvailableNow trigger)",
+    )
     run.add_argument("--master", help="Spark master (default: the settings, or local[*])")
     run.add_argument("--mode", choices=["exactly_once", "at_least_once"], help="override")
     run.add_argument("--interval-ms", type=_positive(int), help="override the checkpoint interval")

@@ -90,6 +90,7 @@ class StreamingRun:
         hints: dict[str, str] | None = None,
         max_batches: int | None = None,
         idle_timeout_s: float | None = None,
+        until_caught_up: bool = False,
         run_id: str = "",
         log=None,
         events: EventChannel | None = None,
@@ -124,7 +125,9 @@ class StreamingRun:
         self.state = RunState()  # what the threads share: the failure, the stop, the report
         self._restored = threading.Event()  # the working state is restored: micro-batches may run
         self._shutdown = threading.Event()  # stop the heartbeat (after the final checkpoint)
-        self.watch = QueryWatch(spark.sparkContext, idle_timeout_s, self.state, self.log)
+        self.watch = QueryWatch(
+            spark.sparkContext, idle_timeout_s, self.state, self.log, until_caught_up
+        )
         self.ends = EpochEnds()
         self.progress = Progress(job)
         self.allocation: dict[str, str] = {}

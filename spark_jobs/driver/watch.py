@@ -1,8 +1,9 @@
 """What stops a running attempt besides a failed micro-batch: its streaming query dying, the
 loss of the executors that hold subtasks' working state (on a cluster: those subtasks must
-restore from the latest checkpoint), the idle timeout (no new input), and a stop-with-savepoint
-request that finds the run idle. While idle it calls the run's idle hook every 2 s (a barrier with
-no records when output is staged, then savepoint requests: driver/micro_batches.py)."""
+restore from the latest checkpoint), the idle timeout (no new input), catching up with every
+source (``--until-caught-up``), and a stop-with-savepoint request that finds the run idle. While
+idle it calls the run's idle hook every 2 s (a barrier with no records when output is staged,
+then savepoint requests: driver/micro_batches.py)."""
 
 from __future__ import annotations
 
@@ -29,9 +30,11 @@ class QueryWatch:
         idle_timeout_s: float | None,
         state: RunState,
         log: Callable[[str], None],
+        until_caught_up: bool = False,
     ) -> None:
         self.sc = spark_context
         self.idle_timeout_s = idle_timeout_s
+        self.until_caught_up = until_caught_up
         self.state, self.stop, self.log = state, state.stop, log
         # on a cluster, a host that loses its executors takes its subtasks' working state along
         self.watch_hosts = not spark_context.master.startswith("local")
@@ -78,6 +81,9 @@ class QueryWatch:
                 self.state.fail(f"micro-batch failed: {query.exception()}")
             elif not query.isActive:
                 self.state.fail("the streaming query stopped")
+            elif self.until_caught_up and not self.in_batch and caught_up(query.status):
+                self.log("caught up with every source: stopping")
+                self.stop.set()
             elif self.idle_timeout_s is not None and not self._idle(query):
                 self.last_progress = time.monotonic()  # idle time counts from here
             elif (
@@ -103,3 +109,19 @@ class QueryWatch:
         if not self.has_run:
             self.has_run = self.state.batches > 0 or query.lastProgress is not None
         return self.has_run and not self.in_batch
+
+
+# what a micro-batch query's status says between two triggers (after its first)
+BETWEEN_TRIGGERS = ("Waiting for next trigger", "Waiting for data to arrive")
+
+
+def caught_up(status: dict) -> bool:
+    """The query's last trigger found no new input in any source and none runs now: every
+    record its sources offered has been read (and its micro-batch applied). Before the first
+    trigger the status says it is initializing, so a run that starts with nothing to read is
+    caught up after one trigger, not at once."""
+    return (
+        status.get("message") in BETWEEN_TRIGGERS
+        and not status.get("isTriggerActive", True)
+        and not status.get("isDataAvailable", True)
+    )
