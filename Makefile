@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.cutline-installed
 
-.PHONY: install class-archive test test-fast lint format demo screenshots bench clean
+.PHONY: install class-archive test test-all test-fast lint format demo screenshots bench clean
 
 $(STAMP): pyproject.toml requirements.lock examples/basics/pyproject.toml examples/sessions/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,11 +32,17 @@ format: $(STAMP)
 class-archive: $(STAMP) check-java
 	@$(BIN)/python -m spark_jobs.deploy.class_archive
 
+# `make test` (CI's tier): every test not marked slow, one end-to-end run per guarantee, and a
+# slice of every fault matrix drawn from the seed (tests/tiers.py); `make test-all`: everything.
+# CUTLINE_TEST_SEED=N reruns a printed slice.
 test: $(STAMP) lint check-java class-archive
-	$(BIN)/python -m pytest -q
+	CUTLINE_TEST_TIER=landing $(BIN)/python -m pytest -q
+
+test-all: $(STAMP) lint check-java class-archive
+	CUTLINE_TEST_TIER=all $(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	CUTLINE_TEST_TIER=landing $(BIN)/python -m pytest -q -m "not slow"
 
 demo: $(STAMP) check-java class-archive
 	$(BIN)/python -m orchestration.demo

@@ -22,7 +22,7 @@ from tests.row_check import compare_rows
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 JOB = "clicks_per_user"
-RUN = ["--idle-timeout", "4", "--interval-ms", "1000", "--max-records-per-partition", "4000"]
+RUN = ["--until-caught-up", "--interval-ms", "1000", "--max-records-per-partition", "4000"]
 BAD_LINES = [
     b'{"user":"user-1","url":"/p/1","ts":17672256',  # truncated
     b'{"user":"user-2","url":"/p/2","ts":"yesterday"}',  # a string where a number belongs

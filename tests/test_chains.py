@@ -23,7 +23,7 @@ def test_a_stage_reading_an_earlier_stage_past_the_next_gets_its_output_in_the_s
 ):
     home = tmp_path / "home"
     generate(home / "log", "clicks", "clicks", count=8_000, seed=7, users=500)
-    run = ["--idle-timeout", "3", "--interval-ms", "1000", "--max-records-per-partition", "2000"]
+    run = ["--until-caught-up", "--interval-ms", "1000", "--max-records-per-partition", "2000"]
     run_to_end(home, "run", "tests.chain_jobs:skip_chain", *run)
     report(f"skip_chain: output == reference ({check('skip_chain', home)})")
 

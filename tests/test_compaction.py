@@ -153,7 +153,7 @@ def test_a_running_job_compacts_when_asked_and_then_restores_from_fewer_files(tm
         kill_driver(proc)
         assert generator.wait(timeout=300) == 0
         # attempt 3 restores the compacted checkpoint and runs to the end of the input
-        proc = cutline(home, "run", job, "--idle-timeout", "10")
+        proc = cutline(home, "run", job, "--until-caught-up")
         assert proc.wait(timeout=300) == 0, (home / "driver.log").read_text()[-4000:]
     finally:
         if proc.poll() is None:

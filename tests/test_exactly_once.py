@@ -29,10 +29,12 @@ before its restore completes rescales nothing). Reproduce a run with
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import random
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,6 +51,7 @@ from state.restore import read_manifest
 from state.savepoint import SavepointRequest, read_request, read_savepoint, write_request
 from state.storage import open_storage
 from state.storage.tables import join_url
+from tests import tiers
 from tests.e2e_util import (
     cutline,
     finish,
@@ -61,12 +64,14 @@ from tests.file_input import clicks, put_file, read_files
 from tests.file_jobs import FILES_ENV
 from tests.reference import check, output, read_log
 from tests.state_check import check_country_state
+from tests.tiers import SEED
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
-SEED = int(os.environ.get("CUTLINE_TEST_SEED") or random.SystemRandom().randrange(1 << 30))
-KILLS = int(os.environ.get("CUTLINE_TEST_KILLS", "10"))
+# kills per job: ten in the whole tier, five in `make test` (which draws two jobs)
+KILLS = int(os.environ.get("CUTLINE_TEST_KILLS") or (5 if tiers.landing() else 10))
 RUN = ["--idle-timeout", "3", "--interval-ms", "1000", "--max-records-per-partition", "4000"]
+TO_END = ["--until-caught-up", *RUN[2:]]  # the runs after the kills read what there is, then stop
 FILE_JOB = "tests.file_jobs:file_clicks"
 # per job: (kind, records per partition at first, records per partition appended per attempt)
 INPUTS = {
@@ -144,11 +149,24 @@ def ask_for_savepoint(paths: RuntimePaths, job: str, stop: bool) -> None:
         write_request(storage, layout, SavepointRequest.new("", stop, int(time.time() * 1000)))
 
 
+def kill_modes(job: str) -> Iterator[str]:
+    """The modes ``job``'s attempts are killed in, in order, cycling: a run of ``KILLS``
+    consecutive modes of one permutation of ``MODES`` drawn from the seed, starting at the job's
+    index times ``KILLS``. The whole tier's seven jobs thus draw every mode; a landing run's two
+    jobs draw up to ten (the "kill points" matrix of tests/tiers.py)."""
+    modes = list(MODES)
+    tiers.rng("kill points").shuffle(modes)
+    start = list(INPUTS).index(job) * KILLS
+    ordered = [modes[(start + i) % len(modes)] for i in range(len(modes))]
+    tiers.record("kill points", f"{job}: {', '.join(ordered[:KILLS])}")
+    return itertools.cycle(ordered)
+
+
 def one_attempt(
-    home: Path, paths: RuntimePaths, job: str, rng: random.Random, flags: list[str]
+    home: Path, paths: RuntimePaths, job: str, rng: random.Random, mode: str, flags: list[str]
 ) -> str | None:
-    """Start an attempt and kill it as ``rng`` says; what killed it, or None if it ended."""
-    mode = rng.choice(MODES)
+    """Start an attempt and kill it in ``mode`` (details as ``rng`` says); what killed it, or
+    None if it ended."""
     saved = [r["location"] for r in savepoints_of(paths, job) if r["status"] == "COMPLETED"]
     if mode in IMPORTING and not saved:
         mode = "savepoint-written"  # nothing to import yet: one is taken
@@ -187,6 +205,7 @@ def one_attempt(
     return f"{mode} {delay:.1f} s after the first micro-batch"
 
 
+@pytest.mark.matrix("kill jobs")
 @pytest.mark.parametrize(
     "job",
     [pytest.param(job, marks=pytest.mark.s3, id=f"{job}-s3") if job in ON_S3 else job
@@ -211,10 +230,11 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
 
     kills: list[str] = []
     attempts = 0
+    modes = kill_modes(job)
     while len(kills) < KILLS:
         assert attempts < 4 * KILLS, f"only {len(kills)} kills in {attempts} attempts: {kills}"
         append_input(home, job, attempts)
-        killed = one_attempt(home, paths, job, rng, [*flags, *at(attempts)])
+        killed = one_attempt(home, paths, job, rng, next(modes), [*flags, *at(attempts)])
         attempts += 1
         if killed:
             kills.append(killed)
@@ -224,9 +244,9 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
     rest = [*flags, *at(attempts), *last, "--max-records-per-partition", "16000"]
     stop = read_request(open_storage(paths.checkpoint_root), JobLayout(job_name_of(job)))
     if stop is not None and stop.stop:  # a stop request still pending stops one more attempt
-        run_to_end(home, "run", job, *RUN, *rest)
+        run_to_end(home, "run", job, *TO_END, *rest)
     ask_for_savepoint(paths, job, stop=False)  # the last attempt takes one: at least one is
-    run_to_end(home, "run", job, *RUN, *rest)
+    run_to_end(home, "run", job, *TO_END, *rest)
     read = (lambda _: read_files(os.environ[FILES_ENV])) if job == FILE_JOB else None
     summary = check(job_name_of(job), home, paths.output, read)
     report(f"{job}: {len(kills)} kills in {attempts} attempts: {kills}")

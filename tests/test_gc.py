@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import random
 import threading
 import time
 from pathlib import Path
@@ -37,6 +35,7 @@ from state.compaction import read_request
 from state.paths import JobLayout
 from state.restore import read_manifest
 from state.storage import open_storage
+from tests import tiers
 from tests.e2e_util import (
     checkpoints_so_far,
     completed_checkpoints,
@@ -135,7 +134,7 @@ def test_gc_while_the_job_runs_and_restores_keeps_storage_bounded_and_output_exa
             assert r["refcount"] >= 1 and r["last_used"] == latest.checkpoint_id
 
     # a later run restores the latest checkpoint after all that GC
-    run_to_end(home, "run", JOB, "--idle-timeout", "3")
+    run_to_end(home, "run", JOB, "--until-caught-up")
     report(check("clicks_per_user", home))
 
 
@@ -143,7 +142,7 @@ def test_gc_while_the_job_runs_and_restores_keeps_storage_bounded_and_output_exa
 def finished(tmp_path_factory) -> Path:
     """A home where clicks_per_user ran to the end, checkpointing every 0.5 s."""
     home = make_home(tmp_path_factory.mktemp("finished"), "home")
-    run_to_end(home, "run", JOB, "--idle-timeout", IDLE, "--interval-ms", "500")
+    run_to_end(home, "run", JOB, "--until-caught-up", "--interval-ms", "500")
     return home
 
 
@@ -222,31 +221,35 @@ def test_dry_run_deletes_nothing_and_the_dagster_job_reports_what_it_reclaimed(s
     verify_retained(paths, JOB)
 
 
-def kill_points(rng: random.Random) -> list[tuple[str, float]]:
-    """Five or six points of a GC pass, in the order a pass reaches them (so each kill finds
-    work left), with how long after reaching it the kill comes."""
-    points = [
-        ("listed", 0.0),
-        ("subsumed", 0.0),
-        (f"deleting:{rng.randint(1, 5)}", 0.0),
-        (f"deleting:{rng.randint(1, 5)}", 0.0),
-        ("deleted", 0.0),
-        ("updating", rng.uniform(0.0, 2.0)),  # inside the registry rewrite (a 3 s plan)
-        ("updated", 0.0),
-        ("recorded", 0.0),
-    ]
-    keep = sorted(rng.sample(range(len(points)), rng.randint(5, 6)))
-    return [points[i] for i in keep]
+# the points of a GC pass, in the order a pass reaches them
+GC_POINTS = ("listed", "subsumed", "deleting", "deleting again", "deleted", "updating", "updated",
+             "recorded")  # fmt: skip
+
+
+def kill_points() -> list[tuple[str, float]]:
+    """Points of a GC pass to kill it at (all of them in the whole tier, the landing tier's
+    slice of the "gc kills" matrix otherwise), in the order a pass reaches them (so each kill
+    finds work left), with how long after reaching it the kill comes."""
+    rng = tiers.rng("gc kills")
+    drawn = sorted(tiers.draw("gc kills", GC_POINTS), key=GC_POINTS.index)
+    points = []
+    for name in drawn:
+        if name.startswith("deleting"):  # after 1 to 5 deletions
+            points.append((f"deleting:{rng.randint(1, 5)}", 0.0))
+        elif name == "updating":  # inside the registry rewrite (a 3 s plan)
+            points.append((name, rng.uniform(0.0, 2.0)))
+        else:
+            points.append((name, 0.0))
+    return points
 
 
 def test_gc_killed_at_random_points_and_rerun_deletes_exactly_what_nothing_needs(tmp_path):
-    seed = int(os.environ.get("CUTLINE_TEST_SEED", time.time_ns() % 1_000_000))
-    points = kill_points(random.Random(seed))
-    report(f"\nseed {seed}: kill -9 at {points}")
+    points = kill_points()
+    report(f"\nseed {tiers.SEED}: kill -9 at {points}")
     home = make_home(tmp_path, "home")
     paths = RuntimePaths.under(home)
     storage = open_storage(paths.checkpoint_root)
-    fast = ("--idle-timeout", IDLE, "--interval-ms", "300")  # many checkpoints, most subsumed
+    fast = ("--until-caught-up", "--interval-ms", "300")  # many checkpoints, most subsumed
     run_to_end(home, "run", JOB, *fast)
     # a compaction at the next run's first barrier leaves every older shared file unreferenced
     run_to_end(home, "compact", JOB, "--force")
@@ -282,7 +285,7 @@ def test_gc_killed_at_random_points_and_rerun_deletes_exactly_what_nothing_needs
     kept = gc_left_only_what_is_needed(paths, JOB)
     assert len(kept) == get_job(JOB).checkpoint.num_retained
     # ... and the job restores its latest checkpoint and ends with exact output
-    run_to_end(home, "run", JOB, "--idle-timeout", "3")
+    run_to_end(home, "run", JOB, "--until-caught-up")
     report(check("clicks_per_user", home))
 
 

@@ -61,7 +61,7 @@ def test_kafka_source_restarts_from_checkpoint_offsets(broker, tmp_path):
     proc = cutline(home, "run", JOB, "--idle-timeout", "5", env=env)
     wait_for(lambda: len(checkpoints_so_far(home, JOB)) >= 2, 300, "2 checkpoints", proc)
     kill_driver(proc)
-    run_to_end(home, "run", JOB, "--idle-timeout", "5", env=env)
+    run_to_end(home, "run", JOB, "--until-caught-up", env=env)
     restored = [r for r in completed_checkpoints(home, JOB) if r["attempt"] == 2]
     assert restored, "the second attempt took checkpoints"
 
@@ -126,7 +126,7 @@ def test_avro_records_decode_with_the_given_schema_and_bad_ones_are_dead_lettere
     proc = cutline(home, *args, env=env)
     wait_for(lambda: len(checkpoints_so_far(home, "avro_clicks")) >= 2, 300, "checkpoints", proc)
     kill_driver(proc)
-    run_to_end(home, *args, env=env)
+    run_to_end(home, "run", AVRO_JOB, "--until-caught-up", *args[4:], env=env)
 
     cuts = job_cuts(home, ["avro_clicks", "avro_clicks_dead_letters"])
     clicks = rows[~is_bad].drop(columns="bad").astype({"ts": "int64"})

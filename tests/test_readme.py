@@ -54,7 +54,7 @@ def test_the_readme_job_runs_and_its_output_is_exact(package, tmp_path):
     home = tmp_path / "home"
     generate(home / "log", "clicks", "clicks", count=5_000, seed=3, users=500)
     env = {"PYTHONPATH": f"{package}{os.pathsep}{ROOT}"}
-    run_to_end(home, "run", "my_counts.jobs:counts", "--idle-timeout", "3", env=env)
+    run_to_end(home, "run", "my_counts.jobs:counts", "--until-caught-up", env=env)
     cuts = job_cuts(home, ["counts"])
     clicks = cuts.assign(read_log(home, "clicks"), "clicks")
     per = clicks.groupby(["user", EPOCH]).size().rename("n").reset_index()

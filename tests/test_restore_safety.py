@@ -29,7 +29,7 @@ from tests.reference import check, output
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 JOB = "clicks_per_user"
-RUN = ["--idle-timeout", "4", "--interval-ms", "1000", "--max-records-per-partition", "4000"]
+RUN = ["--until-caught-up", "--interval-ms", "1000", "--max-records-per-partition", "4000"]
 BAD = 2  # cutline's exit code for bad input or configuration
 
 

@@ -6,12 +6,11 @@ may be marked CORRUPT for a transient error: every retained one verifies."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.sources.generate import generate
+from tests import tiers
 from tests.e2e_util import completed_checkpoints_at, report, run_to_end, verify_retained
 from tests.reference import check
 from tests.s3_proxy import FAIL, PASS, STALL, FaultyProxy
@@ -26,9 +25,8 @@ ROLES = ("chk", "catalog", "tables", "staging")  # the roots' last parts, as the
 def test_503s_and_stalls_on_every_role_lose_nothing_and_mark_nothing_corrupt(
     s3_server, s3_bucket, tmp_path, monkeypatch
 ):
-    seed = random.SystemRandom().randrange(1 << 30)
-    rng = random.Random(seed)
-    report(f"\nS3 faults: seed {seed}")
+    rng = tiers.rng("s3 faults")  # which requests fail or stall
+    report(f"\nS3 faults: seed {tiers.SEED}")
 
     first_fault: set[str] = set()  # every role's first request after the start fails
 
@@ -51,7 +49,7 @@ def test_503s_and_stalls_on_every_role_lose_nothing_and_mark_nothing_corrupt(
     root = f"s3://{s3_bucket}"
     paths = RuntimePaths(f"{root}/chk", f"{root}/wh", str(home / "local-state"), str(home / "log"))
     roles = ["--checkpoint-root", paths.checkpoint_root, "--warehouse", paths.warehouse]
-    args = ["run", JOB, *roles, "--idle-timeout", "3", "--interval-ms", "500"]
+    args = ["run", JOB, *roles, "--until-caught-up", "--interval-ms", "500"]
     with FaultyProxy(s3_server, plan) as proxy:
         env = {"AWS_ENDPOINT_URL_S3": proxy.url}
         run_to_end(

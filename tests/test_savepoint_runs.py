@@ -140,8 +140,7 @@ def test_savepoints_move_and_restore_under_any_name_and_outlive_gc(tmp_path, s3_
         "tests.savepoint_jobs:clicks_copy",
         "--restore",
         moved.url,
-        "--idle-timeout",
-        "4",
+        "--until-caught-up",
         "--max-records-per-partition",
         "1500",
         env={"AWS_ENDPOINT_URL_S3": s3_server},
@@ -152,7 +151,7 @@ def test_savepoints_move_and_restore_under_any_name_and_outlive_gc(tmp_path, s3_
     # the second moves to another directory; the job itself restores it and runs to the end
     elsewhere = LocalFileStorage(tmp_path / "elsewhere" / "sp-2")
     copy_tree(open_storage(stopped["location"]), elsewhere)
-    run_to_end(home, "run", JOB, "--restore", str(elsewhere.root), "--idle-timeout", "4")
+    run_to_end(home, "run", JOB, "--restore", str(elsewhere.root), "--until-caught-up")
     report(check(JOB, home))
 
 
@@ -203,7 +202,7 @@ def test_a_savepoint_written_from_a_dataframe_starts_a_job_that_continues_it(tmp
         home=str(home),
     )
     run_to_end(
-        home, "run", job, "--restore", location, "--idle-timeout", "4",
+        home, "run", job, "--restore", location, "--until-caught-up",
         "--max-records-per-partition", "1000",
     )  # fmt: skip
     report(check_from_savepoint(home, "clicks_counted", 0, values=("clicks",)))

@@ -12,7 +12,7 @@ from tests.reference import check, output, read_log
 from tests.test_bad_records import BAD_LINES, log_with_bad_records
 from tests.user_jobs import FAIL_AFTER
 
-RUN = ["--idle-timeout", "3", "--interval-ms", "1000", "--max-records-per-partition", "4000"]
+RUN = ["--until-caught-up", "--interval-ms", "1000", "--max-records-per-partition", "4000"]
 SESSIONS = "cutline_sessions.jobs:sessions"
 PIPELINE = "cutline_sessions.pipelines:country_clicks"
 

@@ -112,8 +112,16 @@ def draw(matrix: str, cases: Sequence[T], label: str = "") -> list[T]:
     rng(f"{matrix}/{label}").shuffle(order)
     if landing():
         order = order[: MATRICES[matrix].landing]
-    DRAWN.setdefault(matrix, []).extend(f"{label}: {c}" if label else str(c) for c in order)
+    for case in order:
+        record(matrix, f"{label}: {case}" if label else str(case))
     return order
+
+
+def record(matrix: str, case: str) -> None:
+    """Note a case of ``matrix`` this run draws (listed at the end of the run)."""
+    if matrix not in MATRICES:
+        raise KeyError(f"no matrix {matrix!r} in tests/tiers.py")
+    DRAWN.setdefault(matrix, []).append(case)
 
 
 def runs_to_cover(cases: int, drawn: int) -> float:
