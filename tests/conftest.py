@@ -14,7 +14,8 @@ import pytest
 from state.storage import DurableStorage, LocalFileStorage, S3Storage
 from tests.moto_server import MotoServer, MotoServerError
 
-pytest_plugins = ["tests.tiers"]  # the two tiers and the run's seed
+# the two tiers and the run's seed; where the slow tests' seconds go
+pytest_plugins = ["tests.tiers", "tests.startup_report"]
 
 # Every Spark driver a test starts (in-process, ``cutline`` subprocesses, Dagster runs) lives
 # seconds to minutes: the JVM's quick compiler alone starts it sooner. A long-running job keeps

@@ -16,6 +16,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from spark_jobs.catalog.tables import read_delta
+from tests.startup_report import driver_started
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES: list[str] = []  # what tests measured; conftest.py repeats them at the end of the run
@@ -39,7 +40,9 @@ def cutline(
     """Start ``cutline --home HOME ARGS`` in its own process group (driver and its JVM);
     ``view`` wraps the command (a private view of the disks: StandaloneCluster.driver_view)."""
     home.mkdir(parents=True, exist_ok=True)
-    out = open(log or home / "driver.log", "ab")  # noqa: SIM115 - owned by the process
+    log = log or home / "driver.log"
+    driver_started(log)
+    out = open(log, "ab")  # noqa: SIM115 - owned by the process
     command = [sys.executable, "-m", "spark_jobs.commands", "--home", str(home), *args]
     return subprocess.Popen(
         view(command) if view else command,

@@ -126,12 +126,12 @@ def record(matrix: str, case: str) -> None:
 
 def runs_to_cover(cases: int, drawn: int) -> float:
     """The expected number of runs, each drawing ``drawn`` distinct cases of ``cases`` at random,
-    until every case was drawn at least once (inclusion-exclusion over the cases never drawn)."""
+    until every case was drawn at least once: the sum over r of P(some case is not drawn in r
+    runs), by inclusion-exclusion over the cases never drawn."""
     if drawn >= cases:
         return 1.0
-    total, runs = 0.0, 0
+    total, runs = 1.0, 1  # no case is drawn in zero runs
     while True:
-        # P(some case never drawn in ``runs`` runs)
         missed = sum(
             (-1) ** (j + 1)
             * math.comb(cases, j)
