@@ -1,12 +1,16 @@
 """Rescaling keyed state on restore (state/rescale.py), on real RocksDB over the local filesystem
 and moto's S3 server: subtasks at one parallelism snapshot, and the state is restored at another,
-then snapshotted and restored again: 2 -> 3 -> 1 -> 4. After each step every key (value and map
-state) is in exactly one new subtask, the one whose key-group range holds its key group, with its
-value; nothing outside a subtask's range is left in its database."""
+then snapshotted and restored again: 2 -> 3 -> 1 -> 4. After each step every entry (value, list
+and map state, and timers) is in exactly one new subtask, the one whose key-group range holds its
+key's group, with its value; nothing outside a subtask's range is left in its database. The
+databases are read raw, every entry decoded by this test from the documented key layout
+(state/rocksdb_store.py), so an entry of any kind in the wrong subtask, under the wrong key
+group or in two subtasks fails."""
 
 from __future__ import annotations
 
 import os
+import struct
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -19,53 +23,89 @@ from state.local_copies import LocalCopies
 from state.manifest import PartitionClock
 from state.paths import JobLayout
 from state.rescale import RescaleError, overlapping, rescaled_clocks, restore_rescaled
-from state.rocksdb_store import RocksDBStore, StoreOptions
+from state.rocksdb_store import RocksDBStore, StoreOptions, encode_list
 from state.snapshot import SubtaskSnapshotter
+from state.write_buffer import BufferedTransaction
 
 JOB, OPERATOR, MAX = "job1", "count", 128
 OPTS = StoreOptions(write_buffer_mib=1, target_file_size_mib=1)
 KEYS = np.array([f"user-{i:06d}".encode() for i in range(12_000)], dtype=object)
 GROUPS = key_groups(list(KEYS), "binary", MAX)
+GROUP_OF = dict(zip(KEYS, (int(g) for g in GROUPS), strict=True))
+TIMER_BASE = 1_700_000_000_000
 
 
-def expected_state() -> dict[tuple[str, bytes], bytes]:
-    """Every key's value state, and one map entry per third key."""
-    out = {("v", k): b"v" + k + os.urandom(40) for k in KEYS}
-    out.update({("m", k): b"m" + k for k in KEYS[::3]})
+def expected_state() -> dict[tuple, bytes]:
+    """Every key's value state; a list for every second key, a map entry for every third and a
+    timer for every fifth (two for every tenth): (kind, key[, map key or timestamp]) -> value."""
+    out: dict[tuple, bytes] = {("v", k): b"v" + k + os.urandom(40) for k in KEYS}
+    out.update({("l", k): encode_list([b"a" + k, os.urandom(8)]) for k in KEYS[::2]})
+    out.update({("m", k, b"mk"): b"m" + k for k in KEYS[::3]})
+    for i, k in enumerate(KEYS[::5]):
+        out[("t", k, TIMER_BASE + i)] = b""
+        if i % 2 == 0:
+            out[("t", k, TIMER_BASE - i)] = b""
     return out
 
 
-def write(store: RocksDBStore, state: dict[tuple[str, bytes], bytes]) -> None:
-    """The entries of ``state`` whose key group is the store's."""
-    mine = np.isin(GROUPS, list(store.key_group_range))
-    keys, groups = KEYS[mine], GROUPS[mine]
-    txn = store.begin()
-    txn.put("v", groups, list(keys), [state[("v", k)] for k in keys])
-    maps = [i for i, k in enumerate(keys) if ("m", k) in state]
+def write(store: RocksDBStore, state: dict[tuple, bytes]) -> None:
+    """The entries of ``state`` whose key group is the store's, through the store's own API."""
+    mine = [e for e in state if GROUP_OF[e[1]] in store.key_group_range]
+    txn = BufferedTransaction(store)
+    for kind in ("v", "l"):
+        keys = [e[1] for e in mine if e[0] == kind]
+        txn.put(kind, [GROUP_OF[k] for k in keys], keys, [state[(kind, k)] for k in keys])
+    maps = [e for e in mine if e[0] == "m"]
     txn.map_put(
-        "m",
-        groups[maps],
-        list(keys[maps]),
-        [b"mk"] * len(maps),
-        [state[("m", keys[i])] for i in maps],
-    )
+        "m", [GROUP_OF[e[1]] for e in maps], [e[1] for e in maps], [e[2] for e in maps],
+        [state[e] for e in maps],
+    )  # fmt: skip
+    timers = [e for e in mine if e[0] == "t"]
+    txn.set_timers(
+        "t", [GROUP_OF[e[1]] for e in timers], [e[1] for e in timers], [e[2] for e in timers],
+        registered=True,
+    )  # fmt: skip
     txn.commit()
 
 
-def read(path, key_range: KeyGroupRange) -> dict[tuple[str, bytes], bytes]:
-    """Everything in the database at ``path``, whatever the key groups (read as the widest
-    range, so a key left outside ``key_range`` shows)."""
-    out = {}
-    with RocksDBStore(path, KeyGroupRange(0, MAX - 1)) as store:
-        for kg in range(MAX):
-            for k, v in store.items("v", kg):
-                assert kg in key_range, f"key group {kg} left in a subtask owning {key_range}"
-                out[("v", k)] = v
-        for k, kg in zip(KEYS[::3], GROUPS[::3], strict=True):
-            items = dict(store.map_items("m", int(kg), k))
-            if items:
-                out[("m", k)] = items[b"mk"]
+def decode(raw: bytes) -> tuple[int, tuple]:
+    """(key group, entry) of a raw key, by the layout state/rocksdb_store.py documents."""
+    group, size = int.from_bytes(raw[:2], "big"), raw[2]
+    kind, rest = raw[3 : 3 + size].decode(), raw[3 + size :]
+    if kind == "m":
+        (length,) = struct.unpack(">I", rest[:4])
+        return group, ("m", rest[4 : 4 + length], rest[4 + length :])
+    if kind == "t":
+        (shifted,) = struct.unpack(">Q", rest[:8])
+        return group, ("t", rest[8:], shifted - (1 << 63))
+    return group, (kind, rest)
+
+
+def read(path, key_range: KeyGroupRange) -> dict[tuple, bytes]:
+    """Every entry in the database at ``path``, read raw: each must be under its key's own key
+    group, within ``key_range``, and there once."""
+    out: dict[tuple, bytes] = {}
+    db = rd.Rdict(str(path), rd.Options(raw_mode=True))
+    try:
+        for raw, value in db.items():
+            group, entry = decode(raw)
+            assert group == GROUP_OF[entry[1]], f"{entry} stored under key group {group}"
+            assert group in key_range, f"{entry}: key group {group} left in {key_range}"
+            assert entry not in out, f"{entry} twice in one database"
+            out[entry] = value
+    finally:
+        db.close()
     return out
+
+
+def read_disjoint(parts: list[dict]) -> dict:
+    """The union of subtasks' entries, each of which must be in exactly one of them."""
+    seen: dict = {}
+    for part in parts:
+        twice = seen.keys() & part.keys()
+        assert not twice, f"{len(twice)} entries in two subtasks, e.g. {sorted(twice)[:3]}"
+        seen.update(part)
+    return seen
 
 
 class Layout:
@@ -87,10 +127,12 @@ class Layout:
 
     def read_all(self, parallelism: int, attempt: int) -> dict:
         """Everything the working databases of ``attempt``'s subtasks hold."""
-        seen: dict = {}
-        for j in range(parallelism):
-            seen.update(read(self.copies(j, attempt).db_dir, key_group_range(j, parallelism, MAX)))
-        return seen
+        return read_disjoint(
+            [
+                read(self.copies(j, attempt).db_dir, key_group_range(j, parallelism, MAX))
+                for j in range(parallelism)
+            ]
+        )
 
     def snapshot(self, parallelism: int, attempt: int, checkpoint_id: int) -> list:
         handles = []
@@ -129,12 +171,9 @@ def test_state_restored_at_2_then_3_then_1_then_4_subtasks_keeps_every_key_once(
     handles = job.snapshot(2, attempt=1, checkpoint_id=1)
     for step, parallelism in enumerate([3, 1, 4], start=2):
         reports = job.rescale(handles, parallelism, attempt=step, local=step % 2 == 0)
-        seen: dict = {}
-        for j, report in enumerate(reports):
-            got = read(job.copies(j, step).db_dir, key_group_range(j, parallelism, MAX))
-            assert not seen.keys() & got.keys(), "a key restored into two subtasks"
-            seen.update(got)
+        for report in reports:
             assert report.source == ("local" if step % 2 == 0 else "remote"), report
+        seen = job.read_all(parallelism, attempt=step)
         assert seen == state, f"{len(seen)} entries after rescaling to {parallelism}"
         joined = [
             (r.merged_by_files, r.keys_copied > 0, "outside" in (r.copy_reason or ""))
