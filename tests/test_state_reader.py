@@ -1,9 +1,10 @@
 """Reading a state out of a checkpoint (state/state_reader.py), on real RocksDB over the local
 filesystem and moto's S3 server: states written through the views user functions get
 (state/user_state.py) at parallelism 2 (value, list, map, with a TTL, keyed by one column and by
-two), snapshotted, then read back: every key's entries as written, in the columns the module
-docstring names; a state recorded in another form, or a stage the checkpoint lacks, is refused
-naming it."""
+two), snapshotted, then read back: every row equal to a reference computed by this test from
+the users alone (each user's values follow from its number; its key group is Spark's hash,
+checked against Spark in tests/test_keygroups.py), in the columns the module docstring names; a
+state recorded in another form, or a stage the checkpoint lacks, is refused naming it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pyarrow as pa
 import pytest
 
-from state.keygroups import key_group_range
+from state.keygroups import key_group_range, key_groups
 from state.local_copies import LocalCopies
 from state.manifest import CheckpointManifest
 from state.rocksdb_store import RocksDBStore
@@ -28,6 +29,52 @@ SEEN = ListStateSpec("seen", pa.string())
 LAST = MapStateSpec("last", pa.float64(), key_type=pa.string())
 FRESH = ValueStateSpec("fresh", pa.int32(), ttl=Ttl(5_000))
 USERS = [f"u{i}" for i in range(500)]
+
+
+def number(user: str) -> int:
+    return int(user[1:])
+
+
+def write_all(views, keys: pa.Array) -> None:
+    """Each user's entries, which follow from its number: a total, a two-element list, a map of
+    two entries, a value with a TTL."""
+    users, n = keys.to_pylist(), len(keys)
+    views["total"].update(keys, pa.array([3 * number(u) for u in users], pa.int64()))
+    twice = pa.concat_arrays([keys, keys])
+    firsts, seconds = [f"a{u}" for u in users], [f"b{number(u) % 4}" for u in users]
+    views["seen"].add(twice, pa.array(firsts + seconds))
+    halves = [number(u) / 2 for u in users]
+    views["last"].put(twice, pa.array(["x"] * n + ["y"] * n), pa.array(halves + [-1.0] * n))
+    views["fresh"].update(keys, pa.array([number(u) % 7 for u in users], pa.int32()))
+
+
+def reference(users: list[str]) -> dict[str, list[dict]]:
+    """The rows each state must read back as, sorted as :func:`sorted_rows` sorts them."""
+    group = dict(zip(users, (int(g) for g in key_groups(users, "string", MAX)), strict=True))
+    users = sorted(users)
+    out = {
+        "total": [{"user": u, "key_group": group[u], "value": 3 * number(u)} for u in users],
+        "seen": [
+            {"user": u, "key_group": group[u], "list_index": i, "list_element": e}
+            for u in users
+            for i, e in enumerate([f"a{u}", f"b{number(u) % 4}"])
+        ],
+        "last": [
+            {"user": u, "key_group": group[u], "user_map_key": k, "user_map_value": v}
+            for u in users
+            for k, v in (("x", number(u) / 2), ("y", -1.0))
+        ],
+        "fresh": [
+            {"user": u, "key_group": group[u], "value": number(u) % 7, "expires_at_ms": NOW + 5_000}
+            for u in users
+        ],
+    }
+    return out
+
+
+def sorted_rows(table: pa.Table) -> list[dict]:
+    keys = [c for c in ("user", "list_index", "user_map_key") if c in table.column_names]
+    return table.sort_by([(c, "ascending") for c in keys]).to_pylist()
 
 
 def write_and_snapshot(
@@ -55,39 +102,17 @@ def write_and_snapshot(
 def test_value_list_map_and_ttl_states_come_back_as_written(tmp_path, storage):
     codec = KeyCodec("string", MAX)
     specs = [TOTAL, SEEN, LAST, FRESH]
-
-    def write(views, keys):
-        n = len(keys)
-        views["total"].update(keys, pa.array(range(n), pa.int64()))
-        twice = pa.concat_arrays([keys, keys])
-        views["seen"].add(twice, pa.array([f"a{i}" for i in range(n)] + ["b"] * n))
-        views["last"].put(keys, pa.array(["x"] * n), pa.array([0.5] * n))
-        views["fresh"].update(keys, pa.array([7] * n, pa.int32()))
-
-    keys = pa.array(USERS)
-    m = write_and_snapshot(tmp_path, storage, specs, codec, keys, write)
+    m = write_and_snapshot(tmp_path, storage, specs, codec, pa.array(USERS), write_all)
     read = {
         s.name: read_state(m, storage, "stage", s, codec, ("user",), tmp_path / "s") for s in specs
     }
-
-    total = read["total"]
-    assert total.column_names == ["user", "key_group", "value"]
-    assert sorted(total.column("user").to_pylist()) == sorted(USERS)
-    seen = read["seen"].to_pylist()
-    assert seen[0].keys() == {"user", "key_group", "list_index", "list_element"}
-    per_user = {}
-    for row in sorted(seen, key=lambda r: (r["user"], r["list_index"])):
-        per_user.setdefault(row["user"], []).append(row["list_element"])
-    assert len(per_user) == 500 and all(
-        v[1] == "b" and v[0].startswith("a") for v in per_user.values()
-    )
-    last = read["last"]
-    assert last.column_names == ["user", "key_group", "user_map_key", "user_map_value"]
-    assert set(last.column("user_map_key").to_pylist()) == {"x"} and last.num_rows == 500
-    fresh = read["fresh"]
-    assert fresh.column_names == ["user", "key_group", "value", "expires_at_ms"]
-    assert set(fresh.column("expires_at_ms").to_pylist()) == {NOW + 5_000}
-    assert set(fresh.column("value").to_pylist()) == {7}
+    assert read["total"].column_names == ["user", "key_group", "value"]
+    assert read["seen"].column_names == ["user", "key_group", "list_index", "list_element"]
+    assert read["last"].column_names == ["user", "key_group", "user_map_key", "user_map_value"]
+    assert read["fresh"].column_names == ["user", "key_group", "value", "expires_at_ms"]
+    expected = reference(USERS)
+    for name, table in read.items():
+        assert sorted_rows(table) == expected[name], name
 
 
 def test_a_composite_key_comes_back_as_its_columns(tmp_path, storage):
