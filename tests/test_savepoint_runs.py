@@ -2,19 +2,22 @@
 (spark_jobs/driver/savepoints.py, state/savepoint.py).
 
 clicks_per_user runs over a log that grows while it runs; the restore drill reads its latest
-checkpoint beside it. ``cutline savepoint`` takes a savepoint of it at a barrier, one once it
-has read all its input and gone idle (its output is then committed in full, by a barrier with no
-records if the last micro-batch carried none; its latest committed checkpoint is copied), then a
-stop-with-savepoint stops it. The job's GC runs; neither
-savepoint changes. The first is moved to another bucket on the S3 server (the original deleted)
-and restored there under another job name, whose output from the savepoint on is exactly what
-pandas computes from the whole input; the second is moved to another directory and the job
-itself restores it and runs to the end, its whole output exactly the reference's.
+checkpoint beside it. ``cutline savepoint`` takes a savepoint of it at a barrier. Once it has
+read all its input, a few clicks more are made to arrive right after a barrier, so that their
+micro-batch carries none and its output waits: the barrier with no records that commits it must
+fire while the job is idle (its log line is awaited), and the committed output then holds every
+click. A savepoint of the idle job is its latest committed checkpoint; then a stop-with-savepoint
+stops it. The job's GC runs; neither savepoint changes. The first is moved to another bucket on
+the S3 server (the original deleted) and restored there under another job name, whose output
+from the savepoint on is exactly what pandas computes from the whole input; the second is moved
+to another directory and the job itself restores it and reads new clicks, its whole output
+(counts going on from the savepoint's state) exactly the reference's.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -85,7 +88,8 @@ def test_savepoints_move_and_restore_under_any_name_and_outlive_gc(tmp_path, s3_
          "--count", "24000", "--rate", "2000", "--users", "800"],
         cwd=ROOT,
     )  # fmt: skip
-    proc = cutline(home, "run", JOB, "--max-records-per-partition", "600", "--interval-ms", "500")
+    # checkpoints every 2 s: a micro-batch soon after a barrier carries none (its output waits)
+    proc = cutline(home, "run", JOB, "--max-records-per-partition", "600", "--interval-ms", "2000")
     try:
         wait_for(lambda: len(checkpoints_so_far(home, JOB)) >= 2, 300, "2 checkpoints", proc)
         # the restore drill beside the live job: it reads, and the output stays exact (below)
@@ -95,9 +99,11 @@ def test_savepoints_move_and_restore_under_any_name_and_outlive_gc(tmp_path, s3_
         # all input read, no micro-batch runs: a savepoint of the latest committed checkpoint
         assert generator.wait(timeout=300) == 0
         wait_for(lambda: idle_for(home, 4.0), 300, "the job idle", proc)
-        # idle, and running: every click is in committed output (what the last micro-batches
-        # staged after their barrier commits at a barrier with no records, within the interval)
-        report(f"idle, before any stop: {check(JOB, home)}")
+        barriers = idle_barrier_after_staged_output(home, proc)
+        wait_for(lambda: idle_for(home, 4.0), 300, "the job idle again", proc)
+        # idle, and running: every click is in committed output (what the last micro-batch
+        # staged after its barrier committed at a barrier with no records, within the interval)
+        report(f"idle, before any stop, after {barriers}: {check(JOB, home)}")
         idle = savepoint(home, "--target", str(tmp_path / "saved"), "--timeout", "60")
         assert idle["batch_id"] == max(job_cuts(home, [JOB]).epochs)
         stopped = savepoint(home, "--target", str(tmp_path / "saved"), "--stop")
@@ -148,11 +154,40 @@ def test_savepoints_move_and_restore_under_any_name_and_outlive_gc(tmp_path, s3_
     report(check_from_savepoint(home, "clicks_copy", first["batch_id"]))
     assert [r["status"] for r in reader.savepoints(JOB)] == ["DELETED", "COMPLETED", "COMPLETED"]
 
-    # the second moves to another directory; the job itself restores it and runs to the end
+    # the second moves to another directory; the job itself restores it and reads new input:
+    # the counts it emits go on from the savepoint's state
     elsewhere = LocalFileStorage(tmp_path / "elsewhere" / "sp-2")
     copy_tree(open_storage(stopped["location"]), elsewhere)
+    rows_before = len(output(home, JOB))
+    generate(home / "log", "clicks", "clicks", count=3_000, seed=11, users=800)
     run_to_end(home, "run", JOB, "--restore", str(elsewhere.root), "--until-caught-up")
-    report(check(JOB, home))
+    assert max(job_cuts(home, [JOB]).epochs) > stopped["batch_id"], "epochs after the savepoint"
+    assert len(output(home, JOB)) > rows_before
+    report(f"restored from the moved stop savepoint, then new input: {check(JOB, home)}")
+
+
+IDLE_BARRIER = re.compile(r"idle: checkpoint (\d+), a barrier with no records, commits the output")
+
+
+def idle_barrier_after_staged_output(home, proc, tries: int = 3) -> str:
+    """Make the running job stage output after a barrier and go idle, and wait for the barrier
+    with no records that commits it: a few new clicks (their micro-batch takes a barrier, the
+    interval having passed), then, once that checkpoint completes, a few more at once (their
+    micro-batch comes within the interval: no barrier, output staged). Returns what fired."""
+    log = home / "driver.log"
+    for attempt in range(tries):
+        since = log.stat().st_size
+        count = len(checkpoints_so_far(home, JOB))
+        generate(home / "log", "clicks", "clicks", count=200, seed=20 + attempt, users=800)
+        wait_for(lambda n=count: len(checkpoints_so_far(home, JOB)) > n, 120, "a checkpoint", proc)
+        generate(home / "log", "clicks", "clicks", count=200, seed=40 + attempt, users=800)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None:
+            fired = IDLE_BARRIER.findall(log.read_text(errors="replace")[since:])
+            if fired:
+                return f"the idle barrier of checkpoint {fired[-1]}"
+            time.sleep(0.5)
+    raise AssertionError(f"no barrier with no records in {tries} tries: {log.read_text()[-3000:]}")
 
 
 def idle_for(home, seconds: float) -> bool:
