@@ -1,7 +1,9 @@
 """The catalog on S3 (moto's server on loopback) with its writers in separate processes, as a
 deployment has them: a driver checkpointing, a GC pass after another, a sensor marking and
-recording, the catalog's compaction. No commit may be lost or doubled and the tables stay
-readable throughout (state/storage/tables.py: delta-rs's conditional commits)."""
+recording, the catalog's compaction. Each writer must be shown to have written while the driver
+committed (its rounds timed; a registry rewrite of GC wholly inside the driver's commits). No
+commit may be lost or doubled and the tables stay readable throughout
+(state/storage/tables.py: delta-rs's conditional commits)."""
 
 from __future__ import annotations
 
@@ -47,11 +49,13 @@ def driver(root: str, out: str) -> None:
     shared files and beats."""
     catalog = DeltaCatalog(root)
     attempt = catalog.begin_attempt(JOB, run_id="driver")
+    started = time.time()
     for cid in range(1, CHECKPOINTS + 1):
         catalog.commit_checkpoint(checkpoint(cid, attempt))
         catalog.record_shared_files(shared_files(cid))
         catalog.heartbeat(JOB, attempt)
-    _write(out, {"attempt": attempt, "conflicts": catalog.conflicts_retried})
+    window = [started, time.time()]
+    _write(out, {"attempt": attempt, "conflicts": catalog.conflicts_retried, "window": window})
 
 
 def gc(root: str, stop: str, out: str) -> None:
@@ -61,21 +65,25 @@ def gc(root: str, stop: str, out: str) -> None:
     catalog = DeltaCatalog(root)
     passes = replans = 0
     finishing = False
+    rewrites = []  # (start, end) of each registry rewrite, wall clock
     while True:
         finishing = Path(stop).exists()
+        rewrites.append([time.time()])
         result = catalog.update_shared_files(
             JOB,
             lambda rows: RegistryChanges(
                 {r["path"]: {"refcount": 2} for r in rows if r["refcount"] == 1}
             ),
         )
+        rewrites[-1].append(time.time())
         replans += result.conflicts
         ids = [c.checkpoint_id for c in catalog.checkpoints(JOB, (CheckpointStatus.COMPLETED,))]
         catalog.mark_subsumed(JOB, ids[:-1])
         passes += 1
         if finishing:
             break
-    _write(out, {"passes": passes, "replans": replans, "conflicts": catalog.conflicts_retried})
+    result = {"passes": passes, "replans": replans, "conflicts": catalog.conflicts_retried}
+    _write(out, {**result, "spans": rewrites})
 
 
 def sensor(root: str, stop: str, out: str) -> None:
@@ -85,7 +93,9 @@ def sensor(root: str, stop: str, out: str) -> None:
     attempt = catalog.begin_attempt(OTHER, run_id="sensor")
     recoveries = reads = 0
     seen_checkpoints = seen_files = 0
+    spans = []  # (start, end) of each round of writes and reads
     while not Path(stop).exists():
+        spans.append([time.time()])
         catalog.heartbeat(OTHER, attempt)
         catalog.record_recovery(
             {
@@ -101,18 +111,22 @@ def sensor(root: str, stop: str, out: str) -> None:
         assert checkpoints >= seen_checkpoints and files >= seen_files, "a read went back"
         seen_checkpoints, seen_files = checkpoints, files
         reads += 1
+        spans[-1].append(time.time())
     catalog.set_job_status(OTHER, attempt, "FINISHED")
-    _write(out, {"recoveries": recoveries, "reads": reads, "conflicts": catalog.conflicts_retried})
+    result = {"recoveries": recoveries, "reads": reads, "conflicts": catalog.conflicts_retried}
+    _write(out, {**result, "spans": spans})
 
 
 def compactor(root: str, stop: str, out: str) -> None:
     """The catalog's compaction (OPTIMIZE, VACUUM, a log checkpoint) over and over."""
     catalog = DeltaCatalog(root)
-    rounds = 0
+    rounds, spans = 0, []
     while not Path(stop).exists():
+        spans.append([time.time()])
         catalog.maintain()
+        spans[-1].append(time.time())
         rounds += 1
-    _write(out, {"rounds": rounds, "conflicts": catalog.conflicts_retried})
+    _write(out, {"rounds": rounds, "conflicts": catalog.conflicts_retried, "spans": spans})
 
 
 def test_concurrent_writers_in_separate_processes_lose_no_commit(s3_root, tmp_path):
@@ -137,6 +151,18 @@ def test_concurrent_writers_in_separate_processes_lose_no_commit(s3_root, tmp_pa
         p.join(600)
     assert [p.exitcode for p in [job, *others]] == [0, 0, 0, 0]
     results = {name: json.loads(Path(path).read_text()) for name, path in out.items()}
+    # the writers overlapped: each wrote while the driver committed (a registry rewrite of GC
+    # began and ended inside the driver's commits, so appends landed before and after it)
+    first, last = results["driver"].pop("window")
+    spans = {name: results[name].pop("spans") for name in ("gc", "sensor", "compact")}
+    during = {
+        name: sum(1 for s in done if len(s) == 2 and s[0] < last and s[1] > first)
+        for name, done in spans.items()
+    }
+    assert all(during.values()), f"writers that never overlapped the driver's commits: {during}"
+    inside = sum(1 for s in spans["gc"] if len(s) == 2 and first < s[0] and s[1] < last)
+    assert inside >= 1, "no registry rewrite began and ended while the driver appended"
+    results["overlapping the driver's commits"] = {**during, "gc rewrites within": inside}
 
     catalog = DeltaCatalog(root)
     checkpoints = catalog.checkpoints(JOB)
