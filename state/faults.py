@@ -9,7 +9,9 @@ environment they inherit, so a kill anywhere takes the whole driver down, as a c
 would. Before dying the process writes one line, ``CUTLINE_FAULT killed at <point>``, to stderr
 and, when ``CUTLINE_FAULT_RECORD`` names a file, appends it there: a Python worker's stderr
 reaches the log through its JVM, which the kill can take down before it copies the line, so a
-test tells where each kill landed from the file.
+test tells where each kill landed from the file. Slowed uploads (``CUTLINE_FAULT_UPLOAD_DELAY_S``)
+note there when each upload starts and ends (:func:`note`), so a test can kill while one is
+pending and tell that it was.
 
 Without the variable :func:`kill_point` is a dictionary lookup: it costs nothing in production.
 """
@@ -73,14 +75,20 @@ def kill_point(point: str) -> None:
     line = f"CUTLINE_FAULT killed at {point}\n"
     sys.stderr.write(line)
     sys.stderr.flush()
+    note(line)  # before the kill: the line is in the file when we die
+    group = int(os.environ.get(GROUP_ENV) or os.getpgid(0))
+    if group != os.getpgid(0):
+        os.killpg(group, signal.SIGKILL)
+    os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def note(line: str) -> None:
+    """Append ``line`` to the file ``CUTLINE_FAULT_RECORD`` names, if any: one append(2), so
+    lines of many processes never interleave."""
     record = os.environ.get(RECORD_ENV)
-    if record:  # one append(2), done before the kill: the line is in the file when we die
+    if record:
         fd = os.open(record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line.encode())
         finally:
             os.close(fd)
-    group = int(os.environ.get(GROUP_ENV) or os.getpgid(0))
-    if group != os.getpgid(0):
-        os.killpg(group, signal.SIGKILL)
-    os.killpg(os.getpgid(0), signal.SIGKILL)

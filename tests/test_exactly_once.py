@@ -163,15 +163,23 @@ def kill_modes(job: str) -> Iterator[str]:
 
 
 def one_attempt(
-    home: Path, paths: RuntimePaths, job: str, rng: random.Random, mode: str, flags: list[str]
+    home: Path,
+    paths: RuntimePaths,
+    job: str,
+    rng: random.Random,
+    mode: str,
+    flags: list[str],
+    from_savepoint: list[str],
 ) -> str | None:
     """Start an attempt and kill it in ``mode`` (details as ``rng`` says); what killed it, or
-    None if it ended."""
+    None if it ended. An attempt started from a savepoint appends its mode to
+    ``from_savepoint``."""
     saved = [r["location"] for r in savepoints_of(paths, job) if r["status"] == "COMPLETED"]
     if mode in IMPORTING and not saved:
         mode = "savepoint-written"  # nothing to import yet: one is taken
     if mode in IMPORTING or (saved and mode not in WRITING and rng.random() < ALSO_RESTORED):
         flags = [*flags, "--restore", rng.choice(saved)]
+        from_savepoint.append(mode)
     elif mode in WRITING or rng.random() < ALSO_SAVED:
         ask_for_savepoint(paths, job, stop=mode in WRITING and rng.random() < 0.5)
     if mode not in ("random", "uploads in flight"):
@@ -187,7 +195,11 @@ def one_attempt(
             f"attempt exited {rc}: {(home / 'driver.log').read_text(errors='replace')[-4000:]}"
         )
         return f"{mode}@{nth}" if killed else None
-    env = {"CUTLINE_FAULT_UPLOAD_DELAY_S": "3"} if mode == "uploads in flight" else {}
+    record = home / "faults.log"  # where slowed uploads note their start and end
+    record.unlink(missing_ok=True)
+    env = {RECORD_ENV: str(record)}
+    if mode == "uploads in flight":
+        env["CUTLINE_FAULT_UPLOAD_DELAY_S"] = "3"
     delay = rng.uniform(0.0, 4.0)
     log = home / "driver.log"
     since = log.stat().st_size if log.exists() else 0
@@ -196,13 +208,29 @@ def one_attempt(
     while proc.poll() is None and b"\nstartup: " not in log.read_bytes()[since:]:
         time.sleep(0.1)
     deadline = time.monotonic() + delay
-    while time.monotonic() < deadline and proc.poll() is None:
+    while proc.poll() is None and (
+        time.monotonic() < deadline or (mode == "uploads in flight" and not pending(record))
+    ):  # in flight: not before an upload is pending (the next barrier's, at the latest)
         time.sleep(0.05)
     if proc.poll() is not None:  # ended before the kill: not counted
         assert proc.returncode == 0, log.read_text(errors="replace")[-4000:]
         return None
     kill_driver(proc)
+    if mode == "uploads in flight":  # counted only if an upload was cut off by the kill
+        cut_off = pending(record)
+        return (
+            f"{mode} ({cut_off} pending) {delay:.1f} s after the first micro-batch"
+            if cut_off
+            else None
+        )
     return f"{mode} {delay:.1f} s after the first micro-batch"
+
+
+def pending(record: Path) -> int:
+    """Uploads started and not ended, as the slowed uploads noted them (state/faults.py)."""
+    lines = record.read_text().splitlines() if record.exists() else []
+    started = {ln.split()[-1] for ln in lines if ln.startswith("upload started ")}
+    return len(started - {ln.split()[-1] for ln in lines if ln.startswith("upload ended ")})
 
 
 @pytest.mark.matrix("kill jobs")
@@ -231,13 +259,17 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
     kills: list[str] = []
     attempts = 0
     modes = kill_modes(job)
+    from_savepoint: list[str] = []  # the modes of attempts started from a savepoint
     while len(kills) < KILLS:
         assert attempts < 4 * KILLS, f"only {len(kills)} kills in {attempts} attempts: {kills}"
         append_input(home, job, attempts)
-        killed = one_attempt(home, paths, job, rng, next(modes), [*flags, *at(attempts)])
+        killed = one_attempt(
+            home, paths, job, rng, next(modes), [*flags, *at(attempts)], from_savepoint
+        )
         attempts += 1
         if killed:
             kills.append(killed)
+    killed_log = (home / "driver.log").read_text(errors="replace")  # the kills' attempts
     # the rest of the input in bigger micro-batches: the kills are over; a rescaled job's last
     # restore rescales whatever the kills left (attempts killed before their restore do not)
     last = [] if schedule is None else ["--parallelism", str(other_than_latest(paths, job))]
@@ -258,18 +290,35 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
         log = (home / "driver.log").read_text(errors="replace")
         rescales = log.count("\nrescaled: ")
         joins = re.findall(r"(\d+) joined several by files, (\d+) by copying keys", log)
+        # the kills' restores themselves are rescaled, not only the last one after them: the
+        # schedule gives consecutive attempts other parallelisms, so a restore at the same one
+        # needs three attempts in a row killed before their first checkpoint
+        restores = killed_log.count("\nrestored checkpoint ")
+        rescaled = killed_log.count("\nrescaled: ")
         report(
-            f"{job}: {rescales} restores rescaled (parallelism cycling "
-            f"{schedule}); subtasks built from several old ones: "
+            f"{job}: {rescales} restores rescaled, {rescaled} of the kills' {restores} "
+            f"(parallelism cycling {schedule}); subtasks built from several old ones: "
             f"{sum(int(f) for f, _ in joins)} joined their files, "
             f"{sum(int(k) for _, k in joins)} copied their keys"
         )
-        assert rescales >= 1, "restores at another parallelism than the checkpoint's"
+        assert rescales > rescaled, "the last restore rescales whatever the kills left"
+        assert rescaled >= max(1, restores // 2), f"{rescaled} of {restores} restores rescaled"
     report(f"{job}: {check_savepoints(home, paths, job)}")
+    # an attempt started from a savepoint imports it while its start is planned: before any
+    # kill but one at the import's own points
+    imported = killed_log.count(") imported as checkpoint ")
+    required = sum(1 for m in from_savepoint if m not in IMPORTING)
+    assert imported >= required, (
+        f"{imported} imports by {len(from_savepoint)} attempts: {from_savepoint}"
+    )
     if job in ON_S3:
         run_to_end(home, "gc", job, "--grace-s", "0", *roles)
         kept = gc_left_only_what_is_needed(paths, job_name_of(job))
-        report(f"{job}: on S3, GC left exactly what checkpoints {kept} need; they verify")
+        # and what it left restores: new input after it, the output still the reference's
+        append_input(home, job, attempts)
+        run_to_end(home, "run", job, *TO_END, *rest)
+        summary = check(job_name_of(job), home, paths.output, read)
+        report(f"{job}: on S3, GC left exactly what checkpoints {kept} need; restored: {summary}")
 
 
 def check_savepoints(home: Path, paths: RuntimePaths, job: str) -> str:

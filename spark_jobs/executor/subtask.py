@@ -21,6 +21,7 @@ import json
 import os
 import socket
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -155,7 +156,8 @@ def stage_output(plan: BatchPlan, stage: int, subtask: int, sink: str, output: p
 
 class _DelayedExecutor:
     """Fault injection (``CUTLINE_FAULT_UPLOAD_DELAY_S``): the asynchronous part of every snapshot
-    starts late, so tests can kill a driver while uploads are in flight."""
+    starts late, so tests can kill a driver while uploads are in flight; each one's start and end
+    are noted in the fault record (state/faults.py ``note``)."""
 
     def __init__(self, delay_s: float) -> None:
         from state.snapshot import default_executor
@@ -165,8 +167,15 @@ class _DelayedExecutor:
 
     def submit(self, fn, *args, **kwargs):
         def delayed():
+            from state.faults import note
+
+            token = uuid.uuid4().hex
+            note(f"upload started {token}\n")
             time.sleep(self.delay_s)
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                note(f"upload ended {token}\n")
 
         return self.inner.submit(delayed)
 
