@@ -87,7 +87,8 @@ TIMELINES: list[TestTimeline] = []
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item: pytest.Item):
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    """Around a test's setup, call and teardown: drivers its fixtures start count too."""
     STARTED.clear()
     started = time.monotonic()
     yield

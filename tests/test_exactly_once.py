@@ -153,13 +153,12 @@ def kill_modes(job: str) -> Iterator[str]:
     """The modes ``job``'s attempts are killed in, in order, cycling: a run of ``KILLS``
     consecutive modes of one permutation of ``MODES`` drawn from the seed, starting at the job's
     index times ``KILLS``. The whole tier's seven jobs thus draw every mode; a landing run's two
-    jobs draw up to ten (the "kill points" matrix of tests/tiers.py)."""
+    jobs draw up to ten (the "kill points" matrix of tests/tiers.py). An attempt that ends
+    before its kill lands takes the next mode."""
     modes = list(MODES)
     tiers.rng("kill points").shuffle(modes)
     start = list(INPUTS).index(job) * KILLS
-    ordered = [modes[(start + i) % len(modes)] for i in range(len(modes))]
-    tiers.record("kill points", f"{job}: {', '.join(ordered[:KILLS])}")
-    return itertools.cycle(ordered)
+    return itertools.cycle([modes[(start + i) % len(modes)] for i in range(len(modes))])
 
 
 def one_attempt(
@@ -263,9 +262,9 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
     while len(kills) < KILLS:
         assert attempts < 4 * KILLS, f"only {len(kills)} kills in {attempts} attempts: {kills}"
         append_input(home, job, attempts)
-        killed = one_attempt(
-            home, paths, job, rng, next(modes), [*flags, *at(attempts)], from_savepoint
-        )
+        mode = next(modes)
+        killed = one_attempt(home, paths, job, rng, mode, [*flags, *at(attempts)], from_savepoint)
+        tiers.record("kill points", f"{job}: {mode}: {killed or 'ended before its kill'}")
         attempts += 1
         if killed:
             kills.append(killed)
@@ -291,8 +290,9 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
         rescales = log.count("\nrescaled: ")
         joins = re.findall(r"(\d+) joined several by files, (\d+) by copying keys", log)
         # the kills' restores themselves are rescaled, not only the last one after them: the
-        # schedule gives consecutive attempts other parallelisms, so a restore at the same one
-        # needs three attempts in a row killed before their first checkpoint
+        # schedule gives consecutive attempts other parallelisms (a restore at the same one
+        # follows three attempts in a row killed before their first checkpoint, or restores a
+        # savepoint taken at it)
         restores = killed_log.count("\nrestored checkpoint ")
         rescaled = killed_log.count("\nrescaled: ")
         report(
@@ -302,12 +302,13 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
             f"{sum(int(k) for _, k in joins)} copied their keys"
         )
         assert rescales > rescaled, "the last restore rescales whatever the kills left"
-        assert rescaled >= max(1, restores // 2), f"{rescaled} of {restores} restores rescaled"
+        if restores >= 2:  # the schedule makes a restore at the checkpoint's parallelism rare
+            assert rescaled >= 1, f"none of the kills' {restores} restores was rescaled"
     report(f"{job}: {check_savepoints(home, paths, job)}")
     # an attempt started from a savepoint imports it while its start is planned: before any
-    # kill but one at the import's own points
+    # kill but one at the import's own points or before it (restore-started)
     imported = killed_log.count(") imported as checkpoint ")
-    required = sum(1 for m in from_savepoint if m not in IMPORTING)
+    required = sum(1 for m in from_savepoint if m not in {*IMPORTING, "restore-started"})
     assert imported >= required, (
         f"{imported} imports by {len(from_savepoint)} attempts: {from_savepoint}"
     )

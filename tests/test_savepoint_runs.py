@@ -183,7 +183,7 @@ def idle_barrier_after_staged_output(home, proc, tries: int = 3) -> str:
         generate(home / "log", "clicks", "clicks", count=200, seed=40 + attempt, users=800)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and proc.poll() is None:
-            fired = IDLE_BARRIER.findall(log.read_text(errors="replace")[since:])
+            fired = IDLE_BARRIER.findall(log.read_bytes()[since:].decode(errors="replace"))
             if fired:
                 return f"the idle barrier of checkpoint {fired[-1]}"
             time.sleep(0.5)
