@@ -19,7 +19,7 @@ from tests.e2e_util import completed_checkpoints, cutline, finish, last_line, re
 from tests.reference import check, job_cuts, output, read_log
 from tests.row_check import compare_rows
 
-pytestmark = [pytest.mark.slow, pytest.mark.spark]
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.matrix("bad records")]
 
 JOB = "clicks_per_user"
 RUN = ["--until-caught-up", "--interval-ms", "1000", "--max-records-per-partition", "4000"]

@@ -23,7 +23,7 @@ from state.savepoint import read_savepoint
 from state.storage import open_storage
 from tests.reference import before_cut, read_log
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.landing]
 
 JOB = "clicks_per_user"
 

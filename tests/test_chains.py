@@ -18,6 +18,7 @@ from tests.reference import check, read_log
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.landing
 def test_a_stage_reading_an_earlier_stage_past_the_next_gets_its_output_in_the_same_batch(
     tmp_path,
 ):

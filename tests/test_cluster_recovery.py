@@ -48,7 +48,7 @@ from tests.file_input import clicks, put_file, read_files
 from tests.file_jobs import FILES_ENV
 from tests.reference import check
 
-pytestmark = [pytest.mark.slow, pytest.mark.spark]
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.matrix("cluster")]
 
 JOB = "tests.file_jobs:file_clicks"  # clicks_per_user on the file source
 NAME = "file_clicks"

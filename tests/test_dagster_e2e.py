@@ -44,7 +44,7 @@ from state.storage import open_storage
 from tests.e2e_util import ROOT, checkpoints_so_far, completed_checkpoints, report, wait_for
 from tests.reference import check
 
-pytestmark = [pytest.mark.slow, pytest.mark.spark]
+pytestmark = [pytest.mark.slow, pytest.mark.landing, pytest.mark.spark]
 
 JOB = "sessions"  # registered by examples/sessions through the cutline.jobs entry point
 HOST = socket.gethostname()

@@ -18,7 +18,7 @@ import pytest
 from tests.e2e_util import ROOT, report, wait_for
 from tests.test_dagster_e2e import free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.spark]
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.matrix("demo signals")]
 
 
 def processes_of(home: Path) -> dict[int, str]:

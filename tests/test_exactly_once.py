@@ -68,7 +68,7 @@ from tests.tiers import SEED
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
-# kills per job: ten in the whole tier, five in `make test` (which draws two jobs)
+# kills per job: ten in the whole tier, five in `make test` (which draws one job)
 KILLS = int(os.environ.get("CUTLINE_TEST_KILLS") or (5 if tiers.landing() else 10))
 RUN = ["--idle-timeout", "3", "--interval-ms", "1000", "--max-records-per-partition", "4000"]
 TO_END = ["--until-caught-up", *RUN[2:]]  # the runs after the kills read what there is, then stop
@@ -347,6 +347,7 @@ def check_savepoints(home: Path, paths: RuntimePaths, job: str) -> str:
     return f"{len(rows)} savepoints, each whole and recorded once; {imported} restored from"
 
 
+@pytest.mark.landing
 def test_at_least_once_loses_nothing_and_reports_duplicates(tmp_path):
     """At least once: output is appended every micro-batch, so a replay after a kill appends
     it again. Nothing is lost: every user's final count is the input's. (One checkpoint, at the

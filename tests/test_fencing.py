@@ -32,7 +32,7 @@ from tests.e2e_util import (
 )
 from tests.reference import check
 
-pytestmark = [pytest.mark.slow, pytest.mark.spark]
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.matrix("fencing")]
 
 JOB = "clicks_per_user"
 RUN = ["--idle-timeout", "4", "--interval-ms", "1000", "--max-records-per-partition", "4000"]

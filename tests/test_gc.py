@@ -243,6 +243,7 @@ def kill_points() -> list[tuple[str, float]]:
     return points
 
 
+@pytest.mark.landing  # with a slice of the kill points
 def test_gc_killed_at_random_points_and_rerun_deletes_exactly_what_nothing_needs(tmp_path):
     points = kill_points()
     report(f"\nseed {tiers.SEED}: kill -9 at {points}")

@@ -49,6 +49,7 @@ def test_the_readme_test_of_the_first_job_passes(package):
 
 
 @pytest.mark.slow
+@pytest.mark.landing
 @pytest.mark.spark
 def test_the_readme_job_runs_and_its_output_is_exact(package, tmp_path):
     home = tmp_path / "home"

@@ -84,6 +84,7 @@ def replayed(log: str, restored: CheckpointManifest, committed: int) -> str:
     return lines[-1]
 
 
+@pytest.mark.matrix("restore safety")
 def test_falling_back_past_damaged_checkpoints_never_re_emits_committed_output(tmp_path):
     """A checkpoint at the first micro-batch, then none until the final one (a 60 s interval):
     the fallback past the damaged final checkpoint replays every epoch between them."""
@@ -113,6 +114,7 @@ def test_falling_back_past_damaged_checkpoints_never_re_emits_committed_output(t
         report(check("clicks_per_user", home))
 
 
+@pytest.mark.matrix("restore safety")
 def test_a_restore_of_an_older_checkpoint_by_id_replays_the_committed_epochs(tmp_path):
     """``--restore ID`` of a checkpoint several epochs behind the sink's committed epoch (kept,
     subsumed, since no GC ran): the committed epochs run again without output, then new input."""
@@ -136,6 +138,7 @@ def test_a_restore_of_an_older_checkpoint_by_id_replays_the_committed_epochs(tmp
     report(check("clicks_per_user", home))
 
 
+@pytest.mark.matrix("restore safety")
 def test_a_restore_never_silently_starts_over(tmp_path):
     home = tmp_path / "home"
     more_input(home, 16_000)
@@ -170,6 +173,7 @@ def test_a_restore_never_silently_starts_over(tmp_path):
     report(check("clicks_per_user", home))
 
 
+@pytest.mark.landing  # no Spark starts: refused before
 def test_bad_options_are_refused_not_ignored(tmp_path):
     for option in ("--interval-ms", "--parallelism", "--max-records-per-partition"):
         for value in ("0", "-3"):

@@ -15,7 +15,7 @@ from tests.e2e_util import completed_checkpoints_at, report, run_to_end, verify_
 from tests.reference import check
 from tests.s3_proxy import FAIL, PASS, STALL, FaultyProxy
 
-pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.s3]
+pytestmark = [pytest.mark.slow, pytest.mark.landing, pytest.mark.spark, pytest.mark.s3]
 
 JOB = "clicks_per_user"
 FAIL_RATE, STALL_RATE, STALL_S = 0.05, 0.01, 1.5

@@ -77,6 +77,7 @@ def savepoint(home, *args: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.landing
 @pytest.mark.spark
 @pytest.mark.s3
 def test_savepoints_move_and_restore_under_any_name_and_outlive_gc(tmp_path, s3_server):
@@ -212,6 +213,7 @@ def check_from_savepoint(home, table: str, batch_id: int, values: tuple = ()) ->
 
 
 @pytest.mark.slow
+@pytest.mark.landing
 @pytest.mark.spark
 def test_a_savepoint_written_from_a_dataframe_starts_a_job_that_continues_it(tmp_path, spark):
     """A migration: another system counted the first part of every partition of the log. Its

@@ -40,6 +40,7 @@ def test_a_job_reference_that_does_not_resolve_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.matrix("user jobs")
 @pytest.mark.spark
 def test_evolution_by_uid_and_state_fingerprint(tmp_path):
     home = tmp_path / "home"
@@ -66,6 +67,7 @@ def test_evolution_by_uid_and_state_fingerprint(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.matrix("user jobs")
 @pytest.mark.spark
 def test_a_raising_function_fails_the_attempt_and_the_fixed_job_restores_exactly(tmp_path):
     home = tmp_path / "home"
@@ -82,6 +84,7 @@ def test_a_raising_function_fails_the_attempt_and_the_fixed_job_restores_exactly
 
 
 @pytest.mark.slow
+@pytest.mark.matrix("user jobs")
 @pytest.mark.spark
 def test_a_pipeline_transform_sees_good_records_and_must_keep_the_runtime_columns(tmp_path):
     home = tmp_path / "home"

@@ -53,12 +53,15 @@ class Matrix:
 MATRICES = {
     m.name: m
     for m in (
-        Matrix("kill jobs", 2, "jobs killed at random points (tests/test_exactly_once.py)"),
+        Matrix("kill jobs", 1, "jobs killed at random points (tests/test_exactly_once.py)"),
         Matrix("kill points", 5, "named kill points, random and in-flight kills, per job"),
-        Matrix("fencing", 2, "fencing scenarios (tests/test_fencing.py)"),
+        Matrix("fencing", 1, "two attempts, a zombie, a paused driver, an orphan manifest"),
         Matrix("gc kills", 2, "points of a GC pass killed with SIGKILL (tests/test_gc.py)"),
-        Matrix("restore safety", 1, "damaged or misconfigured restores"),
-        Matrix("cluster", 1, "two-host failures and rescales (tests/test_cluster_recovery.py)"),
+        Matrix("restore safety", 1, "damaged checkpoints, an older one by id, no start-over"),
+        Matrix("bad records", 1, "a bad record failing the run, dead letters across a kill"),
+        Matrix("cluster", 1, "a host lost; rescaled 2 -> 3 -> 1 -> 4 across two hosts"),
+        Matrix("user jobs", 1, "evolution, a raising function, a pipeline transform"),
+        Matrix("demo signals", 1, "make demo stopped by SIGTERM or SIGHUP"),
     )
 }
 
