@@ -22,11 +22,15 @@ import os
 import signal
 import sys
 import threading
+import time
+import uuid
 from collections import Counter
+from concurrent.futures import Executor, Future
 
 ENV = "CUTLINE_FAULT_KILL"
 GROUP_ENV = "CUTLINE_FAULT_KILL_GROUP"  # the driver's process group, set by arm()
 RECORD_ENV = "CUTLINE_FAULT_RECORD"  # a file each kill appends its line to before dying
+UPLOAD_DELAY_ENV = "CUTLINE_FAULT_UPLOAD_DELAY_S"  # seconds every snapshot upload starts late
 
 KILL_POINTS = (
     "restore-started",  # the start is planned; no subtask restored yet
@@ -92,3 +96,33 @@ def note(line: str) -> None:
             os.write(fd, line.encode())
         finally:
             os.close(fd)
+
+
+class DelayedExecutor(Executor):
+    """The asynchronous part of every snapshot starts ``delay_s`` late, so tests can kill a
+    driver while uploads are in flight; each upload's start and end are noted (:func:`note`)."""
+
+    def __init__(self, delay_s: float) -> None:
+        from state.snapshot import default_executor
+
+        self.delay_s = delay_s
+        self.inner = default_executor()
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        def delayed():
+            token = uuid.uuid4().hex
+            note(f"upload started {token}\n")
+            time.sleep(self.delay_s)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                note(f"upload ended {token}\n")
+
+        return self.inner.submit(delayed)
+
+
+def upload_executor() -> Executor | None:
+    """Where a subtask's snapshot uploads run: a :class:`DelayedExecutor` when
+    ``CUTLINE_FAULT_UPLOAD_DELAY_S`` is set, otherwise None (the snapshotter's default)."""
+    delay = float(os.environ.get(UPLOAD_DELAY_ENV, "0") or 0)
+    return DelayedExecutor(delay) if delay > 0 else None

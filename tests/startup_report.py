@@ -74,7 +74,7 @@ def phases(line: str) -> dict[str, float]:
 class TestTimeline:
     test: str
     seconds: float
-    drivers: int
+    processes: int
     first_batches: int
     columns: dict[str, float] = field(default_factory=dict)
 
@@ -113,12 +113,11 @@ def pytest_terminal_summary(terminalreporter) -> None:
     terminalreporter.write_line(f"{head} {'rest':>7}  test")
     for t in shown:
         cells = " ".join(f"{t.columns[c]:11.1f}" for c in COLUMNS)
-        terminalreporter.write_line(
-            f"{t.seconds:7.1f} {t.drivers:7d} {t.first_batches:6d} {cells} {t.rest:7.1f}  {t.test}"
-        )
+        counts = f"{t.seconds:7.1f} {t.processes:7d} {t.first_batches:6d}"
+        terminalreporter.write_line(f"{counts} {cells} {t.rest:7.1f}  {t.test}")
     total = {c: sum(t.columns[c] for t in shown) for c in COLUMNS}
     terminalreporter.write_line(
-        f"all of them: {sum(t.seconds for t in shown):.0f} s, {sum(t.drivers for t in shown)} "
+        f"all of them: {sum(t.seconds for t in shown):.0f} s, {sum(t.processes for t in shown)} "
         "cutline processes; " + ", ".join(f"{c} {s:.0f} s" for c, s in total.items())
     )
     OUT.write_text(
@@ -127,7 +126,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
                 {
                     "test": t.test,
                     "seconds": round(t.seconds, 1),
-                    "drivers": t.drivers,
+                    "processes": t.processes,
                     "first_micro_batches": t.first_batches,
                     **{c: round(t.columns[c], 1) for c in COLUMNS},
                     "rest": round(t.rest, 1),

@@ -64,7 +64,6 @@ from tests.file_input import clicks, put_file, read_files
 from tests.file_jobs import FILES_ENV
 from tests.reference import check, output, read_log
 from tests.state_check import check_country_state
-from tests.tiers import SEED
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -152,13 +151,13 @@ def ask_for_savepoint(paths: RuntimePaths, job: str, stop: bool) -> None:
 def kill_modes(job: str) -> Iterator[str]:
     """The modes ``job``'s attempts are killed in, in order, cycling: a run of ``KILLS``
     consecutive modes of one permutation of ``MODES`` drawn from the seed, starting at the job's
-    index times ``KILLS``. The whole tier's seven jobs thus draw every mode; a landing run's two
-    jobs draw up to ten (the "kill points" matrix of tests/tiers.py). An attempt that ends
-    before its kill lands takes the next mode."""
+    index times ``KILLS``. The whole tier's seven jobs thus draw every mode; a landing run's one
+    job draws five (the "kill points" matrix of tests/tiers.py). An attempt that ends before its
+    kill lands takes the next mode."""
     modes = list(MODES)
     tiers.rng("kill points").shuffle(modes)
-    start = list(INPUTS).index(job) * KILLS
-    return itertools.cycle([modes[(start + i) % len(modes)] for i in range(len(modes))])
+    start = list(INPUTS).index(job) * KILLS % len(modes)
+    return itertools.cycle(modes[start:] + modes[:start])
 
 
 def one_attempt(
@@ -239,8 +238,8 @@ def pending(record: Path) -> int:
      for job in INPUTS],
 )  # fmt: skip
 def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, tmp_path, request):
-    rng = random.Random(f"{SEED}/{job}")
-    report(f"\n{job}: seed {SEED} (CUTLINE_TEST_SEED={SEED} reproduces the kill plan)")
+    rng = random.Random(f"{tiers.SEED}/{job}")
+    report(f"\n{job}: seed {tiers.SEED} (CUTLINE_TEST_SEED={tiers.SEED} reproduces the kill plan)")
     home = tmp_path / "home"
     paths = RuntimePaths.under(home)
     if job in ON_S3:  # every durable role on the S3 server

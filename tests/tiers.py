@@ -107,16 +107,16 @@ def rng(label: str) -> random.Random:
     return random.Random(f"{SEED}/{label}")
 
 
-def draw(matrix: str, cases: Sequence[T], label: str = "") -> list[T]:
+def draw(matrix: str, cases: Sequence[T]) -> list[T]:
     """The cases of ``matrix`` this run takes: all of them in the whole tier, in an order drawn
     from the seed; in the landing tier, ``MATRICES[matrix].landing`` of them (distinct while
-    there are enough). ``label`` separates draws of one matrix in several tests."""
+    there are enough)."""
     order = list(cases)
-    rng(f"{matrix}/{label}").shuffle(order)
+    rng(f"{matrix}/").shuffle(order)
     if landing():
         order = order[: MATRICES[matrix].landing]
     for case in order:
-        record(matrix, f"{label}: {case}" if label else str(case))
+        record(matrix, str(case))
     return order
 
 

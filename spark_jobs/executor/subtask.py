@@ -21,7 +21,6 @@ import json
 import os
 import socket
 import time
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -37,7 +36,7 @@ from spark_jobs.errors import IncompatibleStateError, carry_to_driver
 from spark_jobs.executor.reports import SubtaskRestoreReport, SubtaskStats
 from spark_jobs.sources.bad_records import dead_letters, first_bad, split_bad
 from state.acks import Ack, ack_path
-from state.faults import kill_point
+from state.faults import kill_point, upload_executor
 from state.handles import SubtaskStateHandle
 from state.keygroups import key_group_range
 from state.local_copies import LocalCopies
@@ -154,37 +153,6 @@ def stage_output(plan: BatchPlan, stage: int, subtask: int, sink: str, output: p
         staged.write(plan.epoch, f"part-{subtask:05d}-s{stage}", output)
 
 
-class _DelayedExecutor:
-    """Fault injection (``CUTLINE_FAULT_UPLOAD_DELAY_S``): the asynchronous part of every snapshot
-    starts late, so tests can kill a driver while uploads are in flight; each one's start and end
-    are noted in the fault record (state/faults.py ``note``)."""
-
-    def __init__(self, delay_s: float) -> None:
-        from state.snapshot import default_executor
-
-        self.delay_s = delay_s
-        self.inner = default_executor()
-
-    def submit(self, fn, *args, **kwargs):
-        def delayed():
-            from state.faults import note
-
-            token = uuid.uuid4().hex
-            note(f"upload started {token}\n")
-            time.sleep(self.delay_s)
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                note(f"upload ended {token}\n")
-
-        return self.inner.submit(delayed)
-
-
-def _snapshot_executor():
-    delay = float(os.environ.get("CUTLINE_FAULT_UPLOAD_DELAY_S", "0") or 0)
-    return _DelayedExecutor(delay) if delay > 0 else None
-
-
 def _send_ack(ctx: RunContext, checkpoint_id: int, operator: str, subtask: int, future) -> None:
     """Put the ack of a finished snapshot (its handle, or its failure as a decline) into the
     attempt's inbox."""
@@ -283,7 +251,7 @@ def run_subtask(
                 subtask,
                 incremental=ctx.job.checkpoint.incremental,
                 local_recovery=ctx.job.checkpoint.local_recovery,
-                executor=_snapshot_executor(),
+                executor=upload_executor(),
             )
             cid, uid = plan.checkpoint_id, op.uid
             future = snapshotter.snapshot(store, cid, plan.base_handles.get((uid, subtask)))
