@@ -34,12 +34,14 @@ class-archive: $(STAMP) check-java
 
 # `make test` (CI's tier): every test not marked slow, one end-to-end run per guarantee, and a
 # slice of every fault matrix drawn from the seed (tests/tiers.py); `make test-all`: everything.
-# CUTLINE_TEST_SEED=N reruns a printed slice.
+# CUTLINE_TEST_SEED=N reruns a printed slice. Two pytest-xdist workers, the longest tests first:
+# a test's drivers leave part of the two cores idle while they start (docs/testing.md).
+TEST_WORKERS ?= 2
 test: $(STAMP) lint check-java class-archive
-	CUTLINE_TEST_TIER=landing $(BIN)/python -m pytest -q
+	CUTLINE_TEST_TIER=landing $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 test-all: $(STAMP) lint check-java class-archive
-	CUTLINE_TEST_TIER=all $(BIN)/python -m pytest -q
+	CUTLINE_TEST_TIER=all $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 test-fast: $(STAMP)
 	CUTLINE_TEST_TIER=landing $(BIN)/python -m pytest -q -m "not slow"

@@ -16,17 +16,17 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from spark_jobs.catalog.tables import read_delta
+from tests import findings
 from tests.startup_report import driver_started
 
 ROOT = Path(__file__).resolve().parent.parent
-FIGURES: list[str] = []  # what tests measured; conftest.py repeats them at the end of the run
 
 
 def report(line: str) -> None:
     """A figure a test measured (kills, records, keys compared): printed, and listed again
-    under "figures" at the end of the pytest run, passing or not."""
+    under "figures" at the end of the pytest run, passing or not (tests/findings.py)."""
     test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0].split("/")[-1]
-    FIGURES.append(f"{test}: {line.strip()}" if test else line.strip())
+    findings.note("figure", f"{test}: {line.strip()}" if test else line.strip())
     print(line)
 
 

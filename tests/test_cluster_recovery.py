@@ -91,7 +91,11 @@ def deployment(s3_server, s3_bucket, tmp_path, monkeypatch) -> Iterator[Deployme
     home = tmp_path / "home"
     (home / "tmp").mkdir(parents=True)
     assert not any(k.startswith("AWS_ENDPOINT_URL") for k in os.environ), "the workers' env"
-    with StandaloneCluster(tmp_path / "cluster", HOSTS, private=True, hidden=(home,)) as cluster:
+    short_lived = os.environ.get("SPARK_SUBMIT_OPTS", "")  # the drivers' JVM options
+    cluster = StandaloneCluster(
+        tmp_path / "cluster", HOSTS, private=True, hidden=(home,), java_options=short_lived
+    )
+    with cluster:
         monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server)  # this process writes and reads S3
         files = f"s3://{s3_bucket}/files"
         monkeypatch.setenv(FILES_ENV, files)  # where the job's definition reads them from
@@ -157,7 +161,7 @@ def read_a_file_added_while_it_runs(d: Deployment, driver, name: str, seed: int)
 
 def restore_to_end(d: Deployment, *extra: str) -> None:
     """Restore with the lost attempt's allocation as hints and run to the end of the input."""
-    args = run_args(d, latest_allocation(d), "--idle-timeout", "8", *extra)
+    args = run_args(d, latest_allocation(d), "--until-caught-up", *extra)
     run_to_end(d.home, *args, timeout=900, **d.driver)
 
 

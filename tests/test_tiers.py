@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from tests import startup_report, tiers
+from tests import findings, startup_report, tiers
 
 
 def test_runs_to_cover_against_exact_small_cases_and_a_simulation():
@@ -30,11 +30,12 @@ def test_runs_to_cover_against_exact_small_cases_and_a_simulation():
 def test_a_slice_depends_on_the_seed_alone(monkeypatch):
     cases = [f"case-{i}" for i in range(16)]
     monkeypatch.setattr(tiers, "TIER", tiers.LANDING)
-    monkeypatch.setattr(tiers, "DRAWN", {})
+    monkeypatch.setattr(findings, "PENDING", [])  # what the draws record: not this test's
     monkeypatch.setattr(tiers, "SEED", 11)
     first = tiers.draw("kill points", cases)
     assert first == tiers.draw("kill points", cases), "a seed reruns its slice"
     assert len(first) == len(set(first)) == tiers.MATRICES["kill points"].landing
+    assert [("drawn", ["kill points", c]) for c in first * 2] == findings.PENDING, "recorded"
     slices = set()
     for seed in range(12, 40):
         monkeypatch.setattr(tiers, "SEED", seed)
@@ -61,3 +62,15 @@ def test_a_startup_line_splits_into_the_reports_columns():
     assert startup_report.phases(line) == pytest.approx(
         {"session": 4.3, "query start": 2.9, "restore": 3.0, "first batch": 3.4}
     )
+
+
+def test_each_worker_share_begins_with_its_part_of_the_slow_tests_longest_first():
+    items = [f"fast-{i}" for i in range(6)] + ["slow-b", "slow-a", "slow-c"]
+    slow = [i.startswith("slow") for i in items]
+    place = [9] * 6 + [1, 0, 2]  # a before b before c
+    two = tiers.longest_first(items, slow, place, 2)
+    assert two[:4] == ["slow-a", "slow-c", "fast-0", "fast-1"]  # the first worker's 4 of 9
+    assert two[4:] == ["slow-b", "fast-2", "fast-3", "fast-4", "fast-5"]
+    assert tiers.longest_first(items, slow, place, 1) == ["slow-a", "slow-b", "slow-c"] + [
+        f"fast-{i}" for i in range(6)
+    ]

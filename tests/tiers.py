@@ -34,6 +34,8 @@ from typing import TypeVar
 
 import pytest
 
+from tests import findings
+
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 SEED_ENV, TIER_ENV = "CUTLINE_TEST_SEED", "CUTLINE_TEST_TIER"
@@ -66,6 +68,16 @@ MATRICES = {
 }
 
 
+# The modules of slow tests, longest tests first: runs start them first, so that with two
+# workers (pytest-xdist) the last test to end is a short one. Slow tests of other modules follow
+# them, then the rest, each in collection order.
+LONGEST_FIRST = (
+    "test_dagster_e2e", "test_cluster_recovery", "test_exactly_once", "test_s3_faults",
+    "test_savepoint_runs", "test_gc", "test_restore_safety", "test_fencing", "test_user_jobs",
+    "test_demo", "test_bad_records", "test_kafka", "test_compaction",
+)  # fmt: skip
+
+
 def _commit_seed() -> int | None:
     try:
         head = subprocess.run(
@@ -95,7 +107,7 @@ TIER = os.environ.get(TIER_ENV, ALL)
 if TIER not in COMMANDS:
     raise ValueError(f"{TIER_ENV}={TIER!r}: expected {LANDING!r} or {ALL!r}")
 
-DRAWN: dict[str, list[str]] = {}  # matrix -> the cases this run drew, for the summary
+DRAWN: dict[str, list[str]] = {}  # matrix -> the cases the collection drew, for the header
 
 
 def landing() -> bool:
@@ -107,24 +119,27 @@ def rng(label: str) -> random.Random:
     return random.Random(f"{SEED}/{label}")
 
 
-def draw(matrix: str, cases: Sequence[T]) -> list[T]:
-    """The cases of ``matrix`` this run takes: all of them in the whole tier, in an order drawn
-    from the seed; in the landing tier, ``MATRICES[matrix].landing`` of them (distinct while
-    there are enough)."""
+def _slice(matrix: str, cases: Sequence[T]) -> list[T]:
     order = list(cases)
     rng(f"{matrix}/").shuffle(order)
-    if landing():
-        order = order[: MATRICES[matrix].landing]
+    return order[: MATRICES[matrix].landing] if landing() else order
+
+
+def draw(matrix: str, cases: Sequence[T]) -> list[T]:
+    """The cases of ``matrix`` this test takes: all of them in the whole tier, in an order drawn
+    from the seed; in the landing tier, ``MATRICES[matrix].landing`` of them (distinct while
+    there are enough). Each is recorded (:func:`record`)."""
+    order = _slice(matrix, cases)
     for case in order:
         record(matrix, str(case))
     return order
 
 
 def record(matrix: str, case: str) -> None:
-    """Note a case of ``matrix`` this run draws (listed at the end of the run)."""
+    """Note a case of ``matrix`` the running test drew (listed at the end of the run)."""
     if matrix not in MATRICES:
         raise KeyError(f"no matrix {matrix!r} in tests/tiers.py")
-    DRAWN.setdefault(matrix, []).append(case)
+    findings.note("drawn", [matrix, case])
 
 
 def runs_to_cover(cases: int, drawn: int) -> float:
@@ -168,9 +183,44 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"cutline tier: {TIER} ({COMMANDS[TIER]}); seed {SEED} {SEED_SOURCE}: {rerun_line()}"]
 
 
+def _place(item: pytest.Item) -> int:
+    module = item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
+def longest_first(items: list[T], slow: list[bool], place: list[int], workers: int) -> list[T]:
+    """``items`` ordered for ``workers`` pytest-xdist workers: the work-stealing scheduler
+    gives each worker a contiguous share of the list (the first ``n // workers`` items to the
+    first, and so on) and moves tests from the end of a busy worker's share to an idle one.
+    So each share begins with its own part of the slow tests, dealt out longest first, and the
+    others fill it, in collection order. With one worker: the slow tests first."""
+    order = sorted(range(len(items)), key=lambda i: place[i])  # stable
+    heavy = [i for i in order if slow[i]]
+    light = [i for i in range(len(items)) if not slow[i]]
+    out: list[int] = []
+    remaining = len(items)
+    for w in range(workers):
+        share = remaining // (workers - w)  # the scheduler's first split
+        remaining -= share
+        dealt = heavy[w::workers]
+        out += dealt
+        fill = max(0, share - len(dealt))
+        out += light[:fill]
+        del light[:fill]
+    out += light
+    return [items[i] for i in out]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In the landing tier: deselect slow tests that are neither ``landing`` nor drawn in their
-    matrix's slice."""
+    """In the landing tier, deselect slow tests that are neither ``landing`` nor drawn in their
+    matrix's slice; then start the longest tests first (:func:`longest_first`)."""
+    _select(config, items)
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    slow = [item.get_closest_marker("slow") is not None for item in items]
+    items[:] = longest_first(items, slow, [_place(item) for item in items], workers)
+
+
+def _select(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not landing():
         return
     by_matrix: dict[str, list[pytest.Item]] = {}
@@ -181,14 +231,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if name not in MATRICES:
                 raise pytest.UsageError(f"{item.nodeid}: no matrix {name!r} in tests/tiers.py")
             by_matrix.setdefault(name, []).append(item)
-    chosen = set()
+    chosen: dict[str, str] = {}  # nodeid -> its matrix
     for name, cases in sorted(by_matrix.items()):
-        ids = draw(name, sorted(item.nodeid for item in cases))
-        chosen.update(ids)
+        ids = _slice(name, sorted(item.nodeid for item in cases))
+        DRAWN[name] = ids
+        chosen.update(dict.fromkeys(ids, name))
     keep, drop = [], []
     for item in items:
         if item.get_closest_marker("matrix") is not None:
-            (keep if item.nodeid in chosen else drop).append(item)
+            if item.nodeid in chosen:
+                drawn = [chosen[item.nodeid], item.nodeid]
+                item.user_properties.append(findings.item_finding("drawn", drawn))
+                keep.append(item)
+            else:
+                drop.append(item)
         elif item.get_closest_marker("slow") is None or item.get_closest_marker("landing"):
             keep.append(item)
         else:
@@ -199,12 +255,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
-    return _slice_lines()
+    return _slice_lines(DRAWN)  # (with xdist the workers collect: the summary has the slice)
 
 
-def _slice_lines() -> list[str]:
+def _slice_lines(drawn: dict[str, list[str]]) -> list[str]:
     lines = []
-    for name, cases in sorted(DRAWN.items()):
+    for name, cases in sorted(drawn.items()):
         matrix = MATRICES[name]
         lines.append(f"slice of {name!r} ({matrix.what}):")
         lines.extend(f"    {case}" for case in cases)
@@ -212,7 +268,11 @@ def _slice_lines() -> list[str]:
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
+    """The cases every test drew, the tier and the seed."""
+    drawn: dict[str, list[str]] = {}
+    for name, case in findings.collected("drawn"):
+        drawn.setdefault(name, []).append(case)
     terminalreporter.section("cutline tier and seed")
-    for line in _slice_lines():
+    for line in _slice_lines(drawn):
         terminalreporter.write_line(line)
     terminalreporter.write_line(f"tier {TIER}, seed {SEED} ({SEED_SOURCE}): {rerun_line()}")

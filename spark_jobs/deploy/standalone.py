@@ -81,11 +81,14 @@ class Worker:
     process: subprocess.Popen
 
     def executor_pids(self) -> list[int]:
-        """Pids of the executor JVMs this worker launched (children in its process group)."""
+        """Pids of the executor JVMs this worker launched (its children: another cluster's
+        worker on the same address is not this one)."""
         return [
             pid
             for pid, cmd in _processes()
-            if "CoarseGrainedExecutorBackend" in cmd and f"--hostname\x00{self.host}\x00" in cmd
+            if "CoarseGrainedExecutorBackend" in cmd
+            and f"--hostname\x00{self.host}\x00" in cmd
+            and _parent(pid) == self.process.pid
         ]
 
 
@@ -100,6 +103,9 @@ class StandaloneCluster:
     master_port: int = 0
     ui_port: int = 0
     private: bool = False  # each worker sees neither the others' disks nor ``hidden``
+    # options of every JVM of the cluster (master, workers, the executors they launch), given
+    # to them as ``JAVA_TOOL_OPTIONS``
+    java_options: str = ""
     hidden: tuple[Path, ...] = ()
     master: subprocess.Popen | None = None
     workers: dict[str, Worker] = field(default_factory=dict)
@@ -126,7 +132,12 @@ class StandaloneCluster:
             private_view([str(spark_home() / "bin" / "spark-class"), *args], hidden),
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "SPARK_HOME": str(spark_home()), **env},
+            env={
+                **os.environ,
+                "SPARK_HOME": str(spark_home()),
+                **({"JAVA_TOOL_OPTIONS": self.java_options} if self.java_options else {}),
+                **env,
+            },
             start_new_session=True,
         )
 
@@ -219,6 +230,14 @@ class StandaloneCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _parent(pid: int) -> int | None:
+    """The parent of process ``pid`` (None once it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _processes() -> list[tuple[int, str]]:
