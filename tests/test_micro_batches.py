@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from spark_jobs.driver.micro_batches import MicroBatches
+from spark_jobs.driver.micro_batches import EXPIRY_GRACE_S, MicroBatches
 from spark_jobs.driver.run_state import RunState
 
 
@@ -21,7 +21,7 @@ class Policy:
     def __init__(self, allows: bool) -> None:
         self.allows, self.triggered, self.pending = allows, [], []
 
-    def trigger(self, epoch: int, positions, now_ms: int):
+    def trigger(self, epoch: int, positions, now_ms: int, force: bool = False):
         if not self.allows:
             return None
         self.triggered.append(epoch)
@@ -40,6 +40,8 @@ class Requests:
 
     def at_barrier(self, checkpoint_id: int) -> None:
         self.barriers.append(checkpoint_id)
+
+    at_final = at_barrier
 
     def when_idle(self, committed, pending: bool) -> bool:
         self.idle_calls.append((committed, pending))
@@ -119,3 +121,31 @@ def test_a_stopping_run_takes_none_and_a_stop_request_stops_it():
     b.state.stop.set()
     assert idle(b, committed_at(6)) is True
     assert b.ran == []
+
+
+class Waits(RunState):
+    """The run's state, recording how long the final checkpoint was allowed to wait; the
+    checkpoint ends (completes or aborts) as ``ends`` says."""
+
+    def __init__(self, ends) -> None:
+        super().__init__()
+        self.ends, self.allowed = ends, []
+
+    def wait_for_checkpoint(self, checkpoint_id: int, timeout_s: float) -> bool:
+        self.allowed.append(timeout_s)
+        self.ends(self, checkpoint_id)
+        return super().wait_for_checkpoint(checkpoint_id, 5.0)
+
+
+@pytest.mark.parametrize("completes", [True, False], ids=["completes", "aborted"])
+def test_the_final_checkpoint_waits_as_long_as_the_jobs_checkpoint_timeout(completes):
+    """Not a fixed limit: on slow storage a final checkpoint that completes within the job's own
+    timeout ends the run well; one aborted (it expired) fails it."""
+    b = batches(5)
+    b.job = SimpleNamespace(checkpoint=SimpleNamespace(timeout_ms=900_000))
+    end = RunState.checkpoint_completed if completes else RunState.checkpoint_aborted
+    b.state = Waits(lambda state, cid: end(state, cid))
+    b.final_checkpoint()
+    assert b.state.allowed == [900.0 + EXPIRY_GRACE_S]
+    assert b.ran == [(6, 41, True)] and b.savepoints.barriers == [41]
+    assert b.state.failure == (None if completes else "final checkpoint 41 did not complete")

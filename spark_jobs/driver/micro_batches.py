@@ -38,6 +38,8 @@ from spark_jobs.sources.frames import empty_frame, range_frame, source_columns, 
 from state.coordinator import CheckpointCoordinator
 from state.manifest import CheckpointManifest
 
+EXPIRY_GRACE_S = 30.0  # past a checkpoint's timeout, for the ack poller's pass that aborts it
+
 
 class MicroBatches:
     """Runs one attempt's micro-batches. ``anchor`` (the restore's placement) is set before the
@@ -85,9 +87,13 @@ class MicroBatches:
         records = self._after(plan, self._execute(df, plan))
         return epoch, cid, records, in_flight
 
-    def final_checkpoint(self, timeout_s: float = 120.0) -> None:
-        """A barrier with no records: commits all output. Fails the run unless the checkpoint
-        completes within ``timeout_s``."""
+    def final_checkpoint(self) -> None:
+        """A barrier with no records: commits all output. It waits as long as the job's own
+        checkpoint timeout lets a checkpoint take, however slow the storage: for a free slot
+        (each checkpoint in flight completes or expires within that timeout of its trigger),
+        then for this one, which completes or is aborted when it expires (the ack poller's
+        ``expire``). Fails the run if it is aborted or never completes."""
+        timeout_s = self.job.checkpoint.timeout_ms / 1000
         self.progress.epoch += 1
         deadline = time.monotonic() + timeout_s
         pending = None
@@ -102,7 +108,8 @@ class MicroBatches:
         cid = pending.checkpoint_id
         self.savepoints.at_final(cid)
         self._without_records(cid)
-        if not self.state.wait_for_checkpoint(cid, deadline - time.monotonic()):
+        # its own timeout, and a little for the expiry pass that aborts it
+        if not self.state.wait_for_checkpoint(cid, timeout_s + EXPIRY_GRACE_S):
             self.state.fail(f"final checkpoint {cid} did not complete")
 
     def when_idle(self, committed: Callable[[], CheckpointManifest | None]) -> bool:
