@@ -9,6 +9,7 @@ lands in the same partition.
 from __future__ import annotations
 
 import base64
+import fcntl
 import socket
 import subprocess
 import time
@@ -28,12 +29,22 @@ def _ivy_jar() -> Path:
 
 
 def fetch_jars() -> Path:
-    """Resolve Kafka and a logging backend into the cache (no-op when already there)."""
+    """Resolve Kafka and a logging backend into the cache (no-op when already there; one
+    process at a time: two test workers may start a broker at once)."""
     lib = CACHE / "lib"
     done = lib / ".complete"
     if done.exists():
         return lib
     lib.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "fetch.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():  # not fetched by the process that held the lock before
+            _fetch(lib)
+            done.touch()
+    return lib
+
+
+def _fetch(lib: Path) -> None:
     for org, name, version in (KAFKA, SLF4J):
         subprocess.run(
             [
@@ -47,8 +58,6 @@ def fetch_jars() -> Path:
             capture_output=True,
             timeout=600,
         )  # fmt: skip
-    done.touch()
-    return lib
 
 
 def _free_port() -> int:

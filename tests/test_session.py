@@ -142,3 +142,22 @@ def test_executors_are_told_where_s3_is_and_never_the_credentials():
     }
     given = {"spark.executorEnv.AWS_DEFAULT_REGION": "us-east-2"}  # the user's conf wins
     assert "spark.executorEnv.AWS_DEFAULT_REGION" not in executor_env(environ, given)
+
+
+def test_one_process_at_a_time_resolves_packages_into_a_cache(tmp_path):
+    import fcntl
+
+    from spark_jobs.deploy.session import one_resolution_at_a_time
+
+    conf = {"spark.jars.packages": "g:a:1", "spark.jars.ivy": str(tmp_path / "ivy")}
+    lock = tmp_path / "ivy" / "resolution.lock"
+    with (
+        one_resolution_at_a_time(conf),
+        open(lock) as other,
+        pytest.raises(BlockingIOError),  # another process's lock would wait here
+    ):
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(lock) as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released at the end
+    with one_resolution_at_a_time({"spark.jars.ivy": str(tmp_path / "none")}):
+        assert not (tmp_path / "none").exists(), "nothing to resolve: no lock"

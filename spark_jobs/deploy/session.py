@@ -195,15 +195,13 @@ def build_spark(
     builder = SparkSession.builder.appName(app_name)
     for key, value in executor_env(os.environ, extra or {}).items():
         builder = builder.config(key, value)
-    if not launched_by_spark_submit():  # otherwise spark-submit applied submit_command()'s conf
-        applied = session_conf(
-            master,
-            needs=needs,
-            shuffle_partitions=shuffle_partitions,
-            extra=extra,
-            quiet=quiet,
-            delta=delta,
-        )
+    if launched_by_spark_submit():  # spark-submit applied submit_command()'s conf
+        return builder.getOrCreate()
+    options = dict(needs=needs, shuffle_partitions=shuffle_partitions, extra=extra, quiet=quiet)
+    applied = session_conf(master, **options, delta=delta)
+    with one_resolution_at_a_time(applied):
+        if applied.get("spark.jars.packages"):  # another start may have resolved them meanwhile
+            applied = session_conf(master, **options, delta=delta)
         for key, value in applied.items():
             builder = builder.config(key, value)
         if quiet:
@@ -213,8 +211,25 @@ def build_spark(
             spark = builder.getOrCreate()
         if applied.get("spark.jars.packages"):  # resolved by Ivy in this start
             remember_resolved_jars(applied, spark.sparkContext.getConf().get("spark.jars") or "")
-        return spark
-    return builder.getOrCreate()
+    return spark
+
+
+@contextmanager
+def one_resolution_at_a_time(conf: Mapping[str, str]) -> Iterator[None]:
+    """Inside, this process is the only one resolving packages into ``conf``'s Ivy cache (an
+    exclusive lock on a file in it), when ``conf`` has packages to resolve: Ivy's cache is not
+    safe for two resolutions at once (two drivers, or two test workers, starting on a fresh
+    machine). Without packages, no lock."""
+    if not conf.get("spark.jars.packages"):
+        yield
+        return
+    import fcntl
+
+    cache = Path(conf.get("spark.jars.ivy") or ivy_dir())
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / "resolution.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 # where S3 is and in which region: the executors open the checkpoint root (and a file source)
