@@ -39,6 +39,7 @@ from orchestration.partitions import (
     WORKER_PID_TAG,
 )
 from spark_jobs.catalog.tables import CatalogReader, read_delta
+from spark_jobs.deploy.standalone import parent_pid
 from state.restore import read_manifest
 from state.storage import open_storage
 from tests.e2e_util import ROOT, checkpoints_so_far, completed_checkpoints, report, wait_for
@@ -97,10 +98,6 @@ def failure_message(home: Path, run_id: str) -> str:
             for e in inst.all_logs(run_id)
             if e.is_dagster_event and e.dagster_event.event_type_value == "PIPELINE_FAILURE"
         )
-
-
-def parent_pid(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def attempts(home: Path) -> list[dict]:

@@ -88,7 +88,7 @@ class Worker:
             for pid, cmd in _processes()
             if "CoarseGrainedExecutorBackend" in cmd
             and f"--hostname\x00{self.host}\x00" in cmd
-            and _parent(pid) == self.process.pid
+            and parent_pid(pid) == self.process.pid
         ]
 
 
@@ -232,7 +232,7 @@ class StandaloneCluster:
         self.stop()
 
 
-def _parent(pid: int) -> int | None:
+def parent_pid(pid: int) -> int | None:
     """The parent of process ``pid`` (None once it is gone)."""
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
