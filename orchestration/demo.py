@@ -22,7 +22,12 @@ from pathlib import Path
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster_graphql import DagsterGraphQLClient
 
-from orchestration.partitions import DRIVER_PID_TAG, JOB_TAG, streaming_job_partitions
+from orchestration.partitions import (
+    DRIVER_PID_TAG,
+    JOB_TAG,
+    WORKER_PID_TAG,
+    streaming_job_partitions,
+)
 from orchestration.resources import default_home
 from spark_jobs.job_loader import job_names
 
@@ -216,7 +221,7 @@ def _stop_all(home: Path, dagster: DagsterProcesses, client, generators) -> None
     deadline = time.monotonic() + 30
     while runs and time.monotonic() < deadline and _active_runs(home):
         time.sleep(1)
-    for pid in _driver_pids(home):  # a driver whose run did not stop in time
+    for pid in _drivers_of(home, runs):  # a driver whose run did not stop in time
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     dagster.stop()
@@ -258,17 +263,29 @@ def _active_runs(home: Path) -> list[str]:
     return [r.run_id for r in runs]
 
 
-def _driver_pids(home: Path) -> list[int]:
-    """The drivers of the demo's streaming runs that are still alive."""
+def _drivers_of(home: Path, run_ids: list[str]) -> list[int]:
+    """The live drivers of these runs: a pid from a run's tags counts only while it is a process
+    its run's worker started (it names that worker in ``CUTLINE_WATCH_PID``), never a process
+    that reused the pid of a driver that died earlier."""
     with instance(home) as inst:
-        runs = inst.get_runs(RunsFilter(job_name="streaming_job"))
-    pids = [int(r.tags[DRIVER_PID_TAG]) for r in runs if DRIVER_PID_TAG in r.tags]
+        runs = [inst.get_run_by_id(run_id) for run_id in run_ids]
     alive = []
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, 0)
-            alive.append(pid)
+    for run in runs:
+        tags = run.tags if run else {}
+        if DRIVER_PID_TAG in tags and WORKER_PID_TAG in tags:
+            pid = int(tags[DRIVER_PID_TAG])
+            if started_by(pid, int(tags[WORKER_PID_TAG])):
+                alive.append(pid)
     return alive
+
+
+def started_by(pid: int, worker_pid: int) -> bool:
+    """Whether process ``pid`` is alive and is a driver that run worker ``worker_pid`` started."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # gone, or not ours
+        return False
+    return f"CUTLINE_WATCH_PID={worker_pid}".encode() in environ
 
 
 if __name__ == "__main__":

@@ -76,6 +76,15 @@ def test_quiet_sessions_log_through_cutlines_log4j_configuration(monkeypatch):
     assert QUIET_LOG4J.is_file() and "spark.driver.extraJavaOptions" not in session_conf()
 
 
+def test_a_local_sessions_executor_is_never_removed_for_a_pause_of_the_machine():
+    """A local executor lives in the driver's JVM: a pause longer than Spark's 120 s heartbeat
+    timeout must not remove it (the session could never run a task again)."""
+    local = session_conf("local[2]")
+    assert int(local["spark.storage.blockManagerHeartbeatTimeoutMs"]) >= 3600 * 1000
+    cluster = session_conf("spark://127.0.0.1:7077")
+    assert "spark.storage.blockManagerHeartbeatTimeoutMs" not in cluster
+
+
 def test_drivers_use_the_class_archive_made_for_their_java_and_spark(monkeypatch, tmp_path):
     monkeypatch.setenv("CUTLINE_CLASS_ARCHIVE_DIR", str(tmp_path))
     monkeypatch.delenv("CUTLINE_CLASS_ARCHIVE", raising=False)

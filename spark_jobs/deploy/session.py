@@ -32,6 +32,9 @@ from spark_jobs.deploy.java_check import require_java
 
 SCALA = "2.13"
 DELTA_VERSION = "4.4.0"
+# How long a local session's driver waits for its own executor's heartbeat: a day, not Spark's
+# 120 s (see session_conf).
+LOCAL_HEARTBEAT_TIMEOUT_MS = 24 * 3600 * 1000
 
 
 def spark_minor() -> str:
@@ -72,6 +75,12 @@ def session_conf(
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         # Python workers fork from a daemon that imported the runtime's modules already
         "spark.python.daemon.module": "spark_jobs.executor.worker_daemon",
+        # ... and one daemon serves both the RDD jobs (restores) and the SQL ones (micro-batches):
+        # Spark keeps a daemon per distinct worker environment, and SQL adds this variable to
+        # its workers' (simplified tracebacks, its default), so RDD workers get it too
+        "spark.executorEnv.SPARK_SIMPLIFIED_TRACEBACK": "1",
+        # every Python process Spark starts imports PySpark compiled, not from Spark's zip
+        "spark.executorEnv.PYTHONPATH": str(WORKER_SITE),
         # A failed task fails the attempt; recovery is a restore from the latest checkpoint
         # (Flink's full restart), never a retry that could apply a micro-batch twice.
         "spark.task.maxFailures": "1",
@@ -93,6 +102,11 @@ def session_conf(
         conf["spark.sql.catalog.spark_catalog"] = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
         conf["spark.databricks.delta.snapshotPartitions"] = "2"
     master_url = conf["spark.master"]
+    if master_url.startswith("local"):
+        # The only executor runs in the driver's JVM, so it cannot be lost on its own; a pause
+        # of the machine longer than the heartbeat timeout (120 s) would otherwise remove it and
+        # leave a session that can never run a task again (its heartbeater then exits the JVM).
+        conf["spark.storage.blockManagerHeartbeatTimeoutMs"] = str(LOCAL_HEARTBEAT_TIMEOUT_MS)
     if master_url.startswith(("local", "spark://127.", "spark://localhost")):
         # a driver for a local or loopback cluster stays on loopback, whatever the hostname says
         conf["spark.driver.host"] = "127.0.0.1"
@@ -119,6 +133,7 @@ def session_conf(
     return conf
 
 
+WORKER_SITE = Path(__file__).with_name("worker_site")  # its sitecustomize.py
 QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
 
 # What Ivy's resolution depends on; a start with the same values gets the same jars.
