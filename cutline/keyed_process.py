@@ -22,12 +22,12 @@ the same way until the code is fixed).
 
 from __future__ import annotations
 
+import sys
 import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -38,9 +38,18 @@ from state.user_state import ListState, MapState, ValueState, expire, open_view
 from state.write_buffer import BufferedTransaction
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from state.rocksdb_store import RocksDBStore
 
 Key = str | tuple[str, ...]  # a key column, or a composite key's columns
+
+
+def is_pandas_frame(value: object) -> bool:
+    """Whether ``value`` is a pandas DataFrame, without importing pandas (a process that never
+    imported it holds no frame): the API's modules stay cheap to import where pandas is unused."""
+    pd = sys.modules.get("pandas")
+    return pd is not None and isinstance(value, pd.DataFrame)
 
 
 def key_columns(key: Key) -> tuple[str, ...]:
@@ -149,7 +158,7 @@ class KeyedContext:
         Arrow table or a pandas frame): its key column, or for a composite key the struct array
         of its key columns, which is what the state views and the timer calls take."""
         columns = key_columns(self.key_column)
-        if isinstance(table, pd.DataFrame):
+        if is_pandas_frame(table):
             table = pa.Table.from_pandas(table[list(columns)], preserve_index=False)
         if isinstance(self.key_column, str):
             return table.column(self.key_column).combine_chunks()
@@ -291,7 +300,7 @@ class ProcessOperator:
     def _as_table(self, out: Any, method: str) -> pa.Table | None:
         if out is None:
             return None
-        if isinstance(out, pd.DataFrame):
+        if is_pandas_frame(out):
             out = pa.Table.from_pandas(out, preserve_index=False)
         if not isinstance(out, pa.Table):
             raise UserFunctionError(

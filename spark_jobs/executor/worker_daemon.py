@@ -8,6 +8,7 @@ on every executor, at every (re)start of a job. Set as ``spark.python.daemon.mod
 ``session_conf``. Nothing here starts a thread or opens a file, so forking stays safe.
 """
 
+import pandas  # noqa: F401 (functions with use_pandas; PySpark's Arrow conversions)
 import pyarrow  # noqa: F401
 import rocksdict  # noqa: F401
 from pyspark import daemon, worker  # noqa: F401
