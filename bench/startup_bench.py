@@ -1,7 +1,9 @@
 """Driver start benchmark: how long a restore takes to its first micro-batch with and without
 the driver JVM's class-data archive (spark_jobs/deploy/class_archive.py), the Python worker
-daemon that imports the runtime before it forks (spark_jobs/executor/worker_daemon.py), and
-the quick compiler alone (``-XX:TieredStopAtLevel=1``, what the test suite uses).
+daemon that imports the runtime before it forks (spark_jobs/executor/worker_daemon.py), one
+daemon for the RDD and the SQL tasks, PySpark imported compiled instead of from Spark's zip
+(spark_jobs/executor/python_path.py), and the quick compiler alone (``-XX:TieredStopAtLevel=1``,
+what the test suite uses). Each variant adds one of them to the one before.
 
 One home with a ``clicks_per_user`` checkpoint; each variant restores it ``--repeat`` times
 (``cutline run``, two micro-batches). Prints the median of the driver's own ``startup:`` line
@@ -31,12 +33,17 @@ from spark_jobs.sources.generate import generate  # noqa: E402
 
 RUN = ["run", "clicks_per_user", "--interval-ms", "500", "--idle-timeout", "1", "--max-batches"]
 PYSPARK_DAEMON = ["--conf", "spark.python.daemon.module=pyspark.daemon"]
+ZIP_PYSPARK = ["--conf", "spark.executorEnv.PYTHONPATH="]  # no sitecustomize: the zip's PySpark
+TWO_DAEMONS = ["--conf", "spark.executorEnv.SPARK_SIMPLIFIED_TRACEBACK=0"]  # RDD != SQL workers
+OFF = {"CUTLINE_CLASS_ARCHIVE": "off"}
 # name -> (environment of the driver, extra arguments of ``cutline run``)
 VARIANTS: dict[str, tuple[dict[str, str], list[str]]] = {
-    "plain JVM, PySpark's daemon": ({"CUTLINE_CLASS_ARCHIVE": "off"}, PYSPARK_DAEMON),
-    "plain JVM": ({"CUTLINE_CLASS_ARCHIVE": "off"}, []),
-    "class archive": ({}, []),
-    "class archive, quick compiler only": ({"SPARK_SUBMIT_OPTS": "-XX:TieredStopAtLevel=1"}, []),
+    "plain JVM, PySpark's daemon": (OFF, [*PYSPARK_DAEMON, *ZIP_PYSPARK, *TWO_DAEMONS]),
+    "plain JVM": (OFF, [*ZIP_PYSPARK, *TWO_DAEMONS]),
+    "class archive": ({}, [*ZIP_PYSPARK, *TWO_DAEMONS]),
+    "+ one worker daemon": ({}, ZIP_PYSPARK),
+    "+ compiled PySpark (the default)": ({}, []),
+    "default, quick compiler only": ({"SPARK_SUBMIT_OPTS": "-XX:TieredStopAtLevel=1"}, []),
 }
 STARTUP = re.compile(r"^startup: ([0-9.]+) s from the process start", re.M)
 
@@ -70,7 +77,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="cutline-startup-bench-") as tmp:
         home = Path(tmp)
         generate(home / "log", "clicks", "clicks", count=40_000, seed=7, users=3_000)
-        restore_once(home, VARIANTS["class archive"])  # the checkpoint every variant restores
+        # the checkpoint every variant restores
+        restore_once(home, VARIANTS["+ compiled PySpark (the default)"])
         for name, variant in VARIANTS.items():
             runs = [restore_once(home, variant) for _ in range(args.repeat)]
             results[name] = {
@@ -78,7 +86,7 @@ def main() -> None:
                 "process_s": statistics.median(r[1] for r in runs),
             }
             print(
-                f"{name:38s} first micro-batch after {results[name]['startup_s']:5.1f} s, "
+                f"{name:36s} first micro-batch after {results[name]['startup_s']:5.1f} s, "
                 f"process {results[name]['process_s']:5.1f} s (median of {args.repeat})",
                 flush=True,
             )

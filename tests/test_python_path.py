@@ -41,6 +41,20 @@ def test_a_process_started_as_spark_starts_its_workers_imports_the_compiled_pack
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip()) == INSTALLED / "__init__.py"
+    # the hook imports nothing of the runtime: where spark_jobs comes from stays the process's
+    modules = "import sys; print(sorted(m for m in sys.modules if m.startswith('spark_jobs')))"
+    out = subprocess.run([sys.executable, "-c", modules], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
     env["PYTHONPATH"] = os.pathsep.join(ZIPS)  # without it: the zip (what Spark does)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert "pyspark.zip" in out.stdout
+
+
+def test_a_deployments_own_sitecustomize_still_runs(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("import os\nos.environ['THEIRS_RAN'] = 'yes'\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*ZIPS, str(WORKER_SITE), str(tmp_path)])}
+    code = "import os, pyspark; print(os.environ.get('THEIRS_RAN'), pyspark.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    ran, origin = out.stdout.split()
+    assert ran == "yes" and Path(origin) == INSTALLED / "__init__.py"

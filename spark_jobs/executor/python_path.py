@@ -15,6 +15,7 @@ order, so a worker never mixes two versions of PySpark.
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
@@ -46,3 +47,14 @@ def use_installed_pyspark() -> None:
     """Reorder ``sys.path`` as :func:`prefer_installed_pyspark` says; call before PySpark is
     imported."""
     sys.path[:] = prefer_installed_pyspark(sys.path)
+
+
+def run_next_sitecustomize(this: str) -> None:
+    """Run the ``sitecustomize`` module that ``sys.path`` holds after the one in ``this`` file's
+    directory, if any: Cutline's hook stands in front of a deployment's own, not instead of it."""
+    here = os.path.realpath(os.path.dirname(this))
+    rest = [p for p in sys.path if os.path.realpath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
