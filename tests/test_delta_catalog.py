@@ -284,3 +284,28 @@ def test_registry_rewrites_never_lose_to_the_jobs_appends_and_replan_after_remov
     assert counts["shared_state_files"] == 3  # per job partition: its LIVE rows, the rest
     assert spark_rows() == rs_rows()
     assert catalog.update_shared_files("clicks", lambda _: RegistryChanges()).committed is False
+
+
+def test_a_table_replays_at_most_ten_commits_and_older_tables_get_the_property(tmp_path):
+    """Every catalog table checkpoints its log every 10 commits, so opening it reads the latest
+    checkpoint and at most 10 commits after it; a catalog made before that gets the property at
+    its next maintenance."""
+    from deltalake import DeltaTable
+
+    catalog = catalog_at(tmp_path)
+    attempt = catalog.begin_attempt("clicks")
+    for _ in range(24):
+        catalog.heartbeat("clicks", attempt)
+    log = tmp_path / "warehouse" / "catalog" / "streaming_jobs" / "_delta_log"
+    version = DeltaTable(str(log.parent)).version()
+    checkpointed = json.loads((log / "_last_checkpoint").read_text())["version"]
+    assert version >= 24 and version - checkpointed < 10, (version, checkpointed)
+
+    older = tmp_path / "older"
+    catalog_at(older).begin_attempt("clicks")
+    table = DeltaTable(str(older / "warehouse" / "catalog" / "savepoints"))
+    table.alter.set_table_properties({"delta.checkpointInterval": "100"})  # as delta-rs made it
+    catalog_at(older).maintain()
+    for name in ("savepoints", "streaming_jobs", "shared_state_files"):
+        table = DeltaTable(str(older / "warehouse" / "catalog" / name))
+        assert table.metadata().configuration["delta.checkpointInterval"] == "10"

@@ -360,7 +360,8 @@ class DeltaCatalog(CatalogReader, JobCatalog):
     def maintain(self, vacuum_retention_hours: float = 168.0) -> dict[str, int]:
         """Keep the catalog tables healthy as they grow by commits: compact small files, remove
         files no version within the retention needs (VACUUM), and write a log checkpoint so
-        readers replay a short log. Returns each table's data file count after.
+        readers replay a short log; tables made before :data:`TABLE_PROPERTIES` get them. Returns
+        each table's data file count after.
 
         ``shared_state_files`` is compacted by GC's own rewrite (every row rewritten, none
         changed), not by OPTIMIZE: OPTIMIZE's removes say the data did not change, so a GC
@@ -375,6 +376,8 @@ class DeltaCatalog(CatalogReader, JobCatalog):
             else:
                 self._retrying(lambda n=name: open_table(self.path(n)).optimize.compact())
             table = open_table(self.path(name))
+            if not TABLE_PROPERTIES.items() <= table.metadata().configuration.items():
+                table.alter.set_table_properties(TABLE_PROPERTIES)  # a catalog made before them
             table.vacuum(
                 retention_hours=int(vacuum_retention_hours),
                 enforce_retention_duration=False,
