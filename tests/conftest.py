@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from spark_jobs.deploy.python_env import PYTHON_VARIABLES
 from state.storage import DurableStorage, LocalFileStorage, S3Storage
 from tests.moto_server import MotoServer, MotoServerError
 
@@ -24,6 +26,10 @@ pytest_plugins = ["tests.findings", "tests.tiers", "tests.startup_report"]
 # compilation.
 SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1"
 os.environ.setdefault("SPARK_SUBMIT_OPTS", SHORT_LIVED_JVM)
+# PySpark's Python, named before any test starts a thread (spark_jobs/deploy/python_env.py
+# refuses to write the environment while other threads run)
+for _name in PYTHON_VARIABLES:
+    os.environ.setdefault(_name, sys.executable)
 
 
 @functools.cache

@@ -237,11 +237,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run a command; the exit code says what an orchestrator should do (spark_jobs/errors.py):
     1 failed (restore it), 2 bad input or configuration (do not), 3 superseded (do not)."""
+    from spark_jobs.deploy.python_env import python_environment
     from spark_jobs.errors import exit_code, failure_summary
     from spark_jobs.executor.python_path import use_installed_pyspark
     from state.faults import arm
 
     use_installed_pyspark()  # under spark-submit, Spark's zip is first on the path
+    # the environment is final before any thread starts (no setenv beside a reader's getenv)
+    python_environment()
     arm()  # crash tests' kill points (state/faults.py); nothing without CUTLINE_FAULT_KILL
     args = build_parser().parse_args(argv)
     try:

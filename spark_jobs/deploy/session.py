@@ -29,6 +29,7 @@ from pyspark.sql import SparkSession
 from cutline.sources.base import NO_DEPENDENCIES, SparkDependencies
 from spark_jobs.deploy.class_archive import driver_java_options
 from spark_jobs.deploy.java_check import require_java
+from spark_jobs.deploy.python_env import python_environment
 
 SCALA = "2.13"
 DELTA_VERSION = "4.4.0"
@@ -205,8 +206,7 @@ def build_spark(
     """Get or create the session (``quiet``: see the module docstring); raises
     ``JavaMissingError`` with a clear message without Java."""
     require_java()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    python_environment()
     builder = SparkSession.builder.appName(app_name)
     for key, value in executor_env(os.environ, extra or {}).items():
         builder = builder.config(key, value)
