@@ -41,7 +41,15 @@ from cutline.validation import check_name
 from state.catalog import FencedError
 from state.faults import kill_point
 from state.manifest import Positions
-from state.storage.tables import COMMIT_TOKEN, committed_since, find_table, table_uri, write_table
+from state.storage.tables import (
+    COMMIT_TOKEN,
+    TABLE_PROPERTIES,
+    LatestTable,
+    committed_since,
+    find_table,
+    table_uri,
+    write_table,
+)
 
 _TRIES = 40
 
@@ -77,6 +85,7 @@ class DeltaSinkWriter:
     ) -> None:
         self.job_id, self.sink, self.attempt = job_id, sink, attempt
         self.table_path = table_uri(output, table)
+        self._handle = LatestTable(self.table_path)  # read and committed at its newest version
         self.staged = StagedEpochs(staging, job_id, sink, attempt)
         self.epoch_app = f"cutline-sink-{job_id}-{sink}"
         self.fence_app = f"cutline-fence-{job_id}-{sink}"
@@ -85,21 +94,18 @@ class DeltaSinkWriter:
 
     # -- reading the table ------------------------------------------------------------------
 
-    def _table(self):
-        return find_table(self.table_path)
-
     def committed_epoch(self) -> int:
         """The last epoch committed to the table (-1 if none)."""
-        dt = self._table()
-        version = dt.transaction_version(self.epoch_app) if dt is not None else None
+        with self._handle.find() as dt:
+            version = dt.transaction_version(self.epoch_app) if dt is not None else None
         return -1 if version is None else int(version)
 
     def has_output(self) -> bool:
         """Whether the table holds any row."""
-        dt = self._table()
-        if dt is None:
-            return False
-        actions = dt.get_add_actions(flatten=True)
+        with self._handle.find() as dt:
+            if dt is None:
+                return False
+            actions = dt.get_add_actions(flatten=True)
         return actions.num_rows > 0 and (
             "num_records" not in actions.column_names
             or any((n or 0) > 0 for n in actions.column("num_records").to_pylist())
@@ -130,11 +136,11 @@ class DeltaSinkWriter:
         until all are found or the history ends."""
         if not wanted:
             return {}
-        dt = self._table()
         found: dict[int, Any] = {}
         limit = 64
         while True:
-            history = dt.history(limit)
+            with self._handle.latest() as dt:
+                history = dt.history(limit)
             for entry in history:
                 info = entry.get("cutline")
                 if not info:
@@ -219,14 +225,14 @@ class DeltaSinkWriter:
         """Delete every row (an explicit start-over); returns how many there were."""
         from deltalake import CommitProperties, Transaction
 
-        dt = self._table()
-        if dt is None:
-            return 0
-        metrics = dt.delete(
-            commit_properties=CommitProperties(
-                app_transactions=[Transaction(self.fence_app, self.attempt)]
+        with self._handle.find() as dt:
+            if dt is None:
+                return 0
+            metrics = dt.delete(
+                commit_properties=CommitProperties(
+                    app_transactions=[Transaction(self.fence_app, self.attempt)]
+                )
             )
-        )
         return int(metrics.get("num_deleted_rows", 0) or 0)
 
     def _conditional_commit(self, plan) -> Any:
@@ -234,52 +240,54 @@ class DeltaSinkWriter:
         concurrent commit makes it start over. ``plan(committed epoch)`` returns ``(data,
         (epoch, info) | None, result)``; ``data=None`` with no epoch commits only the fence when
         this attempt has not fenced the table yet."""
-        from deltalake import CommitProperties, Transaction
-        from deltalake.exceptions import CommitFailedError
-
         for tries in range(_TRIES):
-            dt = self._table()
+            with self._handle.find() as dt:
+                landed, result = (False, None) if dt is None else self._commit_on(dt, plan)
+            if landed:
+                return result
             if dt is None:
                 self._create()
                 continue
-            fence = dt.transaction_version(self.fence_app) or 0
-            if fence > self.attempt:
-                raise FencedError(
-                    f"attempt {self.attempt} of {self.job_id} is fenced from sink {self.sink!r}: "
-                    f"attempt {fence} started"
-                )
-            recorded = dt.transaction_version(self.epoch_app)
-            committed = -1 if recorded is None else int(recorded)
-            data, commit, result = plan(committed)
-            if data is None and commit is None and fence == self.attempt:
-                return result
-            transactions = [Transaction(self.fence_app, self.attempt)]
-            token = uuid.uuid4().hex  # a commit whose answer was lost is recognised by it
-            metadata = {COMMIT_TOKEN: token}
-            if commit is not None:
-                transactions.append(Transaction(self.epoch_app, int(commit[0])))
-                metadata["cutline"] = json.dumps(commit[1], sort_keys=True)
-            if data is None:
-                data = pa.table({EPOCH_COLUMN: pa.array([], pa.int64())})
-            first_data = data.num_rows > 0 and [f.name for f in dt.schema().fields] == [
-                EPOCH_COLUMN
-            ]
-            kill_point("sink-committing")
-            properties = CommitProperties(
-                max_commit_retries=0, app_transactions=transactions, custom_metadata=metadata
-            )
-            try:
-                self._write(dt, data, first_data, properties)
-            except CommitFailedError:
-                if committed_since(self.table_path, dt.version(), token):
-                    kill_point("sink-committed")
-                    return result
-                self.conflicts_retried += 1
-                time.sleep(min(2.0, 0.02 * 2**tries) * random.uniform(0.5, 1.5))
-                continue
-            kill_point("sink-committed")
-            return result
+            self.conflicts_retried += 1
+            time.sleep(min(2.0, 0.02 * 2**tries) * random.uniform(0.5, 1.5))
         raise RuntimeError(f"{self.table_path}: no conditional commit landed in {_TRIES} tries")
+
+    def _commit_on(self, dt, plan) -> tuple[bool, Any]:
+        """One try of :meth:`_conditional_commit` on ``dt``'s version: ``(landed, result)``."""
+        from deltalake import CommitProperties, Transaction
+        from deltalake.exceptions import CommitFailedError
+
+        fence = dt.transaction_version(self.fence_app) or 0
+        if fence > self.attempt:
+            raise FencedError(
+                f"attempt {self.attempt} of {self.job_id} is fenced from sink {self.sink!r}: "
+                f"attempt {fence} started"
+            )
+        recorded = dt.transaction_version(self.epoch_app)
+        committed = -1 if recorded is None else int(recorded)
+        data, commit, result = plan(committed)
+        if data is None and commit is None and fence == self.attempt:
+            return True, result
+        transactions = [Transaction(self.fence_app, self.attempt)]
+        token = uuid.uuid4().hex  # a commit whose answer was lost is recognised by it
+        metadata = {COMMIT_TOKEN: token}
+        if commit is not None:
+            transactions.append(Transaction(self.epoch_app, int(commit[0])))
+            metadata["cutline"] = json.dumps(commit[1], sort_keys=True)
+        if data is None:
+            data = pa.table({EPOCH_COLUMN: pa.array([], pa.int64())})
+        first_data = data.num_rows > 0 and [f.name for f in dt.schema().fields] == [EPOCH_COLUMN]
+        kill_point("sink-committing")
+        properties = CommitProperties(
+            max_commit_retries=0, app_transactions=transactions, custom_metadata=metadata
+        )
+        try:
+            self._write(dt, data, first_data, properties)
+        except CommitFailedError:
+            if not committed_since(self.table_path, dt.version(), token):
+                return False, None
+        kill_point("sink-committed")
+        return True, result
 
     def _write(self, dt, data: pa.Table, first: bool, properties) -> None:
         """Land ``data`` (maybe no rows) in one commit with ``properties``, planned on ``dt``'s
@@ -298,8 +306,11 @@ class DeltaSinkWriter:
         the schema with the output's (so the table exists, and can be fenced, before any output)."""
         try:
             write_table(
-                self.table_path, pa.table({EPOCH_COLUMN: pa.array([], pa.int64())}), mode="append"
+                self.table_path,
+                pa.table({EPOCH_COLUMN: pa.array([], pa.int64())}),
+                mode="append",
+                configuration=TABLE_PROPERTIES,
             )
         except Exception:
-            if self._table() is None:  # lost a creation race: fine once the table exists
+            if find_table(self.table_path) is None:  # lost a creation race: fine once it exists
                 raise

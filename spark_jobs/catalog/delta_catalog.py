@@ -48,6 +48,7 @@ from spark_jobs.errors import failure_summary
 from state.catalog import CheckpointStatus, CompletedCheckpoint, FencedError, JobCatalog
 from state.storage.tables import (
     COMMIT_TOKEN,
+    TABLE_PROPERTIES,
     committed_since,
     find_table,
     open_table,
@@ -58,10 +59,6 @@ from state.storage.tables import (
 
 _ATTEMPT_SHIFT = 32
 _UPDATE_TRIES = 10
-# Every reader opens a table at its latest log checkpoint and replays the commits after it: with
-# a checkpoint every 10 commits (Delta's own default; delta-rs's is 100), opening a table costs
-# the same on its thousandth commit as on its tenth.
-TABLE_PROPERTIES = {"delta.checkpointInterval": "10"}
 _CAS_TRIES = 40  # conditional commits lose to any concurrent commit of the table
 _EXISTING: set[str] = set()  # catalog roots whose tables this process saw (never dropped)
 
@@ -148,8 +145,7 @@ class DeltaCatalog(CatalogReader, JobCatalog):
         from deltalake.exceptions import CommitFailedError
 
         for tries in range(_CAS_TRIES):
-            with self._lock:
-                dt = open_table(self.path(table))
+            with self._lock, self.latest(table) as dt:
                 rows, transactions, result = plan(dt)
                 token = uuid.uuid4().hex
                 commit = CommitProperties(
@@ -302,12 +298,15 @@ class DeltaCatalog(CatalogReader, JobCatalog):
         updates = {column: rs_literal(value) for column, value in values.items()}
 
         def update() -> None:
-            dt, token = open_table(self.path(table)), uuid.uuid4().hex
+            token = uuid.uuid4().hex
             properties = CommitProperties(custom_metadata={COMMIT_TOKEN: token})
+            planned_on = -1
             try:
-                dt.update(updates=updates, predicate=condition, commit_properties=properties)
+                with self.latest(table) as dt:
+                    planned_on = dt.version()
+                    dt.update(updates=updates, predicate=condition, commit_properties=properties)
             except CommitFailedError:
-                if not committed_since(self.path(table), dt.version(), token):
+                if not committed_since(self.path(table), planned_on, token):
                     raise  # (a commit whose answer was lost is this update's: it is done)
 
         self._retrying(update)

@@ -5,12 +5,15 @@ one. The writer is spark_jobs/catalog/delta_catalog.py."""
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from state.catalog import CheckpointStatus, CompletedCheckpoint
-from state.storage.tables import open_table, table_uri
+from state.storage.tables import LatestTable, open_table, table_uri
 
 TABLES: dict[str, str] = {
     "streaming_jobs": (
@@ -93,19 +96,33 @@ def read_delta(
 
 class CatalogReader:
     """Read-only access to the catalog tables under the catalog root (a local path or an
-    ``s3://`` URL) with delta-rs: no Spark needed (CLI, sensors)."""
+    ``s3://`` URL) with delta-rs: no Spark needed (CLI, sensors). Each table stays loaded for
+    the reader's life and is brought up to date before each read, so a read costs the same
+    however long the table's history (:class:`~state.storage.tables.LatestTable`)."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = str(root)
+        self._tables: dict[str, LatestTable] = {}
+        self._tables_lock = threading.Lock()
 
     def path(self, table: str) -> str:
         return table_uri(self.root, table)
+
+    @contextmanager
+    def latest(self, table: str) -> Iterator[Any]:
+        """``table`` (a ``deltalake.DeltaTable``) at its newest version for the ``with``
+        block; raises ``TableNotFoundError`` if it does not exist."""
+        with self._tables_lock:
+            handle = self._tables.setdefault(table, LatestTable(self.path(table)))
+        with handle.latest() as dt:
+            yield dt
 
     def _read(self, table: str, job_id: str) -> list[dict[str, Any]]:
         from deltalake.exceptions import TableNotFoundError
 
         try:
-            data = read_delta(self.path(table), job_id)
+            with self.latest(table) as dt:
+                data = read_delta(dt, job_id)
         except TableNotFoundError:
             return []
         return data.to_pylist()
