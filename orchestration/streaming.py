@@ -33,6 +33,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from orchestration.driver_exit import exit_description, record_driver_exit
 from orchestration.metadata import MIB, ident, md_table, mib
 from orchestration.partitions import (
     DRIVER_PID_TAG,
@@ -43,6 +44,7 @@ from orchestration.partitions import (
     streaming_job_partitions,
 )
 from orchestration.resources import CutlinePaths, S3Resource, SparkSubmit
+from spark_jobs.catalog import open_catalog
 from spark_jobs.executor.reports import SubtaskRestoreReport
 from spark_jobs.job_loader import get_job
 from state.redaction import redact_argv
@@ -257,7 +259,16 @@ def streaming_driver(
     code = driver.returncode
     context.instance.add_run_tags(context.run_id, {EXIT_CODE_TAG: str(code)})
     if code != 0:
-        why = "killed by signal " + str(-code) if code < 0 else f"exit code {code}"
+        why = exit_description(code)
+        try:  # the catalog says it too, where the driver could not
+            left = record_driver_exit(
+                open_catalog(cutline_paths.paths().catalog), job_name, context.run_id, code
+            )
+        except Exception as e:  # the run fails as below all the same
+            context.log.warning(f"the catalog could not record the driver's end: {e}")
+        else:
+            if left:
+                context.log.error(f"attempt {left} of {job_name} ended without a word: {why}")
         raise Failure(
             description=f"the driver of {job_name} failed ({why})",
             metadata={"exit_code": ident(code), "checkpoints_completed": forward.checkpoints},
