@@ -17,6 +17,7 @@ from orchestration.metadata import mib
 from orchestration.resources import CutlinePaths
 from spark_jobs.catalog import open_catalog
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
+from spark_jobs.catalog.upkeep import maintain
 from spark_jobs.job_loader import job_names
 from spark_jobs.maintenance.compaction import request_compaction
 from spark_jobs.maintenance.gc import collect_garbage
@@ -117,7 +118,7 @@ def compact_catalog(
     cutline_paths: CutlinePaths,
 ) -> None:
     catalog = DeltaCatalog(cutline_paths.paths().catalog)
-    counts = catalog.maintain(config.vacuum_retention_hours)
+    counts = maintain(catalog, config.vacuum_retention_hours)
     context.add_output_metadata({f"{t}_files": n for t, n in counts.items()})
     context.log.info(f"catalog tables compacted: data files {counts}")
 

@@ -16,6 +16,7 @@ import pytest
 
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
 from spark_jobs.catalog.shared_files import RegistryChanges
+from spark_jobs.catalog.upkeep import maintain
 from state.catalog import CheckpointStatus, CompletedCheckpoint, FencedError
 from tests.e2e_util import report
 
@@ -123,7 +124,7 @@ def compactor(root: str, stop: str, out: str) -> None:
     rounds, spans = 0, []
     while not Path(stop).exists():
         spans.append([time.time()])
-        catalog.maintain()
+        maintain(catalog)
         spans[-1].append(time.time())
         rounds += 1
     _write(out, {"rounds": rounds, "conflicts": catalog.conflicts_retried, "spans": spans})

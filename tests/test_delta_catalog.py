@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from spark_jobs.catalog.delta_catalog import DeltaCatalog, _is_conflict
+from spark_jobs.catalog.delta_catalog import DeltaCatalog, is_conflict
+from spark_jobs.catalog.upkeep import maintain
 from state.catalog import CheckpointStatus, CompletedCheckpoint, FencedError
 from tests.e2e_util import report
 
@@ -84,8 +85,8 @@ def test_commit_status_and_fencing(root):
 def test_commit_conflicts_are_recognised():
     from deltalake.exceptions import CommitFailedError
 
-    assert _is_conflict(CommitFailedError("Transaction failed: version already exists"))
-    assert not _is_conflict(ValueError("column refcount not found"))
+    assert is_conflict(CommitFailedError("Transaction failed: version already exists"))
+    assert not is_conflict(ValueError("column refcount not found"))
 
 
 def test_a_table_of_an_older_schema_gains_the_new_columns(tmp_path):
@@ -280,7 +281,7 @@ def test_registry_rewrites_never_lose_to_the_jobs_appends_and_replan_after_remov
     assert spark_rows() == rs_rows()
     deleted = spark.read.format("delta").load(table).where("job_id = 'clicks' AND refcount = 0")
     assert deleted.count() == 3
-    counts = catalog.maintain()
+    counts = maintain(catalog)
     assert counts["shared_state_files"] == 3  # per job partition: its LIVE rows, the rest
     assert spark_rows() == rs_rows()
     assert catalog.update_shared_files("clicks", lambda _: RegistryChanges()).committed is False
@@ -305,7 +306,46 @@ def test_a_table_replays_at_most_ten_commits_and_older_tables_get_the_property(t
     catalog_at(older).begin_attempt("clicks")
     table = DeltaTable(str(older / "warehouse" / "catalog" / "savepoints"))
     table.alter.set_table_properties({"delta.checkpointInterval": "100"})  # as delta-rs made it
-    catalog_at(older).maintain()
+    maintain(catalog_at(older))
     for name in ("savepoints", "streaming_jobs", "shared_state_files"):
         table = DeltaTable(str(older / "warehouse" / "catalog" / name))
         assert table.metadata().configuration["delta.checkpointInterval"] == "10"
+
+
+def test_a_jobs_many_small_files_are_compacted_and_its_rows_and_fence_stay(root):
+    """A driver compacts its job's partitions once they hold 10 data files (one per commit):
+    every row reads the same after, other jobs' partitions and the registry are untouched, and
+    the fence still stops an older attempt's commit."""
+    from spark_jobs.catalog.upkeep import COMPACT_AT, compact_job
+
+    catalog = DeltaCatalog(root)
+    first = catalog.begin_attempt("clicks")
+    second = catalog.begin_attempt("clicks")
+    for cid in range(1, COMPACT_AT):
+        catalog.commit_checkpoint(row(cid, second))
+    catalog.begin_attempt("other")
+    for path in ("a", "b"):  # two appends to the registry: two files, never OPTIMIZEd
+        catalog.record_shared_files([{"job_id": "clicks", "path": path, "refcount": 1}])
+
+    def files(table: str, job: str = "clicks") -> int:
+        with catalog.latest(table) as dt:
+            return len(dt.file_uris(file_pruning_predicate=[("job_id", "=", job)]))
+
+    assert files("completed_checkpoints") == COMPACT_AT - 1
+    catalog.mark_subsumed("clicks", [1, 2])  # an update: its rows' files rewritten as one
+    assert compact_job(catalog, "clicks") == {}  # below the threshold: nothing rewritten
+    cid = COMPACT_AT - 1
+    while files("completed_checkpoints") < COMPACT_AT:
+        cid += 1
+        catalog.commit_checkpoint(row(cid, second))
+    rows, jobs = catalog.checkpoints("clicks"), catalog.jobs("clicks")
+    before = files("completed_checkpoints")
+    assert before >= COMPACT_AT
+    assert compact_job(catalog, "clicks") == {"completed_checkpoints": before}
+    assert files("completed_checkpoints") == 1
+    assert catalog.checkpoints("clicks") == rows and catalog.jobs("clicks") == jobs
+    assert files("streaming_jobs", "other") == 1 and files("shared_state_files") == 2
+    with pytest.raises(FencedError, match="attempt 1 of clicks is fenced"):
+        catalog.commit_checkpoint(row(cid + 1, first))
+    catalog.commit_checkpoint(row(cid + 1, second))
+    assert [r.checkpoint_id for r in catalog.checkpoints("clicks")][-1] == cid + 1

@@ -33,9 +33,8 @@ def test_each_use_sees_every_commit_of_other_writers_and_loads_the_table_once(ur
     handle = LatestTable(uri)
     with handle.find() as dt:
         assert dt is None  # no table yet: none, and found once it exists
-    with pytest.raises(TableNotFoundError):
-        with handle.latest():
-            pass
+    with pytest.raises(TableNotFoundError), handle.latest():
+        pass
     loads = []
     find = tables.find_table
     monkeypatch.setattr(tables, "find_table", lambda u: loads.append(u) or find(u))
@@ -52,9 +51,8 @@ def test_a_failed_use_reloads_the_table_whole_at_the_next(uri, monkeypatch):
     handle = LatestTable(uri)
     with handle.latest():
         pass
-    with pytest.raises(ZeroDivisionError):
-        with handle.latest():
-            raise ZeroDivisionError
+    with pytest.raises(ZeroDivisionError), handle.latest():
+        raise ZeroDivisionError
     loads = []
     find = tables.find_table
     monkeypatch.setattr(tables, "find_table", lambda u: loads.append(u) or find(u))
@@ -69,9 +67,8 @@ def test_uses_are_serialised_and_a_nested_use_on_one_thread_raises(tmp_path):
     append(uri, 0)
     handle = LatestTable(uri)
     with handle.latest():
-        with pytest.raises(RuntimeError, match="inside another"):
-            with handle.latest():
-                pass
+        with pytest.raises(RuntimeError, match="inside another"), handle.latest():
+            pass
         entered = threading.Event()
 
         def use() -> None:

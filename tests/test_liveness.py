@@ -127,3 +127,23 @@ def test_a_stopped_run_ends_the_heartbeat_without_failing():
     run.stop.set()
     run.beat(catalog)
     assert run.failures == [] and catalog.beats == []
+
+
+def test_upkeep_runs_after_each_heartbeat_and_its_errors_are_logged_not_fatal():
+    run, calls = Run(), []
+
+    def upkeep() -> dict[str, int]:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            raise OSError("S3 slow down")
+        if len(calls) == 2:
+            return {"completed_checkpoints": 12}
+        run.stop.set()
+        return {}
+
+    run.beat(Catalog(3), upkeep=upkeep)
+    assert len(calls) == 3 and not run.failures
+    assert run.lines[:2] == [
+        "catalog upkeep: OSError: S3 slow down",
+        "catalog upkeep: clicks's 12 data files of completed_checkpoints compacted into one",
+    ]

@@ -30,10 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from spark_jobs.catalog.shared_files import (
-    TABLE,
     RegistryChanges,
     RewriteResult,
-    every_row,
     rewrite_rows,
 )
 from spark_jobs.catalog.tables import (
@@ -51,7 +49,6 @@ from state.storage.tables import (
     TABLE_PROPERTIES,
     committed_since,
     find_table,
-    open_table,
     storage_options,
     table_uri,
     write_table,
@@ -63,7 +60,7 @@ _CAS_TRIES = 40  # conditional commits lose to any concurrent commit of the tabl
 _EXISTING: set[str] = set()  # catalog roots whose tables this process saw (never dropped)
 
 
-def _is_conflict(error: BaseException) -> bool:
+def is_conflict(error: BaseException) -> bool:
     """Whether ``error`` is a Delta commit conflict (another writer committed first)."""
     from deltalake.exceptions import CommitFailedError
 
@@ -273,7 +270,7 @@ class DeltaCatalog(CatalogReader, JobCatalog):
     def mark_corrupt(self, job_id: str, checkpoint_id: int, reason: str) -> None:
         self._set_status(job_id, [checkpoint_id], CheckpointStatus.CORRUPT)
 
-    def _retrying(self, action) -> None:
+    def retrying(self, action) -> None:
         """Run a read-modify-write ``action``, again when a concurrent writer's commit conflicts
         with it (Delta's optimistic concurrency; tables are partitioned by job, so only writers
         of the same job conflict, such as a new attempt and its predecessor's last heartbeat).
@@ -285,7 +282,7 @@ class DeltaCatalog(CatalogReader, JobCatalog):
                     action()
                 return
             except Exception as e:
-                if not _is_conflict(e) or attempt == _UPDATE_TRIES - 1:
+                if not is_conflict(e) or attempt == _UPDATE_TRIES - 1:
                     raise
                 self.conflicts_retried += 1
                 time.sleep(min(5.0, 0.1 * 2**attempt) * random.uniform(0.5, 1.5))
@@ -309,7 +306,7 @@ class DeltaCatalog(CatalogReader, JobCatalog):
                 if not committed_since(self.path(table), planned_on, token):
                     raise  # (a commit whose answer was lost is this update's: it is done)
 
-        self._retrying(update)
+        self.retrying(update)
 
     def _update_attempt(self, job_id: str, attempt: int, **values: str | int | None) -> None:
         condition = f"job_id = {rs_literal(job_id)} AND attempt = {int(attempt)}"
@@ -355,41 +352,6 @@ class DeltaCatalog(CatalogReader, JobCatalog):
 
     def record_shared_files(self, rows: list[dict[str, Any]]) -> None:
         self._append("shared_state_files", rows)
-
-    def maintain(self, vacuum_retention_hours: float = 168.0) -> dict[str, int]:
-        """Keep the catalog tables healthy as they grow by commits: compact small files, remove
-        files no version within the retention needs (VACUUM), and write a log checkpoint so
-        readers replay a short log; tables made before :data:`TABLE_PROPERTIES` get them. Returns
-        each table's data file count after.
-
-        ``shared_state_files`` is compacted by GC's own rewrite (every row rewritten, none
-        changed), not by OPTIMIZE: OPTIMIZE's removes say the data did not change, so a GC
-        rewrite planned before it would commit its removes of files OPTIMIZE had already
-        replaced and leave their rows twice. Rewrites conflict with each other, and the loser
-        is planned again (shared_files.py)."""
-        counts = {}
-        for name in TABLES:
-            if name == TABLE:
-                for job_id in self._partitions(name):
-                    self.update_shared_files(job_id, every_row)
-            else:
-                self._retrying(lambda n=name: open_table(self.path(n)).optimize.compact())
-            table = open_table(self.path(name))
-            if not TABLE_PROPERTIES.items() <= table.metadata().configuration.items():
-                table.alter.set_table_properties(TABLE_PROPERTIES)  # a catalog made before them
-            table.vacuum(
-                retention_hours=int(vacuum_retention_hours),
-                enforce_retention_duration=False,
-                dry_run=False,
-            )
-            table.create_checkpoint()
-            counts[name] = len(open_table(self.path(name)).file_uris())
-        return counts
-
-    def _partitions(self, table: str) -> list[str]:
-        """The jobs with rows in ``table``."""
-        adds = open_table(self.path(table)).get_add_actions(flatten=True)
-        return sorted(set(adds.column("partition.job_id").to_pylist()) - {None})
 
     def update_shared_files(
         self, job_id: str, plan: Callable[[list[dict[str, Any]]], RegistryChanges]

@@ -32,10 +32,13 @@ def heartbeat(
     fail: Callable[[str, BaseException | None], None],
     log: Callable[[str], None],
     watch_pid: int | None = None,
+    upkeep: Callable[[], dict[str, int]] | None = None,
 ) -> None:
     """Until ``stop``: every ``every_s`` record a heartbeat in ``streaming_jobs`` (an
     orchestrator that sees it stop fails the run); fail the run if attempt ``attempt`` is
-    superseded or ``watch_pid`` is gone. A missed heartbeat is logged, not a failure."""
+    superseded or ``watch_pid`` is gone; after each heartbeat run ``upkeep`` (the catalog's
+    compaction of the job's partitions, spark_jobs/catalog/upkeep.py), which returns the files
+    each table's compaction replaced. A missed heartbeat or upkeep is logged, not a failure."""
     while not stop.wait(every_s):
         if watch_pid is not None and not alive(watch_pid):
             fail(f"the orchestrator process {watch_pid} is gone", None)
@@ -52,3 +55,11 @@ def heartbeat(
             )
             fail(str(error), error)
             return
+        if upkeep is not None:
+            try:
+                replaced = upkeep()
+            except Exception as e:
+                log(f"catalog upkeep: {type(e).__name__}: {e}")
+                continue
+            for table, files in replaced.items():
+                log(f"catalog upkeep: {job}'s {files} data files of {table} compacted into one")

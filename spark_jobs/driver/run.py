@@ -41,12 +41,14 @@ import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from cutline.job import JobDefinition
 from cutline.sources.log import with_log_root
 from spark_jobs.catalog import open_catalog
 from spark_jobs.catalog.tables import now_ms
+from spark_jobs.catalog.upkeep import compact_job
 from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.driver.attempt_start import StartPlan, plan_start, sink_writers
 from spark_jobs.driver.barrier import AckPoller, CompactionRequests
@@ -202,7 +204,12 @@ class StreamingRun:
             threading.Thread(
                 target=heartbeat,
                 args=(self.catalog, job.name, self.attempt, self.heartbeat_s, self._shutdown),
-                kwargs={"fail": self.state.fail, "log": self.log, "watch_pid": self.watch_pid},
+                kwargs={
+                    "fail": self.state.fail,
+                    "log": self.log,
+                    "watch_pid": self.watch_pid,
+                    "upkeep": partial(compact_job, self.catalog, job.name),
+                },
                 name="cutline-heartbeat",
                 daemon=True,
             ).start()

@@ -1,0 +1,75 @@
+"""Keeping the catalog's tables small as commits add files, so that reading a job's rows costs
+the same on its thousandth checkpoint as on its tenth.
+
+Every append and every update adds a data file to the job's partition, and a read of the job's
+rows opens each of them. A running driver compacts its own job's partitions once they hold
+:data:`COMPACT_AT` files (:func:`compact_job`, from its heartbeat thread); orchestration's
+scheduled maintenance (:func:`maintain`) compacts every table, removes files no version within
+the retention needs and writes a log checkpoint.
+
+``shared_state_files`` is compacted by GC's own rewrite (every row rewritten, none changed), not
+by OPTIMIZE: OPTIMIZE's removes say the data did not change, so a GC rewrite planned before it
+would commit its removes of files OPTIMIZE had already replaced and leave their rows twice.
+Rewrites conflict with each other, and the loser is planned again (shared_files.py).
+"""
+
+from __future__ import annotations
+
+from spark_jobs.catalog.delta_catalog import DeltaCatalog, is_conflict
+from spark_jobs.catalog.shared_files import TABLE as REGISTRY
+from spark_jobs.catalog.shared_files import every_row
+from spark_jobs.catalog.tables import TABLES
+from state.storage.tables import TABLE_PROPERTIES, open_table
+
+COMPACT_AT = 10  # data files in one job's partition of a table that make its driver compact it
+COMPACTED = tuple(name for name in TABLES if name != REGISTRY)  # what OPTIMIZE may rewrite
+
+
+def compact_job(catalog: DeltaCatalog, job_id: str, min_files: int = COMPACT_AT) -> dict[str, int]:
+    """Compact ``job_id``'s partition of each table but the registry into one file where it
+    holds at least ``min_files`` data files; returns the files each compaction replaced. A
+    compaction that lost to another writer's commit is left to the next call."""
+    partition = [("job_id", "=", job_id)]
+    replaced = {}
+    for name in COMPACTED:
+        try:
+            with catalog.latest(name) as dt:
+                if len(dt.file_uris(file_pruning_predicate=partition)) < min_files:
+                    continue
+                metrics = dt.optimize.compact(partition_filters=partition)
+        except Exception as e:
+            if not is_conflict(e):
+                raise
+            continue
+        replaced[name] = int(metrics.get("numFilesRemoved", 0))
+    return replaced
+
+
+def maintain(catalog: DeltaCatalog, vacuum_retention_hours: float = 168.0) -> dict[str, int]:
+    """Compact every catalog table (the registry by GC's rewrite), remove files no version
+    within ``vacuum_retention_hours`` needs (VACUUM) and write a log checkpoint; tables made
+    before :data:`TABLE_PROPERTIES` get them. Returns each table's data file count after."""
+    counts = {}
+    for name in TABLES:
+        if name == REGISTRY:
+            for job_id in _partitions(catalog, name):
+                catalog.update_shared_files(job_id, every_row)
+        else:
+            catalog.retrying(lambda n=name: open_table(catalog.path(n)).optimize.compact())
+        table = open_table(catalog.path(name))
+        if not TABLE_PROPERTIES.items() <= table.metadata().configuration.items():
+            table.alter.set_table_properties(TABLE_PROPERTIES)  # a catalog made before them
+        table.vacuum(
+            retention_hours=int(vacuum_retention_hours),
+            enforce_retention_duration=False,
+            dry_run=False,
+        )
+        table.create_checkpoint()
+        counts[name] = len(open_table(catalog.path(name)).file_uris())
+    return counts
+
+
+def _partitions(catalog: DeltaCatalog, table: str) -> list[str]:
+    """The jobs with rows in ``table``."""
+    adds = open_table(catalog.path(table)).get_add_actions(flatten=True)
+    return sorted(set(adds.column("partition.job_id").to_pylist()) - {None})
