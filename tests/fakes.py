@@ -14,12 +14,14 @@ from state.storage import DurableStorage, ObjectInfo
 
 
 class FaultyStorage(DurableStorage):
-    """Wraps real storage; ``fail_put`` decides per path whether a write raises ``OSError``."""
+    """Wraps real storage; ``fail_put`` and ``fail_get`` decide per path whether a write or a
+    read of bytes raises ``OSError``."""
 
     def __init__(self, inner: DurableStorage) -> None:
         self.inner = inner
         self.url = inner.url
         self.fail_put: Callable[[str], bool] = lambda path: False
+        self.fail_get: Callable[[str], bool] = lambda path: False
         self.puts: list[str] = []
 
     def _maybe_fail(self, path: str) -> None:
@@ -39,6 +41,8 @@ class FaultyStorage(DurableStorage):
         return self.inner.get_file(path, local_path, expected_size)
 
     def get_bytes(self, path: str, expected_size: int | None = None) -> bytes:
+        if self.fail_get(path):
+            raise OSError(f"injected storage fault reading {path}")
         return self.inner.get_bytes(path, expected_size)
 
     def exists(self, path: str) -> bool:

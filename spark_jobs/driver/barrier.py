@@ -89,24 +89,23 @@ class AckPoller:
             self._thread.join(timeout=timeout_s)
 
     def _run(self) -> None:
-        seen: set[tuple[int, str, int]] = set()
-        self._drop_acks(lambda attempt, cid: attempt < self.attempt)  # older attempts' inboxes
+        delivered: set[str] = set()  # an ack whose read failed is read again the next round
+        self._drop_acks(self._acks_under("_acks"), lambda attempt, cid: attempt < self.attempt)
         while not self._stop.is_set():
             try:
                 self._deliver_cuts()
                 self.coordinator.expire(now_ms())
+                listed = self._acks_under(inbox(self.attempt))  # one listing a round
                 for cid in self.coordinator.pending_ids():
                     for op, subtask in self.tasks:
-                        if (cid, op, subtask) in seen:
-                            continue
                         path = ack_path(self.layout, self.attempt, cid, op, subtask)
-                        if not self.storage.exists(path):
+                        if path in delivered or path not in listed:
                             continue
-                        seen.add((cid, op, subtask))
                         ack = Ack.from_json(self.storage.get_bytes(path), source=path)
                         self.coordinator.receive(ack, now_ms())
+                        delivered.add(path)
                 pending = set(self.coordinator.pending_ids())
-                self._drop_acks(lambda _, cid, live=pending: cid not in live, inbox(self.attempt))
+                self._drop_acks(listed, lambda _, cid, live=pending: cid not in live)
             except Exception as e:  # keep polling; persistent failures show up as timeouts
                 self.log(f"ack poller: {type(e).__name__}: {e}")
             self._stop.wait(0.1)
@@ -126,14 +125,19 @@ class AckPoller:
                 partition_clocks=cut.partition_clocks,
             )
 
-    def _drop_acks(self, stale, prefix: str = "_acks") -> None:
-        """Delete the acks under ``prefix`` for which ``stale(attempt, checkpoint_id)`` holds."""
+    def _acks_under(self, prefix: str) -> dict[str, tuple[int, int]]:
+        """The acks stored under ``prefix`` (relative to the job root): storage path ->
+        ``(attempt, checkpoint id)``."""
         skip = len(self.layout.job_id) + 1  # storage paths are "<job>/<relative path>"
-        paths = [
-            info.path
+        return {
+            info.path: where
             for info in self.storage.list(self.layout.job_path(prefix))
-            if (where := ack_location(info.path[skip:])) is not None and stale(*where)
-        ]
+            if (where := ack_location(info.path[skip:])) is not None
+        }
+
+    def _drop_acks(self, acks: dict[str, tuple[int, int]], stale) -> None:
+        """Delete the ``acks`` for which ``stale(attempt, checkpoint_id)`` holds."""
+        paths = [path for path, where in acks.items() if stale(*where)]
         if paths:
             self.storage.delete_many(paths)
 
