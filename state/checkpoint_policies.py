@@ -12,6 +12,14 @@ class CheckpointFailureError(RuntimeError):
     """More consecutive checkpoint failures than ``tolerable_failed_checkpoints``."""
 
 
+class ListenerError(RuntimeError):
+    """A checkpoint listener raised ``error`` (the ``__cause__``): the job fails with it."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(f"checkpoint listener failed: {error!r}")
+        self.__cause__ = error
+
+
 class TriggerPolicy:
     """A checkpoint starts when ``interval_ms`` has passed since the last trigger,
     ``min_pause_ms`` since the last completion (not before the first trigger), and fewer than

@@ -32,7 +32,12 @@ from typing import Any
 
 from state.acks import Ack
 from state.catalog import CheckpointCatalog, CheckpointStatus, CompletedCheckpoint, FencedError
-from state.checkpoint_policies import CheckpointFailureError, FailurePolicy, TriggerPolicy
+from state.checkpoint_policies import (
+    CheckpointFailureError,
+    FailurePolicy,
+    ListenerError,
+    TriggerPolicy,
+)
 from state.claims import claim_checkpoint_id
 from state.config import CheckpointConfig
 from state.faults import kill_point
@@ -92,7 +97,7 @@ class CheckpointCoordinator:
         self._latest: CheckpointManifest | None = restored
         self.trigger_policy = TriggerPolicy(config, now_ms)
         self.failure_policy = FailurePolicy(config.tolerable_failed_checkpoints)
-        self.failure: CheckpointFailureError | FencedError | None = None
+        self.failure: CheckpointFailureError | FencedError | ListenerError | None = None
         self.stats = {
             "triggered": 0,
             "completed": 0,
@@ -324,7 +329,7 @@ class CheckpointCoordinator:
         if error is not None:
             self._fail_locked(error)
 
-    def _fail_locked(self, error: CheckpointFailureError | FencedError) -> None:
+    def _fail_locked(self, error: CheckpointFailureError | FencedError | ListenerError) -> None:
         if self.failure is None:
             self.failure = error
             self._events.append(lambda lst: lst.on_job_failed(error))
@@ -404,5 +409,7 @@ class CheckpointCoordinator:
                 for listener in self.listeners:
                     try:
                         event(listener)
-                    except Exception:
+                    except Exception as e:  # fails the job (delivered next): never vanishes
                         log.exception("checkpoint listener %r failed", listener)
+                        with self._lock:
+                            self._fail_locked(ListenerError(e))

@@ -223,6 +223,24 @@ def test_a_failed_sink_commit_fails_the_attempt_and_nothing_after_it_happens(tmp
     assert rig.events.emitted == [] and rig.state.checkpoints == []
 
 
+def test_a_failure_after_the_sink_commit_fails_the_attempt_naming_its_step(tmp_path):
+    """The shared files could not be registered: the attempt fails with that cause (its last
+    line, the catalog's failure_reason), and no event or latest pointer follows."""
+    rig = Rig(tmp_path)
+    boom = OSError("catalog unreachable")
+
+    def refuse(rows):
+        raise boom
+
+    rig.catalog.record_shared_files = refuse
+    rig.complete(manifest(2, 4, {0: ["a-t2"]}, sink_epochs={"main": 4, "audit": 4}))
+    assert rig.state.failure == "registering its shared files of checkpoint 2: catalog unreachable"
+    assert rig.state.error is boom and rig.state.stop.is_set()
+    assert [c[0] for c in rig.sinks[0].commits] == [4], "the sinks committed before it"
+    assert rig.completion.committed is None, "the latest committed pointer did not move"
+    assert rig.events.emitted == [] and rig.state.checkpoints == []
+
+
 def test_at_least_once_commits_nothing_and_forgets_nothing(tmp_path):
     rig = Rig(tmp_path, exactly_once=False)
     rig.ends.record(3, {"log": {"0": 30}})

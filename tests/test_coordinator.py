@@ -323,3 +323,22 @@ def test_a_checkpoint_waits_for_its_cut_to_be_recorded(tmp_path):
     q = coord.trigger(4, None, now_ms=2000)
     assert coord.record_cut(q.checkpoint_id, {"src": {"0": 10}}, 2001) is AckResult.ACCEPTED
     assert ack_all(coord, q.checkpoint_id, now=2002)[-1] is AckResult.COMPLETED
+
+
+def test_a_listener_that_raises_fails_the_job_with_its_error_as_the_cause(tmp_path):
+    """As Flink fails a job whose notifyCheckpointComplete throws: never only a log line."""
+    coord, catalog, rec = make(tmp_path)
+
+    class Broken(Recorder):
+        def on_checkpoint_complete(self, checkpoint, manifest):
+            raise OSError("catalog unreachable")
+
+    broken = Broken()
+    coord.listeners.insert(0, broken)
+    coord.trigger(1, {}, now_ms=0)
+    ack_all(coord, 1, now=10)
+    assert [c.checkpoint_id for c in catalog.checkpoints(JOB)] == [1]  # it did complete
+    assert rec.events == [("complete", 1), ("failed", "ListenerError")]
+    assert broken.events == [("failed", "ListenerError")]
+    assert str(coord.failure) == "checkpoint listener failed: OSError('catalog unreachable')"
+    assert isinstance(coord.failure.__cause__, OSError)

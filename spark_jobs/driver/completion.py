@@ -54,25 +54,23 @@ class Completion:
         return self._latest
 
     def on_checkpoint_complete(self, record, manifest: CheckpointManifest) -> None:
+        """Commit the sinks, then register, clear, write and report in order; any step that
+        fails fails the attempt with its cause (the restore redoes what it left undone), and
+        nothing after it happens."""
         kill_point("catalog-committed")
-        committed = 0
-        if self.exactly_once:
-            try:
-                for sink in self.sinks:
-                    epoch = manifest.sink_epochs.get(sink.sink)
-                    if epoch is not None:
-                        rows = sink.commit_through(
-                            epoch, manifest.epoch_ends, times=manifest.epoch_times
-                        )
-                        committed += rows if sink is self.sinks[0] else 0
-            except Exception as e:  # the restore redoes the commit; never go on without it
-                self.state.fail(f"sink commit of checkpoint {manifest.checkpoint_id}: {e}", e)
-                return
-            self.ends.forget_through(manifest.batch_id)
-        self._register_shared_files(manifest)
-        self.compaction.on_complete(manifest, self._latest.file_count if self._latest else 0)
-        self._latest = manifest
-        self.savepoints.on_complete(manifest)  # after the commit: a savepoint holds no staging
+        step = "sink commit"
+        try:
+            committed = self._commit_sinks(manifest) if self.exactly_once else 0
+            step = "registering its shared files"
+            self._register_shared_files(manifest)
+            step = "serving its compaction request"
+            self.compaction.on_complete(manifest, self._latest.file_count if self._latest else 0)
+            self._latest = manifest
+            step = "serving its savepoint request"
+            self.savepoints.on_complete(manifest)  # after the commit: a savepoint holds no staging
+        except Exception as e:
+            self.state.fail(f"{step} of checkpoint {manifest.checkpoint_id}: {e}", e)
+            return
         self.log(
             f"checkpoint {manifest.checkpoint_id} complete: batch {manifest.batch_id}, "
             f"full {manifest.full_size:,} B, uploaded {manifest.uploaded_bytes:,} B, "
@@ -80,6 +78,18 @@ class Completion:
         )
         self.events.emit("checkpoint", {**record.to_dict(), "counters": manifest.counters})
         self.state.checkpoint_completed(manifest.checkpoint_id)  # after its line and event
+
+    def _commit_sinks(self, manifest: CheckpointManifest) -> int:
+        """Exactly once: every sink commits its epochs through the checkpoint's, whose ends are
+        then forgotten; returns the first sink's rows."""
+        committed = 0
+        for sink in self.sinks:
+            epoch = manifest.sink_epochs.get(sink.sink)
+            if epoch is not None:
+                rows = sink.commit_through(epoch, manifest.epoch_ends, times=manifest.epoch_times)
+                committed += rows if sink is self.sinks[0] else 0
+        self.ends.forget_through(manifest.batch_id)
+        return committed
 
     def on_checkpoint_aborted(self, checkpoint_id: int, reason: str) -> None:
         self.state.checkpoint_aborted(checkpoint_id)
