@@ -53,7 +53,7 @@ def batches(epoch: int, *, exactly_once: bool = True, allows: bool = True, stops
     b.exactly_once, b.lock, b.state = exactly_once, threading.Lock(), RunState()
     b.progress = SimpleNamespace(epoch=epoch)
     b.coordinator, b.savepoints, b.lines, b.ran = Policy(allows), Requests(stops), [], []
-    b.idle_barrier = None
+    b.idle_barrier, b.barriers = None, {}
     b.log = b.lines.append
     b._without_records = lambda cid, count=True: b.ran.append((b.progress.epoch, cid, count))
     return b
@@ -97,6 +97,28 @@ def test_no_barrier_without_staged_output_or_before_the_policy_allows(epoch, com
     idle(b, committed)
     assert b.ran == [] and b.progress.epoch == epoch and b.savepoints.barriers == []
     assert b.savepoints.idle_calls == [(committed, False)]
+
+
+def test_an_idle_job_takes_one_barrier_not_one_per_checkpoint_the_policy_allows():
+    """With max_concurrent above 1 the policy allows a barrier while the last is pending; the
+    barrier with no records is not output of its own, so none follows it (issue 37: an idle
+    job checkpointed every few seconds, for ever)."""
+    b = batches(epoch=9)
+    idle(b, committed_at(6))
+    assert b.coordinator.triggered == [10]  # checkpoint 41, pending
+    idle(b, committed_at(6))  # still pending: it covers the staged output
+    b.coordinator.pending.clear()  # 41 completed
+    idle(b, committed_at(10))
+    assert b.coordinator.triggered == [10] and b.progress.epoch == 10
+    b.coordinator.pending.append(42)  # a micro-batch with a barrier of its own: pending
+    b.progress.epoch = 11
+    b._barrier_at(42, 11)
+    idle(b, committed_at(10))
+    assert b.coordinator.triggered == [10]
+    b.coordinator.pending.clear()
+    b.coordinator.pending.append(43)  # it was aborted; an unrelated checkpoint is pending
+    idle(b, committed_at(10))
+    assert b.coordinator.triggered == [10, 12], "output no pending barrier covers gets one"
 
 
 def test_nothing_ever_committed_but_epochs_ran_takes_one():

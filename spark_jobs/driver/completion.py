@@ -50,7 +50,12 @@ class Completion:
 
     @property
     def committed(self) -> CheckpointManifest | None:
-        """The latest completed checkpoint whose output is committed (or the one restored)."""
+        """The latest completed checkpoint whose output is committed (or the one restored).
+        Written on the ack thread only, after the sinks committed; read by the idle check
+        (driver/micro_batches.py) without the ack thread's order: one reference, read whole,
+        either the manifest before a completion or after it. An older one can only make the
+        idle check see output that was committed meanwhile, which costs one barrier with no
+        records; it never hides staged output, because the pointer only moves forward."""
         return self._latest
 
     def on_checkpoint_complete(self, record, manifest: CheckpointManifest) -> None:

@@ -69,6 +69,7 @@ class MicroBatches:
         self.source_columns = source_columns(spark, self.job)
         self.lock = threading.Lock()
         self.idle_barrier: threading.Thread | None = None
+        self.barriers: dict[int, int] = {}  # checkpoint id -> its barrier's epoch (under lock)
 
     def tasks(self) -> list[tuple[str, int]]:
         """Every (stage uid, subtask) of the job: the coordinator's tasks."""
@@ -81,6 +82,7 @@ class MicroBatches:
         epoch = self.progress.epoch
         pending = self.coordinator.trigger(epoch, None, now_ms())
         cid = pending.checkpoint_id if pending else None
+        self._barrier_at(cid, epoch)
         self.savepoints.at_barrier(cid)
         in_flight = bool(self.coordinator.pending_ids())
         plan = self._plan(epoch, cid)
@@ -128,8 +130,21 @@ class MicroBatches:
         return self.savepoints.when_idle(committed(), bool(self.coordinator.pending_ids()))
 
     def _output_staged(self, committed: CheckpointManifest | None) -> bool:
-        done = committed.batch_id if committed is not None else 0
+        """Whether an epoch's output is neither committed nor covered by a pending barrier: a
+        barrier with no records has no output of its own, so an idle job takes one, not one
+        per checkpoint the policy allows (``max_concurrent`` of them in flight, forever)."""
+        pending = set(self.coordinator.pending_ids())
+        covered = [e for cid, e in tuple(self.barriers.items()) if cid in pending]
+        done = max([committed.batch_id if committed is not None else 0, *covered])
         return self.exactly_once and not self.state.stop.is_set() and done < self.progress.epoch
+
+    def _barrier_at(self, checkpoint_id: int | None, epoch: int) -> None:
+        """Checkpoint ``checkpoint_id`` (if one was triggered) cuts at ``epoch``; the barriers
+        no longer pending are forgotten (under the micro-batch lock)."""
+        pending = set(self.coordinator.pending_ids())
+        self.barriers = {c: e for c, e in self.barriers.items() if c in pending}
+        if checkpoint_id is not None:
+            self.barriers[checkpoint_id] = epoch
 
     def _idle_barrier(self, committed: Callable[[], CheckpointManifest | None]) -> None:
         """The barrier with no records, if still due under the micro-batch lock and the
@@ -143,6 +158,7 @@ class MicroBatches:
                 if pending is None:
                     return
                 self.progress.epoch += 1
+                self._barrier_at(pending.checkpoint_id, self.progress.epoch)
                 done = latest.batch_id if latest is not None else 0
                 self.log(
                     f"idle: checkpoint {pending.checkpoint_id}, a barrier with no records, "

@@ -21,7 +21,10 @@ class Progress:
     at a time: the restore's replay (before the query's first micro-batch may run), then Spark's
     stream thread and an idle barrier's thread (each holding the micro-batch lock), then the
     final checkpoint on the main thread (after the query stopped); cuts carry copies. Not
-    shared, so not locked (driver/run_state.py)."""
+    locked: the one read without the micro-batch lock is the watch's idle check of ``epoch``
+    (driver/micro_batches.py ``when_idle``), a hint whose decision the idle barrier takes again
+    under the lock; an int attribute is read whole, so a stale value there starts at most a
+    barrier thread that finds nothing to do."""
 
     job: JobDefinition
     epoch: int = 0
