@@ -105,3 +105,46 @@ def test_the_s3_resources_endpoint_applies_inside_its_environment_only(monkeypat
     assert "AWS_ENDPOINT_URL_S3" not in os.environ
     assert os.environ["AWS_DEFAULT_REGION"] == "eu-west-1"
     assert not [k for k in s3.env() if "KEY" in k or "SECRET" in k]
+
+
+@pytest.mark.s3
+def test_the_commands_reach_s3_through_the_files_endpoint_alone(tmp_path, s3_server, s3_bucket):
+    """With the endpoint named only in the settings file, ``cutline checkpoints`` and ``cutline
+    gc`` (and a driver, the same process) reach the S3 server, and ``cutline config`` says the
+    file set it (issue 37: the command went to AWS and died of a DNS error)."""
+    import subprocess
+    import sys
+
+    from spark_jobs.catalog.delta_catalog import DeltaCatalog
+    from tests.test_delta_catalog import row
+
+    warehouse, checkpoints = f"s3://{s3_bucket}/wh", f"s3://{s3_bucket}/chk"
+    os.environ["AWS_ENDPOINT_URL_S3"] = s3_server  # this process's, to write the catalog
+    try:
+        catalog = DeltaCatalog(f"{warehouse}/catalog")
+        job = "clicks_per_user"
+        catalog.commit_checkpoint(row(1, catalog.begin_attempt(job), job_id=job))
+    finally:
+        del os.environ["AWS_ENDPOINT_URL_S3"]
+    config = tmp_path / "cutline.toml"
+    config.write_text(
+        f'home = "{tmp_path / "home"}"\nwarehouse = "{warehouse}"\n'
+        f'checkpoint_root = "{checkpoints}"\ns3_endpoint = "{s3_server}"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_ENDPOINT", "CUTLINE_"))}
+    env["CUTLINE_CONFIG"] = str(config)
+
+    def cutline(*args: str, code: int = 0) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "spark_jobs.commands", *args]
+        out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == code, out.stderr[-2000:]
+        return out
+
+    listed = json.loads(cutline("checkpoints", job, "--json").stdout)
+    assert [c["checkpoint_id"] for c in listed] == [1]
+    # GC read the catalog and listed the checkpoint root on the server (no manifest was put)
+    refused = cutline("gc", job, "--dry-run", code=2).stderr
+    assert f"{checkpoints} holds none of the manifests of {job}'s completed" in refused
+    rows = {r["name"]: r for r in json.loads(cutline("config", "--json").stdout)}
+    assert rows["s3_endpoint"]["value"] == s3_server
+    assert rows["s3_endpoint"]["source"] == f"file {config} ($CUTLINE_CONFIG)"

@@ -238,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run a command; the exit code says what an orchestrator should do (spark_jobs/errors.py):
     1 failed (restore it), 2 bad input or configuration (do not), 3 superseded (do not)."""
     from spark_jobs.deploy.python_env import python_environment
+    from spark_jobs.deploy.settings import s3_environment
     from spark_jobs.errors import exit_code, failure_summary
     from spark_jobs.executor.python_path import use_installed_pyspark
     from state.faults import arm
@@ -248,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     arm()  # crash tests' kill points (state/faults.py); nothing without CUTLINE_FAULT_KILL
     args = build_parser().parse_args(argv)
     try:
+        s3_environment()  # the file's endpoint and region, for every S3 client (no thread yet)
         return args.func(args)
     except (Exception, KeyboardInterrupt) as e:
         if isinstance(e, KeyboardInterrupt):

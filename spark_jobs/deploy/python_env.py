@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Mapping
 
 PYTHON_VARIABLES = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
 
@@ -22,14 +23,18 @@ PYTHON_VARIABLES = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
 def python_environment() -> None:
     """Name this interpreter as PySpark's Python where the environment names none; raises
     ``RuntimeError`` instead of writing while other threads run."""
-    missing = [name for name in PYTHON_VARIABLES if name not in os.environ]
-    if not missing:
+    set_environment({name: sys.executable for name in PYTHON_VARIABLES if name not in os.environ})
+
+
+def set_environment(values: Mapping[str, str]) -> None:
+    """Write ``values`` into this process's environment, which must have no other thread yet
+    (``RuntimeError`` otherwise, nothing written)."""
+    if not values:
         return
     others = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
     if others:
         raise RuntimeError(
-            f"{', '.join(missing)} would be set while threads {others} run: set them before any "
-            "thread starts (python_environment() first), or in the environment"
+            f"{', '.join(values)} would be set while threads {others} run: set them before any "
+            "thread starts (as the cutline command does first), or in the environment"
         )
-    for name in missing:
-        os.environ[name] = sys.executable
+    os.environ.update(values)

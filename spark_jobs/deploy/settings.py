@@ -174,6 +174,28 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     return Settings(home=str(home), **values)
 
 
+# the settings that reach S3 clients (boto3, delta-rs, the executors) through the environment
+S3_VARIABLES = {name: _ENV[name] for name in ("s3_endpoint", "s3_region")}
+_FROM_FILE: set[str] = set()  # variables s3_environment wrote: their source stays the file
+
+
+def s3_environment() -> None:
+    """Put the S3 endpoint and region the settings file names into this process's environment,
+    where every S3 client of the process and of its executors reads them (a variable already
+    set wins, as in :func:`load_settings`). The ``cutline`` command calls it before any thread
+    starts (spark_jobs/deploy/python_env.py)."""
+    from spark_jobs.deploy.python_env import set_environment
+
+    settings = load_settings()
+    values = {
+        var: value
+        for name, var in S3_VARIABLES.items()
+        if (value := getattr(settings, name)) and var not in os.environ
+    }
+    set_environment(values)
+    _FROM_FILE.update(values)
+
+
 @dataclass(frozen=True)
 class Setting:
     """One effective setting of this process and where its value came from."""
@@ -228,7 +250,7 @@ def _sourced(environ: Mapping[str, str] | None) -> dict[str, Setting]:
         for name, value in _read_file(Path(config)).items():
             found[name] = Setting(name, value, f"file {config} (${CONFIG_ENV})")
     for name, var in _ENV.items():
-        if env.get(var):
+        if env.get(var) and not (environ is None and var in _FROM_FILE):
             found[name] = Setting(name, env[var], f"environment ${var}")
     return found
 
