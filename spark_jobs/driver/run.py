@@ -36,8 +36,8 @@ error with its clean message, so the run exits 2.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
-import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -60,6 +60,7 @@ from spark_jobs.driver.progress import Progress
 from spark_jobs.driver.restore_step import AttemptRestore
 from spark_jobs.driver.run_state import RunState, RunSummary
 from spark_jobs.driver.savepoints import SavepointRequests, is_location
+from spark_jobs.driver.scratch import query_scratch
 from spark_jobs.driver.startup_phases import StartupTimeline, warm_up_workers
 from spark_jobs.driver.watch import QueryWatch
 from spark_jobs.errors import AttemptFailedError, NonRetryableError
@@ -191,7 +192,7 @@ class StreamingRun:
         )
         self.progress.adopt(manifest)
         query = None
-        spark_checkpoint = tempfile.mkdtemp(prefix=f"cutline-{job.name}-query-")
+        spark_checkpoint = query_scratch(job.name, os.getpid())
         try:
             self.progress.epoch, self.progress.positions = starting_point(
                 job,
