@@ -3,8 +3,7 @@
 1. Start (spark_jobs/driver/attempt_start.py, on a thread while the JVM starts): a new attempt that
    fences every older one, the sinks fenced, the checkpoint to restore chosen and its sink commit
    redone.
-2. Restore (spark_jobs/driver/restore_fallback.py), on a thread beside the streaming query's start:
-   every
+2. Restore (spark_jobs/driver/restore_fallback.py), on a thread beside the query's start: every
    subtask's working state local-first, placed on the host its executor hint names, falling back
    past checkpoints that fail their checksums; then the epochs the sinks committed after the
    restored checkpoint are replayed without output. The first micro-batch waits for it.
@@ -25,9 +24,8 @@ Threads: Spark's stream thread runs the micro-batches, the restore thread runs b
 (which waits for it), the ack poller completes checkpoints, the heartbeat watches liveness; the
 main thread watches the query and stops the run (driver/watch.py). What they share (the
 failure, the stop event, the run's report, the compaction and savepoint requests being served)
-is the
-:class:`~spark_jobs.driver.run_state.RunState`, which says who does what; the progress is
-handed on, never shared.
+is the :class:`~spark_jobs.driver.run_state.RunState`, which says who does what; the progress
+is handed on (driver/progress.py says which reads cross threads).
 
 A failure a Spark task marked as not retryable (spark_jobs/errors.py) is raised as its typed
 error with its clean message, so the run exits 2.
