@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 
 from cutline.sources.base import PARTITION_COLUMN  # a later stage: upstream subtask
 from spark_jobs.errors import UserCodeError
+from state.backend import StateBackendError
 from state.state_types import KeyCodec, StateAccessError, StateSpec
 from state.user_state import ListState, MapState, ValueState, expire, open_view
 from state.write_buffer import BufferedTransaction
@@ -289,6 +290,8 @@ class ProcessOperator:
         arg = table.to_pandas() if fn.use_pandas else table
         try:
             out = getattr(fn, method)(arg, ctx)
+        except (StateBackendError, MemoryError):
+            raise  # the runtime's failure under the user's call, never the user's
         except Exception as e:
             raise UserFunctionError(
                 f"stage {self.spec.name!r} (uid {self.spec.uid!r}, "

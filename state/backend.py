@@ -35,6 +35,12 @@ class KeyGroupError(ValueError):
     """A key group outside the subtask's range was read or written: state would be misplaced."""
 
 
+class StateBackendError(RuntimeError):
+    """The state backend itself failed (an I/O error, a full disk, a corrupt file): the
+    runtime's failure, which a restore may fix, never the user's code, even when raised under
+    a user's function reading its state."""
+
+
 class Transaction(ABC):
     """Buffered writes of one micro-batch; applied atomically by :meth:`commit`.
 

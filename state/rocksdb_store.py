@@ -31,6 +31,7 @@ from state.backend import (
     KeyGroupError,
     KeyGroups,
     Keys,
+    StateBackendError,
     Transaction,
     TransactionError,
     TransactionState,
@@ -130,6 +131,8 @@ class RocksDBStore(KeyedStateBackend):
         if self._db is not None:
             try:
                 self._db.flush(True)
+            except Exception as e:
+                raise self._failed("flush", e) from e
             finally:
                 self._db.close()
                 self._db = None
@@ -187,7 +190,7 @@ class RocksDBStore(KeyedStateBackend):
             return []
         full = self._keys(name, key_groups, keys)
         order = sorted(range(len(full)), key=full.__getitem__)
-        values = self.db.get([full[i] for i in order])
+        values = self.multi_get([full[i] for i in order])
         out: list[bytes | None] = [None] * len(full)
         for i, value in zip(order, values, strict=True):
             out[i] = value
@@ -198,7 +201,7 @@ class RocksDBStore(KeyedStateBackend):
     ) -> list[bytes | None]:
         if not keys:
             return []
-        return self.db.get(self._map_keys(name, key_groups, keys, map_keys))
+        return self.multi_get(self._map_keys(name, key_groups, keys, map_keys))
 
     def map_items(self, name: str, key_group: int, key: bytes) -> Iterator[tuple[bytes, bytes]]:
         """All (map key, value) pairs of one key's map state, in map-key byte order."""
@@ -212,15 +215,34 @@ class RocksDBStore(KeyedStateBackend):
         for k, v in self._scan(prefix):
             yield k[len(prefix) :], v
 
+    def multi_get(self, full_keys: list[bytes]) -> list[bytes | None]:
+        """The values of ``full_keys`` (encoded) in one multi-get."""
+        try:
+            return self.db.get(full_keys)
+        except Exception as e:
+            raise self._failed("read", e) from e
+
     def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        it = self.db.iter()
-        it.seek(prefix)
-        while it.valid():
-            key = it.key()
-            if not key.startswith(prefix):
-                break
-            yield key, it.value()
-            it.next()
+        try:
+            it = self.db.iter()
+            it.seek(prefix)
+            while it.valid():
+                key = it.key()
+                if not key.startswith(prefix):
+                    break
+                yield key, it.value()
+                it.next()
+        except Exception as e:
+            raise self._failed("scan", e) from e
+
+    def _failed(self, what: str, error: BaseException) -> StateBackendError:
+        """RocksDB's ``error`` as the runtime's failure, naming the store and the host."""
+        import socket
+
+        return StateBackendError(
+            f"RocksDB {what} failed in {self.path} on {socket.gethostname()} "
+            f"(key groups {self.key_group_range.start}..{self.key_group_range.end}): {error}"
+        )
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -233,9 +255,9 @@ class RocksDBStore(KeyedStateBackend):
         try:
             if not batch.is_empty():
                 self.db.write(batch, self._write_opts)
-        except Exception:
+        except Exception as e:
             txn.state = TransactionState.ABORTED
-            raise
+            raise self._failed("write", e) from e
         txn.state = TransactionState.COMMITTED
 
     def clear_state(self, name: str) -> None:

@@ -53,7 +53,7 @@ class BufferedTransaction(Transaction):
             missing = list(range(len(full)))
         if missing:
             missing.sort(key=full.__getitem__)  # key order: neighbours share blocks
-            values = self.store.db.get([full[i] for i in missing])
+            values = self.store.multi_get([full[i] for i in missing])
             for i, value in zip(missing, values, strict=True):
                 out[i] = value
         return out

@@ -13,6 +13,7 @@ from cutline.job import KeyedProcess
 from cutline.keyed_process import KeyedProcessFunction, ProcessOperator, UserFunctionError
 from spark_jobs.errors import TaskError, UserCodeError, carry_to_driver, task_error
 from spark_jobs.executor.subtask import write_progress
+from state.backend import StateBackendError
 from state.keygroups import KeyGroupRange
 from state.rocksdb_store import RocksDBStore
 from state.state_types import MapStateSpec, Ttl, ValueStateSpec
@@ -170,3 +171,39 @@ def test_sessionize_declares_its_states_with_fingerprints():
         "totals": "map<string,int64>/ttl/v1",
     }
     assert isinstance(sessions().operator.function, Sessionize)
+
+
+class ReadsItsState(KeyedProcessFunction):
+    states = (ValueStateSpec("seen", "int64"),)
+
+    def process_batch(self, records, ctx):
+        ctx.state("seen").get(records.column("user"))
+        return None
+
+
+class FullDisk:
+    """A RocksDB handle whose reads fail as a full disk's do."""
+
+    def __init__(self, db) -> None:
+        self.db = db
+
+    def get(self, keys):
+        raise Exception("IO error: No space left on device: While appending to file")
+
+    def __getattr__(self, name):
+        return getattr(self.db, name)
+
+
+def test_a_state_backend_failure_under_a_users_call_is_the_runtimes_not_the_users(tmp_path):
+    """A RocksDB error raised while the user's function reads its state is not called the user's
+    fault (exit 2, never restarted): it stays the runtime's (a restore may fix it) and says where
+    (issue 36)."""
+    stage = KeyedProcess("reader", {"s": "user"}, "string", ReadsItsState(), uid="r_1")
+    with RocksDBStore(tmp_path / "db", ALL) as store:
+        store._db = FullDisk(store._db)
+        with pytest.raises(StateBackendError) as err:
+            ProcessOperator(stage, 128).apply(store, pa.table({"user": ["a"]}), None, 0)
+        store._db = store._db.db
+    assert not isinstance(err.value, UserCodeError)
+    assert str(err.value).startswith(f"RocksDB read failed in {tmp_path / 'db'} on ")
+    assert "(key groups 0..127): IO error: No space left on device" in str(err.value)
