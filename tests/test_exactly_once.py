@@ -41,7 +41,7 @@ import pytest
 
 from spark_jobs.catalog.tables import CatalogReader
 from spark_jobs.deploy.settings import RuntimePaths
-from spark_jobs.job_loader import job_name_of
+from spark_jobs.job_loader import get_job, job_name_of
 from spark_jobs.sources.generate import generate
 from state.catalog import CheckpointStatus
 from state.faults import ENV as KILL_ENV
@@ -182,6 +182,8 @@ def one_attempt(
         ask_for_savepoint(paths, job, stop=mode in WRITING and rng.random() < 0.5)
     if mode not in ("random", "uploads in flight"):
         nth = 1 if mode in ONCE else rng.randint(1, 2 if mode in IN_TASKS | PER_FILE else 3)
+        if from_savepoint and from_savepoint[-1] == mode and "--restore" in flags:
+            from_savepoint[-1] = f"{mode}@{nth}"
         record = home / "faults.log"  # where the kill point says it fired (state/faults.py)
         record.unlink(missing_ok=True)
         env = {KILL_ENV: f"{mode}@{nth}", RECORD_ENV: str(record)}
@@ -222,6 +224,17 @@ def one_attempt(
             else None
         )
     return f"{mode} {delay:.1f} s after the first micro-batch"
+
+
+def before_the_import(mode: str, job: str) -> bool:
+    """Whether a kill in ``mode`` (``point@nth`` for a named point) of an attempt started from
+    a savepoint lands before the savepoint is imported: at the import's own points, at
+    restore-started, or at one of the start's fence commits (the first of each sink's)."""
+    point, _, nth = mode.partition("@")
+    if point in {*IMPORTING, "restore-started"}:
+        return True
+    fences = len(get_job(job).sinks())
+    return point in ("sink-committing", "sink-committed") and int(nth or 0) <= fences
 
 
 def pending(record: Path) -> int:
@@ -305,9 +318,10 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
             assert rescaled >= 1, f"none of the kills' {restores} restores was rescaled"
     report(f"{job}: {check_savepoints(home, paths, job)}")
     # an attempt started from a savepoint imports it while its start is planned: before any
-    # kill but one at the import's own points or before it (restore-started)
+    # kill but one at the import's own points or before it (the sinks' fences, each a sink
+    # commit, then restore-started)
     imported = killed_log.count(") imported as checkpoint ")
-    required = sum(1 for m in from_savepoint if m not in {*IMPORTING, "restore-started"})
+    required = sum(1 for m in from_savepoint if not before_the_import(m, job))
     assert imported >= required, (
         f"{imported} imports by {len(from_savepoint)} attempts: {from_savepoint}"
     )
