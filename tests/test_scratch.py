@@ -20,6 +20,6 @@ def test_a_start_removes_the_scratch_of_drivers_gone_and_keeps_the_living(tmp_pa
     other_job = tmp_path / f"cutline-windowed_revenue-query-{gone}-ghi"
     for d in (dead, living, other_job):
         (d / "offsets").mkdir(parents=True)
-    made = query_scratch("sessions", os.getpid())
+    made = query_scratch("sessions")
     assert os.path.basename(made).startswith(f"cutline-sessions-query-{os.getpid()}-")
     assert not dead.exists() and living.exists() and other_job.exists()

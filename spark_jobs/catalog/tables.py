@@ -113,7 +113,9 @@ class CatalogReader:
         """``table`` (a ``deltalake.DeltaTable``) at its newest version for the ``with``
         block; raises ``TableNotFoundError`` if it does not exist."""
         with self._tables_lock:
-            handle = self._tables.setdefault(table, LatestTable(self.path(table)))
+            if table not in self._tables:
+                self._tables[table] = LatestTable(self.path(table))
+            handle = self._tables[table]
         with handle.latest() as dt:
             yield dt
 

@@ -34,7 +34,6 @@ error with its clean message, so the run exits 2.
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import threading
 import time
@@ -190,7 +189,7 @@ class StreamingRun:
         )
         self.progress.adopt(manifest)
         query = None
-        spark_checkpoint = query_scratch(job.name, os.getpid())
+        spark_checkpoint = query_scratch(job.name)
         try:
             self.progress.epoch, self.progress.positions = starting_point(
                 job,

@@ -5,6 +5,7 @@ every start removes those of the same job whose driver is gone."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -12,12 +13,12 @@ from pathlib import Path
 from spark_jobs.driver.liveness import alive
 
 
-def query_scratch(job_name: str, pid: int) -> str:
-    """A new directory for this attempt's query checkpoint; first removes the directories of
-    ``job_name`` left by drivers no longer alive."""
+def query_scratch(job_name: str) -> str:
+    """A new directory for this attempt's query checkpoint, named by this process's pid; first
+    removes the directories of ``job_name`` left by drivers no longer alive."""
     prefix = f"cutline-{job_name}-query-"
     for left in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
         owner = left.name[len(prefix) :].split("-", 1)[0]
         if owner.isdigit() and not alive(int(owner)):
             shutil.rmtree(left, ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"{prefix}{pid}-")
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
