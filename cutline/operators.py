@@ -93,7 +93,9 @@ class _Aggregates:
             return table
         for col, _ in self.last:
             if not (pa.types.is_string(t := table.schema.field(col).type) or pa.types.is_binary(t)):
-                raise ValueError(f"aggregate 'last' of {col!r} needs a string or binary column")
+                raise JobDefinitionError(
+                    f"aggregate 'last' of {col!r} needs a string or binary column"
+                )
         return table.sort_by([(self.event_time, "ascending")])
 
     def arrow_aggregations(self) -> list[tuple]:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import re
 
+from state.errors import BadInputError
+
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 
-class JobDefinitionError(ValueError):
+class JobDefinitionError(BadInputError):
     """A job definition is invalid; the message names the field."""
 
 

@@ -3,8 +3,11 @@
 The exit code tells an orchestrator what to do: ``1`` the run failed and a restore from the
 latest checkpoint may fix it; ``2`` the input or the configuration is wrong and a restore would
 fail the same way (bad record, wrong root, nothing restorable, a user function that raises,
-a checkpoint whose state the job cannot take); ``3`` a newer attempt of the job
-has started, so this one must not be replaced by yet another.
+a checkpoint whose state the job cannot take: a :class:`NonRetryableError`, or a
+:class:`~state.errors.BadInputError` from the layers below); ``3`` a newer attempt of the job
+has started, so this one must not be replaced by yet another. Any other error is ``1``, a
+``ValueError`` too: ``pyarrow.ArrowInvalid`` and ``json.JSONDecodeError`` are ValueErrors, and a
+read that raced a writer is worth a retry.
 
 A :class:`NonRetryableError` raised inside a Spark task (a user function that raises, a
 checkpoint whose state does not cover a subtask's key groups) reaches the driver only as text
@@ -21,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from state.catalog import FencedError
+from state.errors import BadInputError
 from state.redaction import redact
 
 EXIT_FAILED = 1
@@ -64,7 +68,7 @@ def exit_code(error: BaseException) -> int:
     """The exit code of ``cutline`` for a run that raised ``error``."""
     if isinstance(error, FencedError):
         return EXIT_SUPERSEDED
-    if isinstance(error, NonRetryableError | ValueError):
+    if isinstance(error, NonRetryableError | BadInputError):
         return EXIT_BAD_INPUT
     return EXIT_FAILED
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from state.errors import BadInputError
 from state.handles import SubtaskStateHandle
 from state.paths import JobLayout, check_relative
 
 ACKS_DIR = "_acks"
 
 
-class AckError(ValueError):
+class AckError(BadInputError):
     """An ack document is malformed or does not belong where it was found."""
 
 

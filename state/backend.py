@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from state.errors import BadInputError
 from state.keygroups import KeyGroupRange
 
 KeyGroups = Sequence[int] | np.ndarray
@@ -31,7 +32,7 @@ class TransactionError(RuntimeError):
     """A transaction was used after it was committed or aborted."""
 
 
-class KeyGroupError(ValueError):
+class KeyGroupError(BadInputError):
     """A key group outside the subtask's range was read or written: state would be misplaced."""
 
 

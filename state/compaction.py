@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from state.errors import BadInputError
 from state.handles import SubtaskStateHandle
 from state.manifest import CheckpointManifest
 from state.paths import JobLayout
@@ -24,7 +25,7 @@ REQUESTS_DIR = "_requests"  # control files for a running job: never GC's to tou
 COMPACT_REQUEST = f"{REQUESTS_DIR}/compact.json"
 
 
-class CompactionRequestError(ValueError):
+class CompactionRequestError(BadInputError):
     """A compaction request file is malformed; the message says what is wrong."""
 
 

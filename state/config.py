@@ -9,11 +9,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from state.errors import BadInputError
+
 EXACTLY_ONCE = "exactly_once"
 AT_LEAST_ONCE = "at_least_once"
 
 
-class ConfigError(ValueError):
+class ConfigError(BadInputError):
     """A configuration value is invalid; the message names the field."""
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from state.errors import BadInputError
+
 DEFAULT_MAX_PARALLELISM = 128
 MAX_MAX_PARALLELISM = 32768  # key groups are stored as two big-endian bytes
 SPARK_HASH_SEED = 42
@@ -64,13 +66,14 @@ class KeyGroupRange:
 
 
 def check_parallelism(parallelism: int, max_parallelism: int) -> None:
-    """Raise ``ValueError`` naming the field unless ``1 <= parallelism <= max_parallelism``."""
+    """Raise a ``BadInputError`` naming the field unless
+    ``1 <= parallelism <= max_parallelism``."""
     if not 1 <= max_parallelism <= MAX_MAX_PARALLELISM:
-        raise ValueError(
+        raise BadInputError(
             f"max_parallelism must be in [1, {MAX_MAX_PARALLELISM}], got {max_parallelism}"
         )
     if not 1 <= parallelism <= max_parallelism:
-        raise ValueError(
+        raise BadInputError(
             f"parallelism must be in [1, max_parallelism={max_parallelism}], got {parallelism}"
         )
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from state.errors import BadInputError
 from state.handles import StateFile, SubtaskStateHandle
 from state.paths import JobLayout, PathEscapeError, check_relative
 
@@ -33,7 +34,7 @@ class PartitionClock:
 PartitionClocks = dict[str, dict[str, dict[str, PartitionClock]]]
 
 
-class ManifestError(ValueError):
+class ManifestError(BadInputError):
     """A manifest is unreadable, of an unknown version, malformed, or names an escaping path."""
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import re
 
+from state.errors import BadInputError
+
 _SEGMENT = re.compile(r"^[A-Za-z0-9_.=+,@-]+$")
 
 
-class PathEscapeError(ValueError):
+class PathEscapeError(BadInputError):
     """A path is absolute, contains '..' or odd characters, or otherwise leaves its root."""
 
 

@@ -36,6 +36,7 @@ from state.backend import (
     TransactionError,
     TransactionState,
 )
+from state.errors import BadInputError
 from state.keygroups import KeyGroupRange
 
 _TS_OFFSET = 1 << 63
@@ -91,7 +92,7 @@ class StoreOptions:
 def _name_prefix(key_group: int, name: str) -> bytes:
     encoded = name.encode()
     if not 0 < len(encoded) < 256:
-        raise ValueError(f"state name must be 1..255 bytes, got {name!r}")
+        raise BadInputError(f"state name must be 1..255 bytes, got {name!r}")
     return key_group.to_bytes(2, "big") + bytes([len(encoded)]) + encoded
 
 

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from state.compaction import REQUESTS_DIR
+from state.errors import BadInputError
 from state.faults import kill_point
 from state.handles import SubtaskStateHandle
 from state.manifest import CheckpointManifest, ManifestError
@@ -39,7 +40,7 @@ SAVEPOINT_WRITING = f"{REQUESTS_DIR}/savepoint-writing.json"  # where the reques
 COPY_THREADS = 8
 
 
-class SavepointError(ValueError):
+class SavepointError(BadInputError):
     """A savepoint cannot be written, read or restored; the message names the location and the
     file."""
 

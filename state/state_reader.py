@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from state.errors import BadInputError
 from state.manifest import CheckpointManifest
 from state.paths import JobLayout
 from state.restore import restore_subtask
@@ -34,7 +35,7 @@ from state.user_state import EXPIRY
 _U32 = struct.Struct(">I")
 
 
-class StateReadError(ValueError):
+class StateReadError(BadInputError):
     """The checkpoint holds no such state, or holds it in another form; the message says which."""
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from state.errors import BadInputError
 from state.keygroups import KeyType, key_groups
 
 TTL_CLOCKS = ("processing", "event")
@@ -27,11 +28,11 @@ _VARIABLE = (pa.string(), pa.binary())
 STATE_TYPES = (*_FIXED, *_VARIABLE)
 
 
-class StateDefinitionError(ValueError):
+class StateDefinitionError(BadInputError):
     """A state spec is invalid (name, type or TTL); the message names it."""
 
 
-class StateAccessError(ValueError):
+class StateAccessError(BadInputError):
     """A state was used wrongly in a micro-batch (a null value, misaligned arrays)."""
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from state.errors import BadInputError
 from state.rocksdb_store import RocksDBStore, encode_list
 from state.state_types import KeyCodec, StateAccessError, StateSpec, encode_values
 from state.user_state import EXPIRY, TTL_TIMERS, ttl_timer_key
@@ -36,7 +37,7 @@ _KIND_COLUMNS = {
 _BATCH = 100_000  # entries per write batch
 
 
-class StateWriteError(ValueError):
+class StateWriteError(BadInputError):
     """A table cannot be written as a state: its columns, keys or values are not the state's;
     the message names them."""
 

@@ -22,6 +22,7 @@ from cutline.sinks.base import Sink, SinkWriter
 from cutline.sinks.delta import DeltaSinkWriter
 from cutline.sinks.staging import EPOCH_COLUMN
 from cutline.validation import JobDefinitionError, check_name
+from state.errors import BadInputError
 
 _ROW = "__row"  # the rows' order as staged, while picking each key's latest
 
@@ -93,17 +94,17 @@ class DeltaUpsertWriter(DeltaSinkWriter):
 
     def latest_per_key(self, data: pa.Table) -> pa.Table:
         """Each key's latest row of ``data`` (staged in epoch, then emission order). A row
-        without a full key cannot be upserted: ``ValueError`` naming the sink and the column."""
+        without a full key cannot be upserted: a ``BadInputError`` names the sink and column."""
         missing = [c for c in [*self.key, self.order_by] if c and c not in data.column_names]
         if missing:
-            raise ValueError(
+            raise BadInputError(
                 f"sink {self.sink!r}: the stage's output has no column {missing[0]!r} (its "
                 f"columns: {[c for c in data.column_names if c != EPOCH_COLUMN]})"
             )
         for c in self.key:
             nulls = data.column(c).null_count
             if nulls:
-                raise ValueError(
+                raise BadInputError(
                     f"sink {self.sink!r}: {nulls} rows of the stage's output have a null key "
                     f"column {c!r}; an upsert needs every key column"
                 )

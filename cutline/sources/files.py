@@ -32,6 +32,7 @@ from cutline.sources.base import (
     PositionedSource,
 )
 from cutline.validation import JobDefinitionError, check_name
+from state.errors import BadInputError
 
 FORMATS = {"json": (".json", ".jsonl"), "parquet": (".parquet",)}
 DATA_SOURCE = "cutline_files"
@@ -87,7 +88,7 @@ def list_files(path: str, format: str) -> dict[int, str]:
             continue
         number = partition_of(name)
         if files.setdefault(number, name) != name:
-            raise ValueError(
+            raise BadInputError(
                 f"{path}: files {files[number]!r} and {name!r} have the same partition number "
                 f"{number}; rename one of them"
             )
@@ -131,7 +132,7 @@ def read_records(
     table = pq.read_table(io.BytesIO(data)).slice(start, end - start)
     missing = [f.name for f in schema if f.name not in table.column_names]
     if missing:
-        raise ValueError(f"{where}: no column {missing} (its columns: {table.column_names})")
+        raise BadInputError(f"{where}: no column {missing} (its columns: {table.column_names})")
     table = table.select(schema.names).cast(schema)
     null = np.zeros(table.num_rows, bool)
     for column in key:

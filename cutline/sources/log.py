@@ -11,6 +11,7 @@ from typing import Any
 
 from cutline.sources.base import PositionedSource, Source
 from cutline.validation import JobDefinitionError, check_name
+from state.errors import BadInputError
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class LogSource(PositionedSource):
 
         parts = topic_partitions(self._root(), self.topic)
         if not parts:
-            raise ValueError(
+            raise BadInputError(
                 f"source {self.name!r}: no partitions under {self._root()}/{self.topic}"
             )
         return parts, 0

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from spark_jobs.sources.local_log import append_records, complete_size, partition_path
+from state.errors import BadInputError
 
 KINDS = ("clicks", "orders", "profiles", "events")
 PAYLOAD_BYTES = 100  # of an "events" record
@@ -112,9 +113,9 @@ def generate(
     over the partitions (continuing where the log ends); ``rate`` limits records per second
     over all partitions. Returns the records written."""
     if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        raise BadInputError(f"kind must be one of {KINDS}, got {kind!r}")
     if count < 0 or partitions < 1:
-        raise ValueError("count must be >= 0 and partitions >= 1")
+        raise BadInputError("count must be >= 0 and partitions >= 1")
     written = 0
     started = time.monotonic()
     done = {p: records_in(root, topic, p) for p in range(partitions)}

@@ -34,12 +34,13 @@ from cutline.sources.base import (
     NEXT_OFFSET_COLUMN,
     PARTITION_COLUMN,
 )
+from state.errors import BadInputError
 
 _SCAN_CHUNK = 1 << 20
 _RAW_LIMIT = 64 << 10  # characters of a bad record kept
 
 
-class MalformedRecordError(ValueError):
+class MalformedRecordError(BadInputError):
     """A record of the log could not be parsed; names the file and the byte range."""
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote, urlsplit
 
+from state.errors import BadInputError
 from state.redaction import redact
 from state.storage.base import (
     AccessError,
@@ -51,25 +52,26 @@ def open_storage(url: str, *, endpoint_url: str | None = None) -> DurableStorage
     """Open storage from a url: ``file:///abs``, a local path, or ``s3://bucket[/prefix]``.
 
     ``endpoint_url`` applies to S3 only; None leaves it to boto3 (``AWS_ENDPOINT_URL_S3``,
-    ``AWS_ENDPOINT_URL``, config files). Any other url raises ValueError naming it.
+    ``AWS_ENDPOINT_URL``, config files). Any other url raises a ``BadInputError``
+    naming it.
     """
     if not isinstance(url, str) or not url.strip():
-        raise ValueError(f"invalid storage url {redact(url)!r}")
+        raise BadInputError(f"invalid storage url {redact(url)!r}")
     if not _SCHEME_RE.match(url):
         return LocalFileStorage(url)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if not url[len(scheme) + 1 :].startswith("//") or parts.query or parts.fragment:
-        raise ValueError(f"unsupported storage url {redact(url)!r}")
+        raise BadInputError(f"unsupported storage url {redact(url)!r}")
     if scheme == "file":
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
-            raise ValueError(f"unsupported file url {redact(url)!r}: use file:///absolute/path")
+            raise BadInputError(f"unsupported file url {redact(url)!r}: use file:///absolute/path")
         return LocalFileStorage(unquote(parts.path))
     if scheme == "s3":
         bucket = parts.netloc
         if not _BUCKET_RE.match(bucket):
-            raise ValueError(f"invalid S3 url {redact(url)!r}: use s3://bucket[/prefix]")
+            raise BadInputError(f"invalid S3 url {redact(url)!r}: use s3://bucket[/prefix]")
         return S3Storage(bucket, parts.path.strip("/"), endpoint_url=endpoint_url)
-    raise ValueError(
+    raise BadInputError(
         f"unsupported storage url {redact(url)!r} (use file://, a local path or s3://)"
     )

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from state.errors import BadInputError
 from state.paths import check_relative
 from state.storage.base import (
     AccessError,
@@ -124,9 +125,9 @@ class S3Storage(DurableStorage):
         multipart_threshold: int = 64 * 2**20,
     ) -> None:
         if not isinstance(bucket, str) or not _BUCKET_RE.match(bucket):
-            raise ValueError(f"invalid S3 bucket name {bucket!r}")
+            raise BadInputError(f"invalid S3 bucket name {bucket!r}")
         if max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+            raise BadInputError(f"max_attempts must be >= 1, got {max_attempts}")
         prefix = prefix.strip("/")
         if prefix:
             check_relative(prefix, what="S3 prefix")
