@@ -30,7 +30,7 @@ format: $(STAMP)
 
 # The driver JVM's class-data archive, made once per Java and Spark (spark_jobs/deploy/class_archive.py)
 class-archive: $(STAMP) check-java
-	@$(BIN)/python -m spark_jobs.deploy.class_archive
+	@$(BIN)/python -m spark_jobs.commands.class_archive
 
 # `make test` (CI's tier): every test not marked slow, one end-to-end run per guarantee, and a
 # slice of every fault matrix drawn from the seed (tests/tiers.py); `make test-all`: everything.

@@ -28,7 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from spark_jobs.deploy.class_archive import archive_path, build  # noqa: E402
+from spark_jobs.commands.class_archive import build  # noqa: E402
+from spark_jobs.deploy.class_archive import archive_path  # noqa: E402
 from spark_jobs.sources.generate import generate  # noqa: E402
 
 RUN = ["run", "clicks_per_user", "--interval-ms", "500", "--idle-timeout", "1", "--max-batches"]

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from cutline.sources.base import NO_DEPENDENCIES, SparkDependencies
+from cutline.sources.dependencies import NO_DEPENDENCIES, SparkDependencies
 from spark_jobs.catalog.tables import CatalogReader
 from spark_jobs.deploy.session import SubmitCommand, submit_command
 from spark_jobs.deploy.settings import RuntimePaths, Settings, load_settings

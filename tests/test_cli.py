@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from spark_jobs.commands.handlers import runtime_paths
-from spark_jobs.commands.main import build_parser, main
+from spark_jobs.commands.main import main
+from spark_jobs.commands.parser import build_parser
 from spark_jobs.sources.generate import records_in
 
 REF = "tests.user_jobs:renamed"  # a job of one's own, registered nowhere; its name is "sessions"

@@ -16,7 +16,7 @@ from cutline import (
 )
 from cutline.operators import EnrichWithLatest, KeyedAggregate, WindowedAggregate
 from spark_jobs.commands.handlers import job_for_run
-from spark_jobs.commands.main import build_parser
+from spark_jobs.commands.parser import build_parser
 from spark_jobs.job_loader import get_job, job_names
 
 

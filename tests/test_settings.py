@@ -10,7 +10,7 @@ import pytest
 
 from orchestration.resources import CutlinePaths, S3Resource, SparkSubmit
 from spark_jobs.commands.handlers import runtime_paths
-from spark_jobs.commands.main import build_parser
+from spark_jobs.commands.parser import build_parser
 from spark_jobs.deploy.settings import load_settings
 from spark_jobs.errors import ConfigurationError
 

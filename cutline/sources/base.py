@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pyarrow as pa
+
+from cutline.sources.dependencies import NO_DEPENDENCIES, SparkDependencies
 
 PARTITION_COLUMN = "_partition"
 NEXT_OFFSET_COLUMN = "_next_offset"
@@ -32,20 +33,6 @@ POSITION_DDL = f"{PARTITION_COLUMN} int, {NEXT_OFFSET_COLUMN} long"
 BAD_DDL = f"{BAD_REASON} string, {BAD_RAW} string, {BAD_OFFSET} long"
 
 PartitionPositions = dict[str, int]  # partition -> position of the next record
-
-
-@dataclass(frozen=True)
-class SparkDependencies:
-    """What a source needs on Spark's classpath: Maven ``packages`` (``group:artifact:version``,
-    resolved through ``spark.jars.packages``), ``excludes`` from their resolution, and ``jars``
-    (local paths)."""
-
-    packages: tuple[str, ...] = ()
-    excludes: tuple[str, ...] = ()
-    jars: tuple[str, ...] = ()
-
-
-NO_DEPENDENCIES = SparkDependencies()
 
 
 class Source(ABC):

@@ -17,8 +17,8 @@ from cutline.sources.base import (
     PARTITION_COLUMN,
     PartitionPositions,
     Source,
-    SparkDependencies,
 )
+from cutline.sources.dependencies import SCALA, SparkDependencies, ivy_dir, maven_repo
 from cutline.validation import JobDefinitionError, check_name
 
 EARLIEST = -2  # the connector's "earliest" offset
@@ -98,8 +98,6 @@ class KafkaSource(Source):
         """Spark's Kafka connector for this Spark, with its token-provider dependency excluded
         from resolution and :func:`token_provider_jar` put on the classpath instead."""
         import pyspark
-
-        from spark_jobs.deploy.session import SCALA
 
         kafka = f"org.apache.spark:spark-sql-kafka-0-10_{SCALA}:{pyspark.__version__}"
         avro = f"org.apache.spark:spark-avro_{SCALA}:{pyspark.__version__}"
@@ -224,8 +222,6 @@ def token_provider_jar() -> Path:
     import hashlib
     import urllib.request
 
-    from spark_jobs.deploy.session import ivy_dir, maven_repo
-
     group, artifact = _token_provider().split(":")
     name = f"{artifact}-{TOKEN_PROVIDER_VERSION}.jar"
     target = ivy_dir() / "extra" / name
@@ -246,6 +242,4 @@ def token_provider_jar() -> Path:
 
 
 def _token_provider() -> str:
-    from spark_jobs.deploy.session import SCALA
-
     return f"org.apache.spark:spark-token-provider-kafka-0-10_{SCALA}"

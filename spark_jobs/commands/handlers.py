@@ -1,4 +1,4 @@
-"""What the ``cutline`` subcommands do (spark_jobs/commands/main.py parses the command line): each
+"""What the ``cutline`` subcommands do (spark_jobs/commands/parser.py parses the command line): each
 takes its job as ``run`` does, a registered name or ``module:attr``."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def savepoints(args: argparse.Namespace) -> int:
 
 def demo(args: argparse.Namespace) -> int:
     """The main job on the embedded default: generate clicks, run clicks_per_user to the end."""
-    from spark_jobs.commands.main import build_parser
+    from spark_jobs.commands.parser import build_parser
     from spark_jobs.sources.generate import generate, records_in
     from state.storage.tables import table_uri
 

@@ -26,13 +26,20 @@ from pathlib import Path
 import pyspark
 from pyspark.sql import SparkSession
 
-from cutline.sources.base import NO_DEPENDENCIES, SparkDependencies
+from cutline.sources.dependencies import (
+    NO_DEPENDENCIES,
+    SCALA,
+    SparkDependencies,
+    ivy_dir,
+)
 from spark_jobs.deploy.class_archive import driver_java_options
+from spark_jobs.deploy.distribution import spark_home
 from spark_jobs.deploy.java_check import require_java
 from spark_jobs.deploy.python_env import python_environment
 
-SCALA = "2.13"
 DELTA_VERSION = "4.4.0"
+# the script spark-submit runs: the ``cutline`` command line's entry point
+CLI_SCRIPT = str(Path(__file__).resolve().parent.parent / "commands" / "main.py")
 # How long a local session's driver waits for its own executor's heartbeat: a day, not Spark's
 # 120 s (see session_conf).
 LOCAL_HEARTBEAT_TIMEOUT_MS = 24 * 3600 * 1000
@@ -44,15 +51,6 @@ def spark_minor() -> str:
 
 def delta_package() -> str:
     return f"io.delta:delta-spark_{spark_minor()}_{SCALA}:{DELTA_VERSION}"
-
-
-def maven_repo() -> str:
-    return os.environ.get("CUTLINE_MAVEN_REPO", "https://repo1.maven.org/maven2").rstrip("/")
-
-
-def ivy_dir() -> Path:
-    default = Path.home() / ".cache" / "cutline" / "ivy"
-    return Path(os.environ.get("CUTLINE_IVY_DIR", default))
 
 
 def session_conf(
@@ -306,11 +304,6 @@ def launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def spark_home() -> Path:
-    """The Spark distribution inside the installed PySpark (``bin/spark-submit``, ...)."""
-    return Path(pyspark.__file__).parent
-
-
 @dataclass(frozen=True)
 class SubmitCommand:
     """A ``spark-submit`` command line and the environment it needs on top of the caller's."""
@@ -330,11 +323,9 @@ def submit_command(
     """``spark-submit`` of the ``cutline`` CLI with ``app_args``, configured by
     :func:`session_conf` (the same master, packages and conf as :func:`build_spark`), using the
     installed PySpark's own Spark distribution."""
-    from spark_jobs.commands import main as cli
-
     home = spark_home()
     argv = [str(home / "bin" / "spark-submit")]
     for key, value in session_conf(master, needs=needs, extra=extra, quiet=quiet).items():
         argv += ["--conf", f"{key}={value}"]
     env = {"SPARK_HOME": str(home), "PYSPARK_PYTHON": sys.executable}
-    return SubmitCommand([*argv, cli.__file__, *app_args], env)
+    return SubmitCommand([*argv, CLI_SCRIPT, *app_args], env)

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spark_jobs.deploy.session import spark_home
+from spark_jobs.deploy.distribution import spark_home
 
 ROOT = Path(__file__).resolve().parents[2]  # the project: its code reaches the executors
 MASTER_HOST = "127.0.0.1"
