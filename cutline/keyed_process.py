@@ -31,8 +31,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cutline.errors import UserCodeError
 from cutline.sources.base import PARTITION_COLUMN  # a later stage: upstream subtask
-from spark_jobs.errors import UserCodeError
 from state.backend import StateBackendError
 from state.state_types import KeyCodec, StateAccessError, StateSpec
 from state.user_state import ListState, MapState, ValueState, expire, open_view

@@ -32,9 +32,8 @@ import pyarrow.compute as pc
 
 from cutline.job import JobDefinition, KeyedProcess
 from cutline.keyed_process import SOURCE_COLUMN, ProcessOperator, key_columns
+from cutline.routing import read_chunks, rekey, sort_in_log_order
 from cutline.sources.base import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
-from spark_jobs.executor.dataflow import rekey
-from spark_jobs.executor.subtask import read_chunks, sort_in_log_order
 from state.handles import SubtaskStateHandle
 from state.keygroups import key_group_range
 from state.local_copies import LocalCopies

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import re
 
-from state.errors import BadInputError
+from state.errors import BadInputError, NonRetryableError
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 
-class JobDefinitionError(BadInputError):
-    """A job definition is invalid; the message names the field."""
+class JobDefinitionError(BadInputError, NonRetryableError):
+    """A job definition is invalid; the message names the field. Raised in a Spark task too
+    (stages that do not fit together), it reaches the driver typed: the job must change."""
 
 
 def check_name(what: str, name: str) -> str:

@@ -24,16 +24,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from state.catalog import FencedError
-from state.errors import BadInputError
+from state.errors import BadInputError, NonRetryableError
 from state.redaction import redact
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_SUPERSEDED = 3
-
-
-class NonRetryableError(Exception):
-    """A failure that a restore cannot fix (exit 2)."""
 
 
 class ConfigurationError(NonRetryableError):
@@ -48,11 +44,6 @@ class NoRestorableCheckpointError(NonRetryableError):
 
 class BadRecordError(NonRetryableError):
     """A record of a source cannot be processed and the job's policy is to fail."""
-
-
-class UserCodeError(NonRetryableError):
-    """A user's stage function raised (cutline/keyed_process.py): the message names the stage
-    and carries the user's traceback; a restore fails the same way until the code is fixed."""
 
 
 class IncompatibleStateError(NonRetryableError):

@@ -1,4 +1,9 @@
-"""The one error class every layer raises for input or configuration that is wrong.
+"""What a restore cannot fix: the base classes of the errors for which ``cutline`` exits 2
+(spark_jobs/errors.py), here so that every layer can raise them.
+
+:class:`NonRetryableError` is any failure a restore would meet again (a user's function that
+raises, a checkpoint the job cannot take). :class:`BadInputError` is the ``ValueError`` kind:
+input or configuration found wrong.
 
 A :class:`BadInputError` says that running the same thing again fails the same way: a bad
 option value, a storage URL or bucket name that cannot be, a job definition or state access the
@@ -9,6 +14,10 @@ writer, an invariant broken by a bug — is not classified by its type, and a re
 """
 
 from __future__ import annotations
+
+
+class NonRetryableError(Exception):
+    """A failure that a restore cannot fix (exit 2)."""
 
 
 class BadInputError(ValueError):

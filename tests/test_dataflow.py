@@ -13,21 +13,11 @@ from cutline_examples.jobs import clicks_per_user
 from cutline import DeltaSink
 from cutline.keyed_process import SOURCE_COLUMN
 from cutline.operators import KeyedAggregate
+from cutline.routing import KEY_GROUP_COLUMN, STAGE_COLUMN, SUBTASK_COLUMN, read_chunks, rekey
 from cutline.sources.base import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
-from spark_jobs.errors import ConfigurationError
-from spark_jobs.executor.dataflow import (
-    Forwarded,
-    empty_input,
-    rekey,
-    split_by_subtask,
-    stage_input,
-)
-from spark_jobs.executor.subtask import (
-    KEY_GROUP_COLUMN,
-    STAGE_COLUMN,
-    SUBTASK_COLUMN,
-    read_chunks,
-)
+from cutline.validation import JobDefinitionError
+from spark_jobs.errors import ConfigurationError, TaskError, carry_to_driver, task_error
+from spark_jobs.executor.dataflow import Forwarded, empty_input, split_by_subtask, stage_input
 from state.keygroups import key_group_of, key_group_range, key_groups
 
 
@@ -120,8 +110,11 @@ def test_a_stage_output_goes_to_the_next_stage_subtask_that_owns_its_key():
 
 def test_a_next_stage_key_the_output_lacks_is_a_clear_error():
     job = _two_stages()
-    with pytest.raises(ConfigurationError, match=r"keyed by 'country'.*'per_user'"):
+    with pytest.raises(JobDefinitionError, match=r"keyed by 'country'.*'per_user'") as error:
         rekey(pa.table({"user": ["a"], "clicks": [1]}), job, 1, upstream=0)
+    with pytest.raises(TaskError) as marked, carry_to_driver():  # raised in a task: typed
+        raise error.value
+    assert type(task_error(str(marked.value))) is JobDefinitionError
 
 
 def test_an_idle_later_stage_subtask_gets_its_key_column():

@@ -9,9 +9,10 @@ import pyarrow as pa
 import pytest
 from cutline_sessions.jobs import Sessionize, sessions
 
+from cutline.errors import UserCodeError
 from cutline.job import KeyedProcess
 from cutline.keyed_process import KeyedProcessFunction, ProcessOperator, UserFunctionError
-from spark_jobs.errors import TaskError, UserCodeError, carry_to_driver, task_error
+from spark_jobs.errors import TaskError, carry_to_driver, task_error
 from spark_jobs.executor.subtask import write_progress
 from state.backend import StateBackendError
 from state.keygroups import KeyGroupRange

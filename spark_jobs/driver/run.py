@@ -60,13 +60,14 @@ from spark_jobs.driver.savepoints import SavepointRequests, is_location
 from spark_jobs.driver.scratch import query_scratch
 from spark_jobs.driver.startup_phases import StartupTimeline, warm_up_workers
 from spark_jobs.driver.watch import QueryWatch
-from spark_jobs.errors import AttemptFailedError, NonRetryableError
+from spark_jobs.errors import AttemptFailedError
 from spark_jobs.events import EventChannel
 from spark_jobs.executor.subtask import RunContext
 from spark_jobs.sources.frames import stream_frame, tag_and_union
 from state.catalog import FencedError
 from state.config import EXACTLY_ONCE
 from state.coordinator import CheckpointCoordinator
+from state.errors import NonRetryableError
 from state.manifest import CheckpointManifest, Positions
 from state.paths import JobLayout
 from state.storage import open_storage

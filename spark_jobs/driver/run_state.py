@@ -31,10 +31,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from spark_jobs.errors import NonRetryableError, task_error
+from spark_jobs.errors import task_error
 from spark_jobs.executor.reports import SubtaskRestoreReport
 from state.catalog import FencedError
 from state.compaction import CompactionRequest
+from state.errors import NonRetryableError
 from state.manifest import Positions
 from state.savepoint import SavepointRequest
 

@@ -29,23 +29,25 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutline.job import JobDefinition, Operator
-from cutline.keyed_process import SOURCE_COLUMN, Key, key_columns
-from cutline.sources.base import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
-from spark_jobs.driver.placement import pin_to_anchor, subtask_partition
-from spark_jobs.errors import ConfigurationError, carry_to_driver
-from spark_jobs.executor.reports import SubtaskStats
-from spark_jobs.executor.subtask import (
+from cutline.job import Operator
+from cutline.keyed_process import SOURCE_COLUMN, key_columns
+from cutline.routing import (
     KEY_COLUMN,
     KEY_GROUP_COLUMN,
     STAGE_COLUMN,
     SUBTASK_COLUMN,
-    BatchPlan,
+    cut_by,
+    is_runtime_column,
     read_chunks,
-    run_subtask,
+    rekey,
     sort_in_log_order,
 )
-from state.keygroups import key_groups, key_types_of, spark_key_group_sql, subtask_for_key_group
+from cutline.sources.base import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
+from spark_jobs.driver.placement import pin_to_anchor, subtask_partition
+from spark_jobs.errors import ConfigurationError, carry_to_driver
+from spark_jobs.executor.reports import SubtaskStats
+from spark_jobs.executor.subtask import BatchPlan, run_subtask
+from state.keygroups import key_types_of, spark_key_group_sql
 
 CHUNKS_SCHEMA = "subtask int, stage int, chunk binary"  # split_by_subtask's output
 _KEY_ARROW_TYPES = {
@@ -145,7 +147,9 @@ def stage_input(
         for name in pc.unique(names).to_pylist():
             rows = part.filter(pc.equal(names, name))
             keep = set(source_columns.get(name, rows.column_names))
-            tables.append(rows.select([c for c in rows.column_names if c in keep or _runtime(c)]))
+            tables.append(
+                rows.select([c for c in rows.column_names if c in keep or is_runtime_column(c)])
+            )
     if not tables:
         return upstream
     try:
@@ -154,51 +158,6 @@ def stage_input(
         raise ConfigurationError(
             f"the inputs of a stage have a column of the same name with different types: {e}"
         ) from e
-
-
-def _runtime(column: str) -> bool:
-    return column.startswith("_")
-
-
-def rekey(
-    output: pa.Table, job: JobDefinition, stage: int, upstream: int, producer: int | None = None
-) -> list[tuple]:
-    """Stage ``producer``'s (default: the stage before ``stage``) output rows of subtask
-    ``upstream``, cut into one Arrow IPC chunk per subtask of ``stage`` by that stage's key.
-    Output without the key's columns is a :class:`~spark_jobs.errors.ConfigurationError` (the
-    job's stages do not fit together)."""
-    output = output.select([c for c in output.column_names if not _runtime(c)])
-    if output.num_rows == 0:
-        return []
-    producer = stage - 1 if producer is None else producer
-    spec, before = job.stages[stage], job.stages[producer].name
-    key = spec.inputs[before]
-    missing = [c for c in key_columns(key) if c not in output.column_names]
-    if missing:
-        raise ConfigurationError(
-            f"stage {spec.name!r} is keyed by {key!r}, but the output of stage {before!r} has "
-            f"no {missing}: its columns are {output.column_names}"
-        )
-    p, m = job.parallelism, job.max_parallelism
-    keys = key_array(output, key)
-    groups = key_groups(keys, spec.key_type, m)
-    n = output.num_rows
-    table = (
-        output.append_column(KEY_COLUMN, keys)
-        .append_column(SOURCE_COLUMN, pa.array([before] * n, pa.string()))
-        .append_column(PARTITION_COLUMN, pa.array(np.full(n, upstream, np.int32)))
-        .append_column(NEXT_OFFSET_COLUMN, pa.array(np.arange(1, n + 1, dtype=np.int64)))
-        .append_column(KEY_GROUP_COLUMN, pa.array(groups.astype(np.int32)))
-        .append_column(SUBTASK_COLUMN, pa.array(subtask_for_key_group(groups, p, m)))
-    )
-    return cut_by_subtask(table)
-
-
-def key_array(table: pa.Table, key: Key) -> pa.Array:
-    """``table``'s keys: its key column, or a struct array of a composite key's columns."""
-    if isinstance(key, str):
-        return table.column(key).combine_chunks()
-    return pa.StructArray.from_arrays([table.column(c).combine_chunks() for c in key], list(key))
 
 
 def empty_input(spec: Operator) -> pa.Table:
@@ -219,31 +178,6 @@ def empty_input(spec: Operator) -> pa.Table:
     ).empty_table()
 
 
-def cut_by_subtask(table: pa.Table) -> list[tuple[int, bytes]]:
-    """``table`` (with ``_subtask``) as one Arrow IPC stream per subtask it has records for."""
-    return [(subtask, chunk) for (subtask,), chunk in _cut(table, [SUBTASK_COLUMN])]
-
-
-def _cut(table: pa.Table, columns: list[str]) -> list[tuple[tuple[int, ...], bytes]]:
-    """``table`` as one Arrow IPC stream per distinct value of ``columns`` (integers)."""
-    table = table.sort_by([(c, "ascending") for c in columns]).combine_chunks()
-    values = [table.column(c).to_numpy() for c in columns]
-    change = np.zeros(max(table.num_rows - 1, 0), bool)
-    for v in values:
-        change |= v[1:] != v[:-1]
-    starts = [0, *(np.flatnonzero(change) + 1).tolist()]
-    ends = [*starts[1:], table.num_rows]
-    out = []
-    for start, end in zip(starts, ends, strict=True):
-        if end == start:
-            continue
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table.slice(start, end - start))
-        out.append((tuple(int(v[start]) for v in values), sink.getvalue().to_pybytes()))
-    return out
-
-
 def split_by_subtask(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The mapInArrow body of a micro-batch's map side: this partition's records, cut into one
     Arrow IPC stream per reading stage and subtask (``CHUNKS_SCHEMA``), ready for the subtask
@@ -254,7 +188,7 @@ def split_by_subtask(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBat
     table = pa.Table.from_batches(batches)
     if STAGE_COLUMN not in table.column_names:
         table = table.append_column(STAGE_COLUMN, pa.array(np.zeros(table.num_rows, np.int32)))
-    groups = _cut(table, [STAGE_COLUMN, SUBTASK_COLUMN])
+    groups = cut_by(table, [STAGE_COLUMN, SUBTASK_COLUMN])
     yield pa.RecordBatch.from_arrays(
         [
             pa.array([subtask for (_, subtask), _ in groups], pa.int32()),

@@ -21,7 +21,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -50,10 +50,6 @@ if TYPE_CHECKING:
 # rocksdict is imported inside the task functions only: the driver never opens state, and
 # rocksdict loaded beside deltalake's runtime aborts the interpreter at exit.
 
-SUBTASK_COLUMN = "_subtask"
-STAGE_COLUMN = "_stage"  # at the map side: the index of the stage that reads the record's source
-KEY_GROUP_COLUMN = "_kg"
-KEY_COLUMN = "_key"
 PROGRESS = "__progress__"
 
 
@@ -172,26 +168,6 @@ def warm_up_worker(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
     import spark_jobs.sources.local_log  # noqa: F401 - the source's reader runs in these workers
 
     yield from batches
-
-
-def read_chunks(chunks: Iterable[bytes], schema: pa.Schema | None) -> pa.Table:
-    """A subtask's records from its Arrow IPC chunks, in log order (by source, partition and
-    position), whatever order the shuffle delivered the chunks in: a replay sees them in the
-    same order. ``schema`` gives the empty table of a subtask that got none."""
-    tables = [pa.ipc.open_stream(bytes(c)).read_all() for c in chunks]
-    if not tables:
-        if schema is None:
-            raise ValueError("a micro-batch plan needs the schema of the routed records")
-        return schema.empty_table()
-    return sort_in_log_order(pa.concat_tables(tables, promote_options="permissive"))
-
-
-def sort_in_log_order(table: pa.Table) -> pa.Table:
-    """``table`` by input, partition (or upstream subtask) and position, as far as it has
-    those columns."""
-    order = [(c, "ascending") for c in (SOURCE_COLUMN, PARTITION_COLUMN, NEXT_OFFSET_COLUMN)]
-    order = [o for o in order if o[0] in table.column_names]
-    return table.sort_by(order) if order else table
 
 
 def run_subtask(

@@ -13,8 +13,10 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
+from cutline.errors import UserCodeError
 from cutline.job import JobDefinition
 from cutline.keyed_process import SOURCE_COLUMN, key_columns
+from cutline.routing import KEY_COLUMN, STAGE_COLUMN
 from cutline.sources.base import (
     BAD_OFFSET,
     BAD_RAW,
@@ -22,8 +24,7 @@ from cutline.sources.base import (
     NEXT_OFFSET_COLUMN,
     PartitionPositions,
 )
-from spark_jobs.errors import ConfigurationError, UserCodeError
-from spark_jobs.executor.subtask import KEY_COLUMN, STAGE_COLUMN
+from spark_jobs.errors import ConfigurationError
 
 
 def stream_frame(spark, job: JobDefinition, name: str, start: PartitionPositions):
