@@ -57,8 +57,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cutline.sources.log_format import append_records  # noqa: E402
 from spark_jobs.sources.generate import PAYLOAD_BYTES, event_lines  # noqa: E402
-from spark_jobs.sources.local_log import append_records  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 JOB = "user_activity"
@@ -393,8 +393,8 @@ def spark_worker(system: str, home: Path, batch_records: int) -> None:
     """A Spark driver running ``system``'s query until killed; prints one line per batch."""
     from pyspark.sql import functions as F
 
+    from cutline.sources.log import register_data_source
     from spark_jobs.deploy.session import build_spark
-    from spark_jobs.sources.local_log import register_data_source
 
     spark = build_spark(
         "local[2]",

@@ -35,12 +35,12 @@ sys.path.insert(0, str(ROOT))
 
 from cutline import DeltaSink, JobDefinition, LogSource  # noqa: E402
 from cutline.operators import EnrichWithLatest  # noqa: E402
+from cutline.sources.log_format import append_records  # noqa: E402
 from spark_jobs.catalog.tables import CatalogReader  # noqa: E402
 from spark_jobs.deploy.session import build_spark  # noqa: E402
 from spark_jobs.deploy.settings import RuntimePaths  # noqa: E402
 from spark_jobs.deploy.standalone import StandaloneCluster  # noqa: E402
 from spark_jobs.driver.run import run_job  # noqa: E402
-from spark_jobs.sources.local_log import append_records  # noqa: E402
 from state.config import CheckpointConfig  # noqa: E402
 from tests.moto_server import MotoServer  # noqa: E402
 

@@ -22,7 +22,6 @@ from cutline.keyed_process import SOURCE_COLUMN, KeyedContext, KeyedProcessFunct
 from cutline.operators import EnrichWithLatest, KeyedAggregate, WindowedAggregate
 from cutline.sinks import DeltaSink, DeltaUpsertSink, Sink, SinkWriter
 from cutline.sources import FileSource, KafkaSource, LogSource, Source
-from cutline.state_processor import read_state, write_savepoint
 from state.config import CheckpointConfig
 from state.state_types import (
     ListStateSpec,
@@ -61,6 +60,4 @@ __all__ = [
     "ValueState",
     "ValueStateSpec",
     "WindowedAggregate",
-    "read_state",
-    "write_savepoint",
 ]

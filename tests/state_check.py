@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cutline import read_state
+from spark_jobs.state_processor import read_state
 from tests.e2e_util import completed_checkpoints, run_to_end
 from tests.epoch_cuts import output as read_table
 from tests.reference import before_cut, kept_clicks, read_log
@@ -29,8 +29,8 @@ def read_with_the_command(home: Path, job: str, state: str, checkpoint: int) -> 
 
 def check_country_state(home: Path, job: str, spark) -> str:
     """Fail unless the three states of the latest completed checkpoint are the reference's
-    (two read with the command, one with ``cutline.read_state`` into ``spark``); returns a
-    summary."""
+    (two read with the command, one with ``spark_jobs.state_processor.read_state`` into
+    ``spark``); returns a summary."""
     latest = max(completed_checkpoints(home, "country_clicks"), key=lambda r: r["checkpoint_id"])
     cut = json.loads(latest["source_positions"])["clicks"]
     clicks = read_log(home, "clicks")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from cutline.sources.log_format import append_records, partition_path
 from spark_jobs.catalog.tables import read_delta
 from spark_jobs.sources.generate import generate
-from spark_jobs.sources.local_log import append_records, partition_path
 from state.faults import ENV as KILL_ENV
 from state.manifest import CheckpointManifest
 from tests.e2e_util import completed_checkpoints, cutline, finish, last_line, report, run_to_end

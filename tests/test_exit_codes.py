@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from cutline.sources.log_format import MalformedRecordError
 from cutline.validation import JobDefinitionError
 from spark_jobs.commands.main import main
 from spark_jobs.errors import (
@@ -21,7 +22,6 @@ from spark_jobs.errors import (
     ConfigurationError,
     exit_code,
 )
-from spark_jobs.sources.local_log import MalformedRecordError
 from state.catalog import FencedError
 from state.config import CheckpointConfig
 from state.errors import BadInputError

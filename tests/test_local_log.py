@@ -8,8 +8,7 @@ import pyarrow as pa
 import pyarrow.compute
 import pytest
 
-from spark_jobs.sources.generate import PAYLOAD_BYTES, _records, generate, records_in
-from spark_jobs.sources.local_log import (
+from cutline.sources.log_format import (
     append_records,
     complete_size,
     offset_after_records,
@@ -17,6 +16,7 @@ from spark_jobs.sources.local_log import (
     read_range,
     topic_partitions,
 )
+from spark_jobs.sources.generate import PAYLOAD_BYTES, _records, generate, records_in
 
 SCHEMA = pa.schema([("user", pa.string()), ("n", pa.int64())])
 
@@ -113,7 +113,7 @@ def test_events_carry_a_payload_of_fixed_size():
 
 @pytest.mark.spark
 def test_spark_stream_reads_bounded_batches_from_recorded_positions(spark, tmp_path):
-    from spark_jobs.sources.local_log import register_data_source
+    from cutline.sources.log import register_data_source
 
     for p in (0, 1):
         append_records(tmp_path, "t", p, lines(25, start=100 * p))

@@ -26,12 +26,12 @@ import uuid
 import pandas as pd
 import pytest
 
-from cutline import write_savepoint
 from spark_jobs.catalog.tables import CatalogReader
 from spark_jobs.commands.state_read import restore_drill
 from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.job_loader import get_job
 from spark_jobs.sources.generate import generate
+from spark_jobs.state_processor import write_savepoint
 from state.savepoint import read_savepoint
 from state.storage import LocalFileStorage, S3Storage, open_storage
 from tests.e2e_util import (

@@ -123,7 +123,7 @@ def read_records(
 ) -> pa.Table:
     """Records ``[start, end)`` of a file with their positions and bad-record columns."""
     if format == "json":
-        from spark_jobs.sources.local_log import parse_lines
+        from cutline.sources.log_format import parse_lines
 
         return parse_lines(data[start:end], start, partition, schema, key, where)
     import pyarrow.compute as pc

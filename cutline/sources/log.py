@@ -1,15 +1,30 @@
 """The replayable local log, the embedded default source: ``<root>/<topic>/partition-<p>.jsonl``,
-positions in bytes, read through its Python data source (spark_jobs/sources/local_log.py), which
-parses each partition's byte range with Arrow and checks the key's columns itself."""
+positions in bytes (the format: cutline/sources/log_format.py).
+
+Spark reads a topic through ``cutline_log``, a PySpark Python data source, vectorised: each
+partition's byte range is parsed with Arrow, the key's columns checked by the reader itself. As
+a stream it reads from recorded positions, at most ``maxRecordsPerPartition`` records per
+partition and micro-batch; as a batch it reads a fixed range of offsets (``startingOffsets`` to
+``endingOffsets``), which is how a restore replays committed epochs exactly."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from cutline.sources.base import PositionedSource, Source
+from cutline.sources.log_format import (
+    complete_size,
+    offset_after_records,
+    partition_path,
+    read_range,
+    topic_partitions,
+)
 from cutline.validation import JobDefinitionError, check_name
 from state.errors import BadInputError
 
@@ -46,8 +61,6 @@ class LogSource(PositionedSource):
         return self.root
 
     def current_partitions(self) -> tuple[list[int], int]:
-        from spark_jobs.sources.local_log import topic_partitions
-
         parts = topic_partitions(self._root(), self.topic)
         if not parts:
             raise BadInputError(
@@ -56,8 +69,6 @@ class LogSource(PositionedSource):
         return parts, 0
 
     def data_source(self, spark, reader) -> Any:
-        from spark_jobs.sources.local_log import register_data_source
-
         register_data_source(spark)
         return reader.format("cutline_log").option("path", self._root()).option("topic", self.topic)
 
@@ -66,3 +77,114 @@ def with_log_root(sources: Iterable[Source], root: str) -> tuple[Source, ...]:
     """``sources``, each local log among them reading under ``root`` unless it names its own
     (the runtime's log root: ``--log-root``, ``CUTLINE_LOG_ROOT``, ``<home>/log``)."""
     return tuple(s.rooted(root) if isinstance(s, LogSource) else s for s in sources)
+
+
+def register_data_source(spark) -> None:
+    """Register ``cutline_log`` with a Spark session (idempotent)."""
+    spark.dataSource.register(_data_source_class())
+
+
+def _data_source_class():
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceReader,
+        DataSourceStreamReader,
+        InputPartition,
+    )
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+    from pyspark.sql.types import StructType
+
+    class LogRange(InputPartition):
+        def __init__(self, partition: int, start: int, end: int) -> None:
+            self.partition, self.start, self.end = partition, start, end
+
+    class _Ranges:
+        """What both readers share: options, and reading one partition's byte range."""
+
+        def __init__(self, schema, options) -> None:
+            self.root = options["path"]
+            self.topic = options["topic"]
+            self.starting = json.loads(options.get("startingOffsets", "{}"))
+            # the partitions read: those named, else those ``startingOffsets`` gives
+            named = json.loads(options.get("partitions") or "null")
+            self.partitions_ = sorted(int(p) for p in (self.starting if named is None else named))
+            self.ending = json.loads(options.get("endingOffsets", "{}"))
+            # the key's columns, comma-separated (a composite key has several)
+            self.key = tuple(c for c in (options.get("keyColumn") or "").split(",") if c)
+            fields = [f for f in schema.fields if not f.name.startswith("_")]
+            self.arrow_schema = to_arrow_schema(StructType(fields))
+            self.columns = [f.name for f in schema.fields]  # what Spark expects, in its order
+
+        def ranges(self, start: dict, end: dict) -> list:
+            return [
+                LogRange(p, int(start.get(str(p), 0)), int(end[str(p)]))
+                for p in self.partitions_
+                if int(end.get(str(p), 0)) > int(start.get(str(p), 0))
+            ]
+
+        def read(self, partition) -> Iterator[pa.RecordBatch]:
+            if not isinstance(partition, LogRange):  # Spark's stand-in when a range is empty
+                return
+            path = partition_path(self.root, self.topic, partition.partition)
+            table = read_range(
+                path,
+                partition.partition,
+                partition.start,
+                partition.end,
+                self.arrow_schema,
+                self.key,
+            )
+            yield from table.select(self.columns).to_batches()
+
+    class LocalLogStreamReader(_Ranges, DataSourceStreamReader):
+        def __init__(self, schema, options) -> None:
+            super().__init__(schema, options)
+            self.max_records = int(options.get("maxRecordsPerPartition", "0")) or None
+
+        def initialOffset(self) -> dict:
+            return {str(p): int(self.starting.get(str(p), 0)) for p in self.partitions_}
+
+        def getDefaultReadLimit(self):
+            if self.max_records is None:
+                return ReadAllAvailable()
+            return ReadMaxRows(self.max_records * len(self.partitions_))
+
+        def latestOffset(self, start: dict, limit) -> dict:
+            per_partition = None
+            if isinstance(limit, ReadMaxRows):
+                per_partition = max(1, limit.max_rows // len(self.partitions_))
+            out = {}
+            for p in self.partitions_:
+                path = partition_path(self.root, self.topic, p)
+                begin = int(start.get(str(p), 0))
+                out[str(p)] = offset_after_records(path, begin, per_partition, complete_size(path))
+            return out
+
+        def partitions(self, start: dict, end: dict):
+            return self.ranges(start, end)
+
+        def commit(self, end: dict) -> None:
+            pass  # the log is retained; Cutline's checkpoints decide what is replayed
+
+    class LocalLogRangeReader(_Ranges, DataSourceReader):
+        """One fixed range, ``startingOffsets`` to ``endingOffsets``, as a batch."""
+
+        def partitions(self):
+            return self.ranges(self.starting, self.ending)
+
+    class LocalLogDataSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "cutline_log"
+
+        def schema(self):
+            raise ValueError("cutline_log needs an explicit schema (.schema(...))")
+
+        def streamReader(self, schema):
+            return LocalLogStreamReader(schema, self.options)
+
+        def reader(self, schema):
+            return LocalLogRangeReader(schema, self.options)
+
+    return LocalLogDataSource

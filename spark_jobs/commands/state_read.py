@@ -1,8 +1,8 @@
 """``cutline state read``: one state of one stage of a job's checkpoint, as a table (no Spark:
 restored and decoded by state/state_reader.py, printed or written as a Delta table with
-delta-rs). :func:`load_state` is what ``cutline.read_state`` turns into a Spark DataFrame;
-:func:`restore_drill` restores a whole checkpoint in a sandbox and reads all its state (the
-Dagster restore drill)."""
+delta-rs). :func:`load_state` is what ``spark_jobs.state_processor.read_state`` turns into a
+Spark DataFrame; :func:`restore_drill` restores a whole checkpoint in a sandbox and reads all its
+state (the Dagster restore drill)."""
 
 from __future__ import annotations
 

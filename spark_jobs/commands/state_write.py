@@ -1,6 +1,6 @@
 """Savepoints written from tables, with a job's definition: the writing half of the state
-processor API (``cutline.write_savepoint``). No Spark: the tables are Arrow tables (the Python
-function turns DataFrames into them).
+processor API (``spark_jobs.state_processor.write_savepoint``). No Spark: the tables are Arrow
+tables (the Python function turns DataFrames into them).
 
 Each table is one state of one stage, in the form ``cutline state read`` gives it
 (state/state_writer.py); its columns, keys and values are checked against the job's

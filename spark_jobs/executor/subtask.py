@@ -165,7 +165,7 @@ def warm_up_worker(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
     """A mapInArrow body that passes its input through, run once at an attempt's start: the
     Python worker it runs in imports what a micro-batch's map side needs (this module, the log
     source's reader) and stays in Spark's pool for the first micro-batch."""
-    import spark_jobs.sources.local_log  # noqa: F401 - the source's reader runs in these workers
+    import cutline.sources.log_format  # noqa: F401 - the source's reader runs in these workers
 
     yield from batches
 

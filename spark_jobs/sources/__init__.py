@@ -1,3 +1,3 @@
-"""The job's inputs as DataFrames (frames.py), the local log's files and Python data source
-(local_log.py), bad records (bad_records.py), synthetic input (generate.py). The sources
-themselves are in cutline/sources/."""
+"""The job's inputs as DataFrames (frames.py), bad records (bad_records.py), synthetic input
+for the local log (generate.py). The sources themselves, each with its reader, are in
+cutline/sources/."""

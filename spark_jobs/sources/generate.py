@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spark_jobs.sources.local_log import append_records, complete_size, partition_path
+from cutline.sources.log_format import append_records, complete_size, partition_path
 from state.errors import BadInputError
 
 KINDS = ("clicks", "orders", "profiles", "events")

@@ -1,21 +1,16 @@
-"""The replayable local log: the embedded default source.
+"""The replayable local log's format: how it is written, and how a byte range of it is read.
 
 A topic is a directory of per-partition append-only JSON-lines files,
 ``<root>/<topic>/partition-<p>.jsonl``. A position is a byte offset per partition (the offset of
 the next record), so a source can be rewound to any recorded position. Writers append whole lines
 with one write each; readers only consider data up to the last newline.
 
-:class:`LocalLogDataSource` reads a topic through PySpark's Python Data Source streaming API,
-vectorised: each partition's byte range is parsed by Arrow's JSON reader into record batches.
-Every record carries ``_partition`` and ``_next_offset`` (the position after it), from which the
-runtime takes the position at each cut. A record that cannot be processed (not JSON, a value of
-the wrong type, a null key) is not an error here: it is returned with null fields and the bad-record
-columns set (:data:`BAD_COLUMNS`: the reason, the raw line, its offset), and the job's policy
-decides what happens to it (spark_jobs/sources/bad_records.py).
-
-The same data source reads a fixed range of offsets as a batch (``startingOffsets`` to
-``endingOffsets``): a restore replays committed epochs exactly
-(spark_jobs/driver/restore_fallback.py).
+A byte range is parsed by Arrow's JSON reader into a table, vectorised. Every record carries
+``_partition`` and ``_next_offset`` (the position after it), from which the runtime takes the
+position at each cut. A record that cannot be processed (not JSON, a value of the wrong type, a
+null key) is not an error here: it is returned with null fields and the bad-record columns set
+(:data:`BAD_COLUMNS`: the reason, the raw line, its offset), and the job's policy decides what
+happens to it. Spark reads the log through the data source in cutline/sources/log.py.
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -243,114 +238,3 @@ def _problem(line: bytes, schema: pa.Schema) -> str | None:
         if not ok:
             return f"field {field.name!r} must be {t}, got {json.dumps(value)[:40]}"
     return None
-
-
-def register_data_source(spark) -> None:
-    """Register ``cutline_log`` with a Spark session (idempotent)."""
-    spark.dataSource.register(_data_source_class())
-
-
-def _data_source_class():
-    from pyspark.sql.datasource import (
-        DataSource,
-        DataSourceReader,
-        DataSourceStreamReader,
-        InputPartition,
-    )
-    from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
-    from pyspark.sql.types import StructType
-
-    class LogRange(InputPartition):
-        def __init__(self, partition: int, start: int, end: int) -> None:
-            self.partition, self.start, self.end = partition, start, end
-
-    class _Ranges:
-        """What both readers share: options, and reading one partition's byte range."""
-
-        def __init__(self, schema, options) -> None:
-            self.root = options["path"]
-            self.topic = options["topic"]
-            self.starting = json.loads(options.get("startingOffsets", "{}"))
-            # the partitions read: those named, else those ``startingOffsets`` gives
-            named = json.loads(options.get("partitions") or "null")
-            self.partitions_ = sorted(int(p) for p in (self.starting if named is None else named))
-            self.ending = json.loads(options.get("endingOffsets", "{}"))
-            # the key's columns, comma-separated (a composite key has several)
-            self.key = tuple(c for c in (options.get("keyColumn") or "").split(",") if c)
-            fields = [f for f in schema.fields if not f.name.startswith("_")]
-            self.arrow_schema = to_arrow_schema(StructType(fields))
-            self.columns = [f.name for f in schema.fields]  # what Spark expects, in its order
-
-        def ranges(self, start: dict, end: dict) -> list:
-            return [
-                LogRange(p, int(start.get(str(p), 0)), int(end[str(p)]))
-                for p in self.partitions_
-                if int(end.get(str(p), 0)) > int(start.get(str(p), 0))
-            ]
-
-        def read(self, partition) -> Iterator[pa.RecordBatch]:
-            if not isinstance(partition, LogRange):  # Spark's stand-in when a range is empty
-                return
-            path = partition_path(self.root, self.topic, partition.partition)
-            table = read_range(
-                path,
-                partition.partition,
-                partition.start,
-                partition.end,
-                self.arrow_schema,
-                self.key,
-            )
-            yield from table.select(self.columns).to_batches()
-
-    class LocalLogStreamReader(_Ranges, DataSourceStreamReader):
-        def __init__(self, schema, options) -> None:
-            super().__init__(schema, options)
-            self.max_records = int(options.get("maxRecordsPerPartition", "0")) or None
-
-        def initialOffset(self) -> dict:
-            return {str(p): int(self.starting.get(str(p), 0)) for p in self.partitions_}
-
-        def getDefaultReadLimit(self):
-            if self.max_records is None:
-                return ReadAllAvailable()
-            return ReadMaxRows(self.max_records * len(self.partitions_))
-
-        def latestOffset(self, start: dict, limit) -> dict:
-            per_partition = None
-            if isinstance(limit, ReadMaxRows):
-                per_partition = max(1, limit.max_rows // len(self.partitions_))
-            out = {}
-            for p in self.partitions_:
-                path = partition_path(self.root, self.topic, p)
-                begin = int(start.get(str(p), 0))
-                out[str(p)] = offset_after_records(path, begin, per_partition, complete_size(path))
-            return out
-
-        def partitions(self, start: dict, end: dict):
-            return self.ranges(start, end)
-
-        def commit(self, end: dict) -> None:
-            pass  # the log is retained; Cutline's checkpoints decide what is replayed
-
-    class LocalLogRangeReader(_Ranges, DataSourceReader):
-        """One fixed range, ``startingOffsets`` to ``endingOffsets``, as a batch."""
-
-        def partitions(self):
-            return self.ranges(self.starting, self.ending)
-
-    class LocalLogDataSource(DataSource):
-        @classmethod
-        def name(cls) -> str:
-            return "cutline_log"
-
-        def schema(self):
-            raise ValueError("cutline_log needs an explicit schema (.schema(...))")
-
-        def streamReader(self, schema):
-            return LocalLogStreamReader(schema, self.options)
-
-        def reader(self, schema):
-            return LocalLogRangeReader(schema, self.options)
-
-    return LocalLogDataSource

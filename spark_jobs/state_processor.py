@@ -1,6 +1,8 @@
 """A job's state outside the job (Flink's State Processor API): read one state of one stage of
 a checkpoint into a Spark DataFrame (the same as ``cutline state read``), and write a savepoint
-from DataFrames, new or as a changed copy of a checkpoint, for a job to start from."""
+from DataFrames, new or as a changed copy of a checkpoint, for a job to start from. A tool over
+a deployment's checkpoints, so it lives with the runtime's services (its catalog, settings and
+job loader): ``from spark_jobs.state_processor import read_state, write_savepoint``."""
 
 from __future__ import annotations
 
@@ -8,6 +10,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from cutline.job import JobDefinition
+from spark_jobs.commands.state_read import load_state
+from spark_jobs.commands.state_write import write_savepoint_from_tables
+from spark_jobs.deploy.settings import load_settings
+from spark_jobs.job_loader import get_job
 
 
 def read_state(
@@ -26,8 +32,6 @@ def read_state(
     ``user_map_value`` (map state, a row per entry), and ``expires_at_ms`` with a TTL. Paths
     come from the deployment's settings (``home``: everything under that directory). Raises
     ``ValueError`` naming what is missing or stored in another form."""
-    from spark_jobs.commands.state_read import load_state
-
     definition, paths = _job_and_paths(job, home)
     return spark.createDataFrame(load_state(definition, stage, state, paths, checkpoint))
 
@@ -53,8 +57,6 @@ def write_savepoint(
     -> position; default their beginning) and starts another history. Start a job from it with
     ``cutline run JOB --restore TARGET``. Returns the savepoint's location. Raises
     ``ValueError`` naming a stage, state or column that does not fit the job."""
-    from spark_jobs.commands.state_write import write_savepoint_from_tables
-
     definition, paths = _job_and_paths(job, home)
     tables = {key: _arrow(frame) for key, frame in states.items()}
     info = write_savepoint_from_tables(
@@ -65,9 +67,6 @@ def write_savepoint(
 
 def _job_and_paths(job: JobDefinition | str, home: str | None) -> tuple[JobDefinition, Any]:
     """The job's definition and the deployment's paths (``home``: everything under it)."""
-    from spark_jobs.deploy.settings import load_settings
-    from spark_jobs.job_loader import get_job
-
     settings = load_settings()
     paths = (settings.at_home(home) if home else settings).paths()
     return (get_job(job) if isinstance(job, str) else job), paths
