@@ -126,10 +126,14 @@ _NOISE = (  # where Spark's and py4j's wrapping of a failure starts, on its firs
 )
 _TASK = re.compile(r"Lost task ([\d.]+) in stage ([\d.]+)")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.MULTILINE)
-_EXCEPTION = re.compile(r"^(?:Caused by: )?[A-Za-z_][\w.$]*(?:Error|Exception|Exit)\w*(?::|$)")
+_EXCEPTION = re.compile(r"^(?:Caused by: )?(?:[A-Za-z_][\w.$]*)?(?:Error|Exception|Exit)\w*(?::|$)")
 _TRACE_END = re.compile(r"\n(?:\tat |Driver stacktrace|=== Streaming Query ===)")
 _SQLSTATE = re.compile(r"\s*SQLSTATE: \w+\s*$")
-_DISK_FULL = re.compile(r"\[Errno 28\] No space left on device(?:: '([^']*)')?")
+# a full disk as Python says it, or as RocksDB does
+_DISK_FULL = re.compile(
+    r"\[Errno 28\] No space left on device(?:: '([^']*)')?"
+    r"|No space left on device(?:: While \w+ (?:to )?file: (\S+?):)?"
+)
 
 
 def failure_summary(text: str, limit: int = 1000) -> str:
@@ -161,8 +165,9 @@ def _summary(text: str, limit: int) -> str:
         trace = ""
         found = [ln for ln in lines if ln.startswith("Caused by: ")][-1:]
     error = _SQLSTATE.sub("", found[0].removeprefix("Caused by: ")) if found else first[cut:]
-    if full := _DISK_FULL.search(text):
-        error = "disk full: no space left on device" + (f" writing {full[1]}" if full[1] else "")
+    if "disk full" not in error and (full := _DISK_FULL.search(text)):  # said plainly
+        path = full[1] or full[2]
+        error = "disk full: no space left on device" + (f" writing {path}" if path else "")
     where = ""
     if frames := _FRAME.findall(trace):
         path, line, function = frames[-1]

@@ -9,6 +9,7 @@ whose explicit states make a partial micro-batch impossible to persist by accide
 from __future__ import annotations
 
 import enum
+import errno
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +41,11 @@ class StateBackendError(RuntimeError):
     """The state backend itself failed (an I/O error, a full disk, a corrupt file): the
     runtime's failure, which a restore may fix, never the user's code, even when raised under
     a user's function reading its state."""
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether ``error`` says a disk is full, as Python (``ENOSPC``) or RocksDB says it."""
+    return getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error)
 
 
 class Transaction(ABC):

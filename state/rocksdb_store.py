@@ -35,6 +35,7 @@ from state.backend import (
     Transaction,
     TransactionError,
     TransactionState,
+    disk_full,
 )
 from state.errors import BadInputError
 from state.keygroups import KeyGroupRange
@@ -113,8 +114,12 @@ class RocksDBStore(KeyedStateBackend):
         self.path = Path(path)
         self.key_group_range = key_group_range
         self.options = options or StoreOptions()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db: rd.Rdict | None = rd.Rdict(str(self.path), self.options.to_rocksdb())
+        self._db: rd.Rdict | None = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = rd.Rdict(str(self.path), self.options.to_rocksdb())
+        except Exception as e:
+            raise self._failed("open", e) from e
         self._write_opts = rd.WriteOptions()
         self._write_opts.disable_wal = True
         self._prefixes: dict[str, list[bytes]] = {}
@@ -237,13 +242,17 @@ class RocksDBStore(KeyedStateBackend):
             raise self._failed("scan", e) from e
 
     def _failed(self, what: str, error: BaseException) -> StateBackendError:
-        """RocksDB's ``error`` as the runtime's failure, naming the store and the host."""
+        """RocksDB's ``error`` as the runtime's failure, naming the store and the host; a full
+        disk says so first (RocksDB's own words for it are in the chained error)."""
         import socket
 
-        return StateBackendError(
+        where = (
             f"RocksDB {what} failed in {self.path} on {socket.gethostname()} "
-            f"(key groups {self.key_group_range.start}..{self.key_group_range.end}): {error}"
+            f"(key groups {self.key_group_range.start}..{self.key_group_range.end})"
         )
+        if disk_full(error):
+            return StateBackendError(f"disk full (no space left on device): {where}")
+        return StateBackendError(f"{where}: {error}")
 
     # -- writes ------------------------------------------------------------------------------
 

@@ -78,6 +78,21 @@ def test_a_full_disk_says_which_path_could_not_be_written():
     )
 
 
+def test_rocksdb_saying_the_disk_is_full_in_a_bare_exception_is_read_as_a_full_disk():
+    """RocksDB (through rocksdict) raises a bare ``Exception`` and words a full disk its own
+    way: both are read (before, the line was the py4j proxy's own text)."""
+    text = TASK_FAILED.replace(
+        "rocksdict.RocksDBError: IO error: While appending to file: /data/cutline/local-state/j/op/"
+        "1/db-a3/000042.log: Input/output error",
+        "Exception: IO error: No space left on device: While appending to file: /data/ls/j/op/1/"
+        "db-a3/MANIFEST-000012: No space left on device",
+    )
+    assert failure_summary(text) == (
+        "micro-batch failed (task 1.0 in stage 14.0): disk full: no space left on device writing "
+        "/data/ls/j/op/1/db-a3/MANIFEST-000012 (at state/rocksdb_store.py:301 in put)"
+    )
+
+
 def test_a_failed_task_names_its_stage_and_the_innermost_python_exception():
     assert failure_summary(TASK_FAILED) == (
         "micro-batch failed (task 1.0 in stage 14.0): rocksdict.RocksDBError: IO error: While "

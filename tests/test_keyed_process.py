@@ -206,5 +206,8 @@ def test_a_state_backend_failure_under_a_users_call_is_the_runtimes_not_the_user
             ProcessOperator(stage, 128).apply(store, pa.table({"user": ["a"]}), None, 0)
         store._db = store._db.db
     assert not isinstance(err.value, UserCodeError)
-    assert str(err.value).startswith(f"RocksDB read failed in {tmp_path / 'db'} on ")
-    assert "(key groups 0..127): IO error: No space left on device" in str(err.value)
+    assert str(err.value).startswith(
+        f"disk full (no space left on device): RocksDB read failed in {tmp_path / 'db'} on "
+    )
+    assert str(err.value).endswith("(key groups 0..127)")
+    assert "IO error: No space left on device" in str(err.value.__cause__)  # RocksDB's words

@@ -46,7 +46,7 @@ from cutline.sources.base import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from spark_jobs.driver.placement import pin_to_anchor, subtask_partition
 from spark_jobs.errors import ConfigurationError, carry_to_driver
 from spark_jobs.executor.reports import SubtaskStats
-from spark_jobs.executor.subtask import BatchPlan, run_subtask
+from spark_jobs.executor.subtask import BatchPlan, naming_the_subtask, run_subtask
 from state.keygroups import key_types_of, spark_key_group_sql
 
 CHUNKS_SCHEMA = "subtask int, stage int, chunk binary"  # split_by_subtask's output
@@ -117,7 +117,8 @@ def run_stage(plan: BatchPlan, stage: int, subtask: int, items: Iterable) -> Ite
         table = read_chunks(chunks, schema)
         if forwarded:
             table = stage_input(table, forwarded, plan.source_columns)
-        stats, output = run_subtask(plan, stage, subtask, table)
+        with naming_the_subtask(job.stages[stage].uid, subtask):
+            stats, output = run_subtask(plan, stage, subtask, table)
         passed.append(stats)
         if stage == len(job.stages) - 1:
             yield from passed

@@ -22,6 +22,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,7 @@ from spark_jobs.errors import IncompatibleStateError, carry_to_driver
 from spark_jobs.executor.reports import SubtaskRestoreReport, SubtaskStats
 from spark_jobs.sources.bad_records import dead_letters, first_bad, split_bad
 from state.acks import Ack, ack_path
+from state.backend import StateBackendError, disk_full
 from state.faults import kill_point, upload_executor
 from state.handles import SubtaskStateHandle
 from state.keygroups import key_group_range
@@ -51,6 +53,24 @@ if TYPE_CHECKING:
 # rocksdict loaded beside deltalake's runtime aborts the interpreter at exit.
 
 PROGRESS = "__progress__"
+
+
+@contextmanager
+def naming_the_subtask(stage: str, subtask: int) -> Iterator[None]:
+    """Around a subtask's work: a failure of its local state (the state backend's, or a full
+    disk under it) names the stage, the subtask and the host, so the run's last line says which
+    subtask could not write where."""
+    try:
+        yield
+    except StateBackendError as e:
+        raise StateBackendError(f"stage {stage!r} subtask {subtask}: {e}") from e
+    except OSError as e:
+        if not disk_full(e):
+            raise
+        raise StateBackendError(
+            f"stage {stage!r} subtask {subtask}: disk full (no space left on device) writing "
+            f"{e.filename or 'its local state'} on {host_name()}"
+        ) from e
 
 
 def host_name() -> str:
@@ -268,8 +288,12 @@ def prepare_slot(
     stages' subtasks *i* share a host, as Flink's slot sharing puts them in one slot. Returns
     the restore reports; a :class:`~spark_jobs.errors.NonRetryableError` reaches the driver
     typed (``carry_to_driver``)."""
+    reports = []
     with carry_to_driver():
-        return [prepare_subtask(ctx, uid, subtask, h, epoch) for uid, h in handles.items()]
+        for uid, h in handles.items():
+            with naming_the_subtask(uid, subtask):
+                reports.append(prepare_subtask(ctx, uid, subtask, h, epoch))
+    return reports
 
 
 def prepare_subtask(
