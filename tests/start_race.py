@@ -12,8 +12,9 @@ thread runs. Every write to the environment is watched: one made while another t
 counted. Prints ``ok N writes-beside-threads W`` if every start got through.
 
 The old order writes no more than it did: enough to be counted, few enough that it rarely
-provokes the crash itself (more new keys while the plan thread reads make libc move the
-environment's array under it; docs/design.md §5 has that reproducer).
+provokes the crash itself. ORDER ``crash`` is the old order with the window's writes kept up
+(new keys for as long as the plan thread runs, so that libc moves the environment's array under
+its native reads): the crash itself, by hand, never in the suite (docs/design.md §5).
 """
 
 from __future__ import annotations
@@ -48,6 +49,18 @@ def build_spark_old(*args, **kwargs):
     raise SessionStandIn("stopped before the JVM")
 
 
+def build_spark_crash(*args, **kwargs):
+    for name in VARIABLES:
+        os.environ.setdefault(name, sys.executable)
+    added = 0
+    while plan_running():
+        os.environ[f"CUTLINE_RACE_{os.getpid()}_{added}"] = "1"
+        added += 1
+    for k in range(added):
+        del os.environ[f"CUTLINE_RACE_{os.getpid()}_{k}"]
+    raise SessionStandIn("stopped before the JVM")
+
+
 def build_spark_fixed(*args, **kwargs):
     while plan_running():
         python_env.python_environment()  # the session's own step: nothing left to write
@@ -70,8 +83,9 @@ def watch_writes() -> list[str]:
 
 def run(n: int, home: str, order: str, roles: list[str]) -> None:
     beside = watch_writes()
-    session.build_spark = build_spark_old if order == "old" else build_spark_fixed
-    if order == "old":
+    stand_ins = {"old": build_spark_old, "crash": build_spark_crash, "fixed": build_spark_fixed}
+    session.build_spark = stand_ins[order]
+    if order != "fixed":
         python_env.python_environment = lambda: None  # nothing named before the plan thread
     for i in range(n):
         assert threading.active_count() == 1, threading.enumerate()
