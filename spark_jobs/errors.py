@@ -7,7 +7,10 @@ a checkpoint whose state the job cannot take: a :class:`NonRetryableError`, or a
 :class:`~state.errors.BadInputError` from the layers below); ``3`` a newer attempt of the job
 has started, so this one must not be replaced by yet another. Any other error is ``1``, a
 ``ValueError`` too: ``pyarrow.ArrowInvalid`` and ``json.JSONDecodeError`` are ValueErrors, and a
-read that raced a writer is worth a retry.
+read that raced a writer is worth a retry. Inside a running attempt only a
+:class:`NonRetryableError` (and a fence) keeps its code: a ``BadInputError`` met there (a
+manifest or handle found malformed mid-run) fails the attempt (exit 1), and the next start
+judges those files with evidence, marking a checkpoint CORRUPT and falling back if it must.
 
 A :class:`NonRetryableError` raised inside a Spark task (a user function that raises, a
 checkpoint whose state does not cover a subtask's key groups) reaches the driver only as text

@@ -14,14 +14,15 @@ from state.storage import DurableStorage, ObjectInfo
 
 
 class FaultyStorage(DurableStorage):
-    """Wraps real storage; ``fail_put`` and ``fail_get`` decide per path whether a write or a
-    read of bytes raises ``OSError``."""
+    """Wraps real storage; ``fail_put``, ``fail_get`` and ``fail_list`` decide per path (or
+    prefix) whether a write, a read of bytes or a listing raises ``OSError``."""
 
     def __init__(self, inner: DurableStorage) -> None:
         self.inner = inner
         self.url = inner.url
         self.fail_put: Callable[[str], bool] = lambda path: False
         self.fail_get: Callable[[str], bool] = lambda path: False
+        self.fail_list: Callable[[str], bool] = lambda prefix: False
         self.puts: list[str] = []
 
     def _maybe_fail(self, path: str) -> None:
@@ -52,6 +53,8 @@ class FaultyStorage(DurableStorage):
         return self.inner.stat(path)
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        if self.fail_list(prefix):
+            raise OSError(f"injected storage fault listing {prefix}")
         return self.inner.list(prefix)
 
     def probe(self) -> None:

@@ -1,6 +1,7 @@
 """The driver's ack poller (spark_jobs/driver/barrier.py): every ack of a pending checkpoint
-reaches the coordinator exactly once, one that could not be read is read again, and acks of
-older attempts and finished checkpoints are deleted."""
+reaches the coordinator exactly once, one that could not be read is read again, one that was
+read whole and is malformed declines its checkpoint naming it, a failed clean-up stops nothing,
+and acks of older attempts and finished checkpoints are deleted."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ class Coordinator:
 
     def __init__(self) -> None:
         self.received: list[tuple[int, str, int]] = []
+        self.declined: list[str] = []
         self.done = threading.Event()
 
     def pending_ids(self) -> list[int]:
@@ -32,6 +34,12 @@ class Coordinator:
 
     def receive(self, ack: Ack, now_ms: int) -> None:
         self.received.append((ack.checkpoint_id, *ack.task))
+        if {(o, s) for _, o, s in self.received} == set(TASKS):
+            self.done.set()
+
+    def decline(self, checkpoint_id: int, task: tuple[str, int], reason: str) -> None:
+        self.received.append((checkpoint_id, *task))
+        self.declined.append(reason)
         if {(o, s) for _, o, s in self.received} == set(TASKS):
             self.done.set()
 
@@ -60,3 +68,27 @@ def test_an_ack_whose_read_failed_is_read_again_and_each_is_delivered_once(tmp_p
         f"ack poller: OSError: injected storage fault reading {JOB}/_acks/a2/chk-1/count-1.json"
     ]
     assert list(storage.list(JOB)) == []
+
+
+def test_a_malformed_ack_declines_its_checkpoint_and_a_failed_clean_up_stops_nothing(tmp_path):
+    storage = FaultyStorage(LocalFileStorage(tmp_path / "remote"))
+    layout = JobLayout(JOB)
+    failures = iter([True])  # the first listing, of older attempts' acks, fails
+    storage.fail_list = lambda prefix: prefix == f"{JOB}/_acks" and next(failures, False)
+    good = Ack(2, 1, "count", 0, declined="no space")
+    storage.put_bytes(ack_path(layout, 2, 1, "count", 0), good.to_json())
+    torn = ack_path(layout, 2, 1, "count", 1)
+    storage.put_bytes(torn, b'{"attempt": 2, "checkpoint_id": 1, "operator": "count", "sub')
+    coordinator, lines = Coordinator(), []
+    poller = AckPoller(coordinator, storage, layout, 2, TASKS, lines.append).start()
+    try:
+        assert coordinator.done.wait(10), f"acks delivered: {coordinator.received}; {lines}"
+    finally:
+        poller.stop()
+    assert sorted(coordinator.received) == [(1, "count", 0), (1, "count", 1)]  # each once
+    [reason] = coordinator.declined
+    assert reason.startswith(f"{torn}: malformed ack (JSONDecodeError"), reason
+    assert lines == [
+        f"ack poller: older attempts' acks not deleted: OSError: injected storage fault listing "
+        f"{JOB}/_acks"
+    ]

@@ -426,6 +426,22 @@ def test_plan_start_with_progress_and_nothing_restorable_fails(planned):
     assert rig.catalog.job_rows[2]["status"] == "FAILED" and checked == []
 
 
+def test_a_refused_start_keeps_its_own_error_when_marking_the_attempt_fails(planned, monkeypatch):
+    """The catalog write that marks a refused attempt FAILED may fail too; the refusal (exit 2)
+    is still what the start raises, not the catalog's error (which would be retried)."""
+    rig, _, paths, _ = planned
+    rig.checkpoint(1)
+    rig.storage.delete(rig.path("chk-1/count/0/MANIFEST-1"))
+
+    def unreachable(*args, **kwargs):
+        raise OSError("catalog unreachable")
+
+    monkeypatch.setattr(rig.catalog, "set_job_status", unreachable)
+    with pytest.raises(NoRestorableCheckpointError, match=r"has checkpoints \[1\] but none"):
+        plan_start(rig.catalog, rig.storage, job(), paths, "latest", log=rig.lines.append)
+    assert rig.lines[-1] == "attempt 2 not marked FAILED: OSError: catalog unreachable"
+
+
 def test_plan_start_over(planned):
     rig, sinks, paths, checked = planned
     rig.checkpoint(1)

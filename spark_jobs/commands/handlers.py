@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
                 quiet=not args.verbose,
             )
         except BaseException as e:
-            abandon_plan(plan, paths, job.name, f"the Spark session did not start: {e}")
+            abandon_plan(plan, paths, job.name, f"the Spark session did not start: {e}", events.log)
             raise
         timeline.mark("spark session")
         try:

@@ -29,6 +29,7 @@ starts (:func:`plan_start_early`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -119,7 +120,10 @@ def plan_start(
         recover_sinks(job, sinks, manifest, log)
     except BaseException as e:  # the attempt ends here: say so in the catalog
         status = "SUPERSEDED" if isinstance(e, FencedError) else "FAILED"
-        catalog.set_job_status(job.name, attempt, status, f"{type(e).__name__}: {e}")
+        try:
+            catalog.set_job_status(job.name, attempt, status, f"{type(e).__name__}: {e}")
+        except Exception as lost:  # the start's own error is the run's; the sensor sees the row
+            log(f"attempt {attempt} not marked {status}: {type(lost).__name__}: {lost}")
         raise
     return StartPlan(
         attempt,
@@ -163,7 +167,11 @@ def plan_start_early(
 
 
 def abandon_plan(
-    plan: Future[StartPlan] | None, paths: RuntimePaths, job_id: str, reason: str
+    plan: Future[StartPlan] | None,
+    paths: RuntimePaths,
+    job_id: str,
+    reason: str,
+    log: Callable[[str], None] = print,
 ) -> None:
     """A start planned early that cannot go on (its Spark session failed): its attempt, if one
     began, is marked FAILED with ``reason``."""
@@ -171,9 +179,12 @@ def abandon_plan(
         return
     try:
         attempt = plan.result().attempt
-    except Exception:  # the plan failed too; no attempt to close, or it is left to the sensor
+    except Exception:  # the plan failed too, and marked its attempt itself
         return
-    open_catalog(paths.catalog).set_job_status(job_id, attempt, "FAILED", reason)
+    try:
+        open_catalog(paths.catalog).set_job_status(job_id, attempt, "FAILED", reason)
+    except Exception as lost:  # the session's error is the run's; the sensor sees the row
+        log(f"attempt {attempt} not marked FAILED: {type(lost).__name__}: {lost}")
 
 
 def select_checkpoint(

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from spark_jobs.catalog.tables import now_ms
 from spark_jobs.driver.run_state import RunState, ServedCompaction
 from spark_jobs.events import EventChannel
-from state.acks import Ack, ack_location, ack_path, inbox
+from state.acks import Ack, AckError, ack_location, ack_path, inbox
 from state.compaction import (
     COMPACT_REQUEST,
     CompactionRequestError,
@@ -90,7 +90,10 @@ class AckPoller:
 
     def _run(self) -> None:
         delivered: set[str] = set()  # an ack whose read failed is read again the next round
-        self._drop_acks(self._acks_under("_acks"), lambda attempt, cid: attempt < self.attempt)
+        try:  # older attempts' acks: never read (only this attempt's inbox is), so only tidied
+            self._drop_acks(self._acks_under("_acks"), lambda attempt, cid: attempt < self.attempt)
+        except Exception as e:
+            self.log(f"ack poller: older attempts' acks not deleted: {type(e).__name__}: {e}")
         while not self._stop.is_set():
             try:
                 self._deliver_cuts()
@@ -101,8 +104,13 @@ class AckPoller:
                         path = ack_path(self.layout, self.attempt, cid, op, subtask)
                         if path in delivered or path not in listed:
                             continue
-                        ack = Ack.from_json(self.storage.get_bytes(path), source=path)
-                        self.coordinator.receive(ack, now_ms())
+                        data = self.storage.get_bytes(path)  # a failed read: the next round
+                        try:
+                            ack = Ack.from_json(data, source=path)
+                        except AckError as e:  # read whole and wrong: it stays wrong
+                            self.coordinator.decline(cid, (op, subtask), str(e))
+                        else:
+                            self.coordinator.receive(ack, now_ms())
                         delivered.add(path)
                 pending = set(self.coordinator.pending_ids())
                 self._drop_acks(listed, lambda _, cid, live=pending: cid not in live)

@@ -165,33 +165,32 @@ class StreamingRun:
     def run(self) -> RunSummary:
         job = self.job
         plan = self._plan_start()
-        self.attempt = plan.attempt
-        self.sinks = sink_writers(job, self.paths, self.attempt)
-        manifest = plan.manifest
-        self.ctx = RunContext(
-            job=job,
-            attempt=self.attempt,
-            checkpoint_root=self.paths.checkpoint_root,
-            local_state_root=self.paths.local_state_root,
-            staging_root=self.paths.staging,
-        )
-        self.state.restored(manifest.checkpoint_id if manifest else None, ())
-        self.batches = MicroBatches(
-            self.spark,
-            self.ctx,
-            self.progress,
-            self.state,
-            self.sinks,
-            self.ends,
-            self.compaction,
-            self.savepoints,
-            exactly_once=self.exactly_once,
-            log=self.log,
-        )
-        self.progress.adopt(manifest)
+        self.attempt, manifest = plan.attempt, plan.manifest
         query = None
         spark_checkpoint = query_scratch(job.name)
-        try:
+        try:  # from here on, whatever fails ends the attempt recorded FAILED with its reason
+            self.sinks = sink_writers(job, self.paths, self.attempt)
+            self.ctx = RunContext(
+                job=job,
+                attempt=self.attempt,
+                checkpoint_root=self.paths.checkpoint_root,
+                local_state_root=self.paths.local_state_root,
+                staging_root=self.paths.staging,
+            )
+            self.state.restored(manifest.checkpoint_id if manifest else None, ())
+            self.batches = MicroBatches(  # runs the job's transforms on their schemas
+                self.spark,
+                self.ctx,
+                self.progress,
+                self.state,
+                self.sinks,
+                self.ends,
+                self.compaction,
+                self.savepoints,
+                exactly_once=self.exactly_once,
+                log=self.log,
+            )
+            self.progress.adopt(manifest)
             self.progress.epoch, self.progress.positions = starting_point(
                 job,
                 manifest,
@@ -270,6 +269,9 @@ class StreamingRun:
                 self.batches.final_checkpoint()
         except Exception as e:  # the attempt failed: classified and raised below
             self.state.fail(f"{type(e).__name__}: {e}", e)
+        except BaseException as e:  # interrupted: recorded FAILED, never FINISHED
+            self.state.fail(f"interrupted ({type(e).__name__})", e)
+            raise
         finally:
             self.state.stop.set()
             self._restored.set()  # a micro-batch waiting for the restore is skipped
@@ -332,7 +334,8 @@ class StreamingRun:
             return
         try:
             newest = self.catalog.newest_attempt(self.job.name)
-        except Exception:
+        except Exception as e:  # judged as a failure (exit 1): the next start is fenced anyway
+            self.log(f"whether a newer attempt started is unknown: {type(e).__name__}: {e}")
             return
         if newest > self.attempt:
             self.state.supersede(

@@ -135,10 +135,12 @@ class SavepointRequests:
         return request
 
     def _pending(self, slot: SavepointSlot) -> SavepointRequest | None:
-        """The pending request, unless one is served already (a malformed one is removed; an
-        unreadable one is tried again at the next barrier)."""
-        if slot.serving is not None:
-            return None
+        """The pending request, unless one is served already."""
+        return None if slot.serving is not None else self._read()
+
+    def _read(self) -> SavepointRequest | None:
+        """The unserved request, if any: a malformed one is removed, an unreadable one is
+        looked at again next time, each said in the log."""
         try:
             return self._unserved()
         except SavepointError as e:
@@ -168,10 +170,7 @@ class SavepointRequests:
         whether a stop-with-savepoint is requested. Any other request is served now from
         ``committed``, the latest checkpoint whose output is committed, unless a checkpoint is
         ``pending`` (the next call serves it from that one)."""
-        try:
-            request = self._unserved()
-        except (SavepointError, StorageError):
-            return False
+        request = self._read()
         if request is None or request.stop:
             return request is not None
         if committed is None or pending:

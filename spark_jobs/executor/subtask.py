@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -171,14 +172,24 @@ def stage_output(plan: BatchPlan, stage: int, subtask: int, sink: str, output: p
 
 def _send_ack(ctx: RunContext, checkpoint_id: int, operator: str, subtask: int, future) -> None:
     """Put the ack of a finished snapshot (its handle, or its failure as a decline) into the
-    attempt's inbox."""
+    attempt's inbox. Run as the snapshot future's callback, where an exception would vanish: an
+    ack that cannot be stored (after the storage's own retries) is said on the worker's stderr,
+    and the checkpoint expires on the driver."""
     error = future.exception()
     if error is None:
         ack = Ack(ctx.attempt, checkpoint_id, operator, subtask, future.result())
     else:
         ack = Ack(ctx.attempt, checkpoint_id, operator, subtask, None, repr(error))
     path = ack_path(JobLayout(ctx.job.name), ctx.attempt, checkpoint_id, operator, subtask)
-    open_storage(ctx.checkpoint_root).put_bytes(path, ack.to_json())
+    try:
+        open_storage(ctx.checkpoint_root).put_bytes(path, ack.to_json())
+    except Exception as e:
+        print(
+            f"cutline: the ack of checkpoint {checkpoint_id} by {operator} subtask {subtask} "
+            f"on {host_name()} was not stored ({type(e).__name__}: {e}); it will expire",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def warm_up_worker(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
