@@ -67,7 +67,8 @@ def test_a_bad_settings_file_is_a_clear_error(tmp_path, monkeypatch, text, messa
 
 def test_config_explains_each_setting_and_where_it_came_from(tmp_path, capsys, monkeypatch):
     """``cutline config``: a flag beats the environment, which beats the file, which beats the
-    default under home; ``--home`` puts every path no flag names under it; secrets masked."""
+    default under home; ``--home`` puts every path no flag names under it, and says beside each
+    what it set aside; secrets masked."""
     from spark_jobs.commands.main import main
 
     config = tmp_path / "cutline.toml"
@@ -89,7 +90,16 @@ def test_config_explains_each_setting_and_where_it_came_from(tmp_path, capsys, m
     assert main(["--home", home, "config", "--json"]) == 0
     rows = {r["name"]: (r["value"], r["source"]) for r in json.loads(capsys.readouterr().out)}
     assert rows["home"] == (home, "flag --home")
-    assert rows["checkpoint_root"] == (f"{home}/checkpoints", "default, under home")
+    assert rows["checkpoint_root"] == (
+        f"{home}/checkpoints",
+        "default, under home; --home wins over s3://bucket/chk (environment "
+        "$CUTLINE_CHECKPOINT_ROOT)",
+    )
+    assert rows["log_root"] == (
+        f"{home}/log",
+        f"default, under home; --home wins over /from/file/log (file {config} ($CUTLINE_CONFIG))",
+    )
+    assert rows["warehouse"] == (f"{home}/warehouse", "default, under home"), "nothing set aside"
     assert rows["spark_master"][1].startswith("file "), "not a path: --home leaves it"
 
 

@@ -212,9 +212,11 @@ def explain_settings(
     ``flags``: values given on the command line, by setting name."""
     found = _sourced(environ)
     flags = flags or {}
+    replaced: dict[str, Setting] = {}  # what --home set aside: said beside what took its place
     if flags.get("home"):  # as Settings.at_home: every path no flag names lives under it
         for f in dataclasses.fields(RuntimePaths):
-            found.pop(f.name, None)
+            if f.name in found:
+                replaced[f.name] = found.pop(f.name)
     for name, value in flags.items():
         if value:
             found[name] = Setting(name, value, f"flag --{name.replace('_', '-')}")
@@ -230,14 +232,20 @@ def explain_settings(
         if name == "home":
             continue
         if name in found:
-            out.append(found[name])
+            setting = found[name]
         elif name in derived:
-            out.append(Setting(name, derived[name], "default, under warehouse"))
+            setting = Setting(name, derived[name], "default, under warehouse")
         elif name in defaults:
             where = "default, under home" if name != "spark_master" else "default"
-            out.append(Setting(name, defaults[name], where))
+            setting = Setting(name, defaults[name], where)
         else:
-            out.append(Setting(name, None, "not set"))
+            setting = Setting(name, None, "not set")
+        if name in replaced and not flags.get(name):
+            aside = replaced[name]
+            setting = dataclasses.replace(
+                setting, source=f"{setting.source}; --home wins over {aside.value} ({aside.source})"
+            )
+        out.append(setting)
     return out
 
 
