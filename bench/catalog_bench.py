@@ -116,6 +116,9 @@ class History:
     def grow_to(self, size: int, real_up_to: int) -> None:
         while self.last < min(size, real_up_to):
             self.complete_one()
+        if self.last < size - self.retained:  # the retained ones are about to be subsumed
+            retained = range(max(1, self.last - self.retained + 1), self.last + 1)
+            self.catalog.mark_subsumed(JOB, list(retained))
         while self.last < size - self.retained:  # the rest in bulk, all subsumed
             upto = min(self.last + IMPORT_CHUNK, size - self.retained)
             rows = [self._row(c, CheckpointStatus.SUBSUMED) for c in range(self.last + 1, upto + 1)]
