@@ -5,15 +5,16 @@ in one invocation.
 
 A real run of ``clicks_per_user`` (two micro-batches, so two real checkpoints and a real catalog)
 starts each storage's history; the history then grows as a running driver grows it, one
-checkpoint at a time: the manifest written (a copy of the real latest one under the new id, so
-every checkpoint restores), the row committed under the attempt's fence, the checkpoint beyond
-the retained ones marked SUBSUMED, and every ten checkpoints a heartbeat and the driver's upkeep
-(``compact_job``). Past ``--real-up-to`` checkpoints the rows are imported in bulk instead
-(``import_checkpoints``, a thousand a commit, SUBSUMED, their manifests not written): the tables
-hold the whole history, the log only the commits made. At each size:
+checkpoint at a time: the subtasks' private files uploaded under the new checkpoint's directory
+and its manifest written (copies of the real latest one's, so every checkpoint restores), the row
+committed under the attempt's fence, the checkpoint beyond the retained ones marked SUBSUMED,
+and every ten checkpoints a heartbeat and the driver's upkeep (``compact_job``). Past
+``--real-up-to`` checkpoints the rows are imported in bulk instead (``import_checkpoints``, a
+thousand a commit, SUBSUMED, their manifests not written): the tables hold the whole history,
+the log only the commits made. At each size:
 
 - commit: a warm catalog (a running driver's) completing ``--commits`` more checkpoints, each the
-  manifest PUT and the two catalog commits; the median per checkpoint;
+  private files' and the manifest's PUTs and the two catalog commits; the median per checkpoint;
 - start: a cold catalog planning an attempt's start (``plan_start``: the attempt begun and
   fenced, the sink fenced, the root checked, the latest checkpoint chosen and validated), as a
   new driver's plan thread does;
@@ -88,6 +89,13 @@ class History:
         [latest] = self.catalog.checkpoints(JOB, (CheckpointStatus.COMPLETED,))[-1:]
         self.template = json.loads(self.storage.get_bytes(latest.metadata_path))
         self.last = latest.checkpoint_id
+        self.private_prefix = f"chk-{self.last}/"
+        self.private = {  # the subtasks' private files: each checkpoint uploads its own copy
+            f["path"]: self.storage.get_bytes(LAYOUT.job_path(f["path"]))
+            for s in self.template["subtasks"]
+            for f in s["files"]
+            if f["path"].startswith(self.private_prefix)
+        }
         self.attempt = self.catalog.begin_attempt(JOB, run_id="catalog-bench")
         self.retained = self.job.checkpoint.num_retained
 
@@ -101,8 +109,12 @@ class History:
     def complete_one(self) -> None:
         """Checkpoint ``last + 1`` completed as the coordinator completes one."""
         cid = self.last + 1
+        own = f"chk-{cid}/"
+        for path, data in self.private.items():
+            self.storage.put_bytes(LAYOUT.job_path(own + path[len(self.private_prefix) :]), data)
+        doc = json.dumps({**self.template, "checkpoint_id": cid, "attempt": self.attempt})
         manifest = CheckpointManifest.from_json(
-            json.dumps({**self.template, "checkpoint_id": cid, "attempt": self.attempt}).encode()
+            doc.replace(f'"{self.private_prefix}', f'"{own}').encode()
         )
         self.storage.put_bytes(LAYOUT.job_path(LAYOUT.metadata(cid)), manifest.to_json())
         self.catalog.commit_checkpoint(self._row(cid))
