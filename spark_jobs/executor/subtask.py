@@ -185,8 +185,8 @@ def _send_ack(ctx: RunContext, checkpoint_id: int, operator: str, subtask: int, 
         open_storage(ctx.checkpoint_root).put_bytes(path, ack.to_json())
     except Exception as e:
         print(
-            f"cutline: the ack of checkpoint {checkpoint_id} by {operator} subtask {subtask} "
-            f"on {host_name()} was not stored ({type(e).__name__}: {e}); it will expire",
+            f"ack not stored: checkpoint {checkpoint_id} by {operator} subtask {subtask} "
+            f"on {host_name()} ({type(e).__name__}: {e}); it will expire",
             file=sys.stderr,
             flush=True,
         )
