@@ -65,6 +65,82 @@ def test_a_registered_name_works_as_before(tmp_path, capsys):
     assert "no checkpoints of job 'clicks_per_user'" in capsys.readouterr().out
 
 
+MY_JOBS = """
+import dataclasses
+from cutline import JobDefinition
+from spark_jobs.job_loader import get_job
+
+def sessions() -> JobDefinition:
+    return dataclasses.replace(get_job("clicks_per_user"), name="my_sessions")
+
+def helper():
+    return 1
+"""
+
+
+@pytest.fixture
+def my_package(tmp_path, monkeypatch):
+    """``my_pkg/jobs.py`` in the current directory, installed nowhere, on no path."""
+    (tmp_path / "my_pkg").mkdir()
+    (tmp_path / "my_pkg" / "__init__.py").write_text("")
+    (tmp_path / "my_pkg" / "jobs.py").write_text(MY_JOBS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", ".")])
+    yield tmp_path
+    for name in ("my_pkg.jobs", "my_pkg"):
+        __import__("sys").modules.pop(name, None)
+
+
+@pytest.mark.parametrize("command", ["checkpoints", "verify", "run", "gc", "savepoints"])
+@pytest.mark.parametrize(
+    ("job", "says"),
+    [
+        (
+            "clicks_per_usr",
+            "no job named 'clicks_per_usr'; did you mean 'clicks_per_user' or "
+            "'clicks_per_user_kafka'? (registered: clicks_per_user, ",
+        ),
+        ("zzz", "no job named 'zzz' (registered: clicks_per_user, "),
+        (
+            "my_pkg.jobs:session",
+            "no attribute 'session'; did you mean 'sessions'? (its jobs: sessions)",
+        ),
+        (
+            "my_pkg.jobs",
+            "'my_pkg.jobs' names a module, not a job: a job reference is 'module:attribute', "
+            "such as 'my_pkg.jobs:<attribute>'; 'my_pkg.jobs' has: sessions",
+        ),
+        (
+            "my_pkg/jobs.py",
+            "'my_pkg/jobs.py' is a file; name a job by its module and attribute: "
+            "'my_pkg.jobs:<attribute>'; 'my_pkg.jobs' has: sessions",
+        ),
+    ],
+)  # fmt: skip
+def test_an_unknown_job_is_exit_2_with_what_was_meant_for_every_command(
+    command, job, says, my_package, capsys
+):
+    assert main([command, job, "--home", str(my_package / "home")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cutline: ") and says in err, err
+
+
+def test_a_module_in_the_current_directory_is_found_after_everything_installed(my_package, capsys):
+    assert main(["checkpoints", "my_pkg.jobs:sessions", "--home", str(my_package / "h")]) == 1
+    assert "no checkpoints of job 'my_sessions'" in capsys.readouterr().out
+
+
+def test_a_job_only_the_catalog_knows_is_listed_by_the_read_only_commands(tmp_path, capsys):
+    from spark_jobs.catalog.delta_catalog import DeltaCatalog
+
+    home = tmp_path / "home"
+    DeltaCatalog(home / "warehouse" / "catalog").begin_attempt("retired_job")
+    assert main(["checkpoints", "retired_job", "--home", str(home)]) == 1
+    assert "no checkpoints of job 'retired_job'" in capsys.readouterr().out
+    assert main(["checkpoints", "retired_jbo", "--home", str(home)]) == 2
+    assert "did you mean 'retired_job'?" in capsys.readouterr().err
+
+
 def test_generate_count_is_the_total_unless_per_partition(tmp_path, capsys):
     home = ["--home", str(tmp_path)]
     assert main(["generate", "clicks", "--count", "5", *home]) == 0

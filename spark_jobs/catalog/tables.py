@@ -129,6 +129,17 @@ class CatalogReader:
             return []
         return data.to_pylist()
 
+    def job_ids(self) -> list[str]:
+        """Every job with an attempt in the catalog (none without a catalog)."""
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            with self.latest("streaming_jobs") as dt:
+                data = read_delta(dt, None, ["job_id"])
+        except TableNotFoundError:
+            return []
+        return sorted(set(data.column("job_id").to_pylist()))
+
     def jobs(self, job_id: str) -> list[dict[str, Any]]:
         return sorted(self._read("streaming_jobs", job_id), key=lambda r: r["attempt"])
 

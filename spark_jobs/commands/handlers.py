@@ -34,17 +34,27 @@ def core_demo(args: argparse.Namespace) -> int:
 
 def checkpoints(args: argparse.Namespace) -> int:
     from spark_jobs.commands.checkpoint_listing import list_checkpoints
-    from spark_jobs.job_loader import job_name_of
 
-    return list_checkpoints(job_name_of(args.job), runtime_paths(args).catalog, as_json=args.json)
+    paths = runtime_paths(args)
+    return list_checkpoints(recorded_job(args.job, paths), paths.catalog, as_json=args.json)
 
 
 def verify(args: argparse.Namespace) -> int:
     from spark_jobs.commands.checkpoint_listing import verify_checkpoints
-    from spark_jobs.job_loader import job_name_of
 
     paths = runtime_paths(args)
-    return verify_checkpoints(job_name_of(args.job), paths.checkpoint_root, args.checkpoint_id)
+    job = recorded_job(args.job, paths)
+    return verify_checkpoints(job, paths.checkpoint_root, args.checkpoint_id)
+
+
+def recorded_job(ref: str, paths: RuntimePaths) -> str:
+    """The job name a read-only command is about: a registered job's, ``module:attr``'s, or a
+    job the catalog has rows of (installed or not); anything else is refused with the close
+    matches (exit 2)."""
+    from spark_jobs.catalog.tables import CatalogReader
+    from spark_jobs.job_loader import job_name_of
+
+    return job_name_of(ref, lambda: CatalogReader(paths.catalog).job_ids())
 
 
 def state_read(args: argparse.Namespace) -> int:
