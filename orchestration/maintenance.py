@@ -88,6 +88,8 @@ def retention_gc(
                     "files_deleted": report.files_deleted,
                     "reclaimed_mib": mib(report.bytes_reclaimed),
                     "live_files": report.shared_files_live,
+                    "kept_by_grace_files": report.grace_kept_files,
+                    "kept_by_grace_mib": mib(report.grace_kept_bytes),
                     "live_mib": mib(report.shared_bytes_live),
                     "stored_mib": mib(report.stored_bytes),
                     "subsumed": MetadataValue.json(report.subsumed),

@@ -201,6 +201,17 @@ def test_dry_run_deletes_nothing_and_the_dagster_job_reports_what_it_reclaimed(s
     dry = collect_garbage(JOB, paths, dry_run=True, grace_s=0, log=lambda *_: None)
     assert dry.files_deleted > 0
     assert sorted(i.path for i in storage.list(JOB)) == before
+    # with an hour's grace the same files are kept, and the report says so (the job ran minutes
+    # ago): how many, their bytes, and until when
+    started = time.time() * 1000
+    graced = collect_garbage(JOB, paths, dry_run=True, grace_s=3600, log=lambda *_: None)
+    assert graced.files_deleted == 0
+    assert (graced.grace_kept_files, graced.grace_kept_bytes) == (
+        dry.files_deleted,
+        dry.bytes_reclaimed,
+    )
+    assert started + 3600_000 <= graced.grace_until_ms <= time.time() * 1000 + 3600_000
+    assert dry.grace_kept_files == 0
 
     with instance_for_test() as instance:
         result = defs.get_job_def("retention_job").execute_in_process(

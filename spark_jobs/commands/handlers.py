@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -253,12 +254,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quiet(line: str) -> None:
+    pass
+
+
 def gc(args: argparse.Namespace) -> int:
     """One retention GC pass over a job's checkpoints (see spark_jobs.maintenance.gc)."""
     from spark_jobs.maintenance.gc import collect_garbage
 
-    report = collect_garbage(
-        args.job, runtime_paths(args), dry_run=args.dry_run, grace_s=args.grace_s
+    report = collect_garbage(  # its summary below says what the pass's own log line says
+        args.job, runtime_paths(args), dry_run=args.dry_run, grace_s=args.grace_s, log=_quiet
     )
     if args.json:
         print(json.dumps(report.to_dict()))
@@ -269,6 +274,13 @@ def gc(args: argparse.Namespace) -> int:
             f"{report.files_deleted} files ({report.bytes_reclaimed:,} B); "
             f"{report.stored_bytes:,} B stored; {report.local_copies_pruned} local copies pruned"
         )
+        if report.grace_kept_files:
+            until = time.strftime("%H:%M:%S UTC", time.gmtime(report.grace_until_ms / 1000))
+            print(
+                f"{report.job}: the grace period ({report.grace_s:g} s, --grace-s) keeps "
+                f"{report.grace_kept_files} more files ({report.grace_kept_bytes:,} B) that no "
+                f"retained checkpoint references; a pass after {until} deletes them"
+            )
     return 0
 
 

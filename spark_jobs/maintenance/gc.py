@@ -30,8 +30,8 @@ from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.errors import ConfigurationError
 from spark_jobs.job_loader import get_job
 from state.acks import Ack, AckError, ack_location
-from state.gc import GcPlan, plan_gc, select_retention
-from state.manifest import ManifestError
+from state.gc import GcPlan, Retention, plan_gc, select_retention
+from state.manifest import CheckpointManifest, ManifestError
 from state.paths import JobLayout
 from state.registry import StoredFile
 from state.restore import read_manifest
@@ -54,6 +54,10 @@ class GcReport:
     registry_replans: int = 0  # registry rewrites planned again: a concurrent commit removed files
     conflicts_retried: int = 0  # other catalog writes (subsumption) done again after a conflict
     local_copies_pruned: int = 0
+    grace_s: float = 0.0
+    grace_kept_files: int = 0  # deletable but for the grace period
+    grace_kept_bytes: int = 0
+    grace_until_ms: int = 0  # a pass after this deletes them, if nothing needs them by then
     duration_ms: float = 0.0
     phase_ms: dict[str, float] = field(default_factory=dict)  # where the time went
 
@@ -92,7 +96,7 @@ def collect_garbage(
     storage = open_storage(paths.checkpoint_root)
     check_root(catalog, storage, job_name, paths.checkpoint_root)  # a wrong root: said at once
     layout = JobLayout(job_name)
-    report = GcReport(job_name, dry_run)
+    report = GcReport(job_name, dry_run, grace_s=grace)
 
     # First what is stored, with the acks of pending checkpoints; then the catalog (see plan_gc)
     prefix = job_name + "/"
@@ -112,14 +116,13 @@ def collect_garbage(
     restored_done = restored_from is None or any(
         r.attempt == current["attempt"] and r.checkpoint_id > restored_from for r in rows
     )
-    retention = select_retention(
-        rows,
+    retain = dict(
         num_retained=job.checkpoint.num_retained,
         now_ms=now,
-        grace_s=grace,
         restored_from=restored_from,
         restored_done=restored_done,
     )
+    retention = select_retention(rows, grace_s=grace, **retain)
     report.subsumed, report.retained = retention.subsume, retention.retained
     report.protected = retention.protected
     if retention.subsume and not dry_run:
@@ -143,6 +146,8 @@ def collect_garbage(
         retention, manifests, listing, latest_completed=latest, now_ms=now, grace_s=grace,
         running=running, pending_paths=pending_paths,
     )  # fmt: skip
+    without = select_retention(rows, grace_s=0, **retain)
+    _grace_kept(report, plan, without, manifests, listing, now, latest, running, pending_paths)
     mark = report.lap("plan", mark)
     report.files_deleted = len(plan.delete)
     report.bytes_reclaimed = plan.bytes_reclaimed
@@ -193,6 +198,34 @@ def collect_garbage(
     report.conflicts_retried = catalog.conflicts_retried
     report.duration_ms = (time.perf_counter() - started) * 1000
     return report
+
+
+def _grace_kept(
+    report: GcReport,
+    plan: GcPlan,
+    without: Retention,
+    manifests: dict[int, CheckpointManifest],
+    listing: list[StoredFile],
+    now: int,
+    latest: int,
+    running: bool,
+    pending: set[str],
+) -> None:
+    """What the grace period alone keeps: the files a pass without it (``without``: the
+    retention chosen with no grace) would also delete, files younger than it and those of
+    checkpoints subsumed within it; counted in ``report``. Each becomes deletable within the
+    grace period from now."""
+    if report.grace_s <= 0:
+        return
+    ungraced = plan_gc(
+        without, manifests, listing, latest_completed=latest, now_ms=now, grace_s=0,
+        running=running, pending_paths=pending,
+    )  # fmt: skip
+    deleted = {f.path for f in plan.delete}
+    kept = [f for f in ungraced.delete if f.path not in deleted]
+    report.grace_kept_files = len(kept)
+    report.grace_kept_bytes = sum(f.size for f in kept)
+    report.grace_until_ms = now + int(report.grace_s * 1000) if kept else 0
 
 
 FAULT_PAUSE = "CUTLINE_FAULT_GC_PAUSE"
