@@ -107,6 +107,23 @@ def test_drivers_use_the_class_archive_made_for_their_java_and_spark(monkeypatch
     assert options == [f"-XX:ArchiveClassesAtExit={tmp_path / 'new.jsa'}"]
 
 
+def test_two_environments_with_the_same_spark_never_share_an_archive(monkeypatch, tmp_path):
+    """The JVM checks an archive's class path by path: a second checkout's Spark (the same jars
+    in another place) gets an archive of its own instead of a warning at every start."""
+    from spark_jobs.deploy import distribution
+
+    monkeypatch.setenv("CUTLINE_CLASS_ARCHIVE_DIR", str(tmp_path / "archives"))
+    here = class_archive.archive_path()
+    other = tmp_path / "other-venv" / "pyspark"
+    (other / "jars").mkdir(parents=True)
+    for jar in (distribution.spark_home() / "jars").glob("*.jar"):
+        (other / "jars" / jar.name).write_bytes(b"")
+    monkeypatch.setattr(distribution, "spark_home", lambda: other)
+    there = class_archive.archive_path()
+    assert here is not None and there is not None and here != there
+    assert here.parent == there.parent
+
+
 def _child_writes(text: str) -> subprocess.Popen:
     """A process that inherits stderr, as the JVM does, and keeps it: it writes ``text`` now
     and ``later`` once its stdin closes."""

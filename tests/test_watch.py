@@ -240,6 +240,35 @@ def test_without_until_caught_up_a_caught_up_run_goes_on():
     assert query.seen == 20 and lines == []
 
 
+def test_a_caught_up_run_says_once_per_idle_stretch_that_it_waits_for_input(monkeypatch):
+    """Without --until-caught-up or an idle timeout a run that read everything waits: it says
+    so (and how to stop there) once, and again only after another micro-batch."""
+    monkeypatch.setattr(watch, "WAITING_NOTE_S", 0.0)
+    state, lines, _, watcher = rig(None)
+    batch = watcher.batch()
+
+    def triggers(n: int) -> None:
+        if n == 10:
+            trigger(query, "Waiting for next trigger", False)
+        if n == 30:
+            batch.__enter__()
+            state.count_batch(10, 0, 0)
+            trigger(query, "Processing new data", True, active=True)
+        if n == 40:
+            batch.__exit__(None, None, None)
+            trigger(query, "Waiting for data to arrive", False)
+
+    query = Query(state, polls=60, on_poll=triggers)
+    run(watcher, query)
+    said = [line for line in lines if line.startswith("read everything")]
+    assert said == [
+        f"read everything the sources offer ({n} micro-batches so far): waiting for new input "
+        "(--until-caught-up stops at this point, --idle-timeout S after S s without input)"
+        for n in (0, 1)
+    ], lines
+    assert not state.failed and query.seen == 60
+
+
 def test_local_mode_never_checks_executors():
     state, _, sc, watcher = rig(None, "local[2]", hosts=[])
     assert watcher.watch_hosts is False

@@ -30,7 +30,9 @@ DUMP_TO = "CUTLINE_CLASS_ARCHIVE_DUMP"
 
 def _archive_key() -> str | None:
     """What the archive depends on: the java executable (resolved, with its size and time),
-    the PySpark version and the jars of its Spark distribution. None without java."""
+    the PySpark version, and where its Spark distribution is with the jars it holds (the JVM
+    checks the class path by path: two environments' archives must not share a name). None
+    without java."""
     from spark_jobs.deploy.distribution import spark_home
     from spark_jobs.deploy.java_check import find_java
 
@@ -39,8 +41,10 @@ def _archive_key() -> str | None:
         return None
     real = Path(java).resolve()
     stat = real.stat()
-    jars = sorted(p.name for p in (spark_home() / "jars").glob("*.jar"))
-    parts = [str(real), str(stat.st_size), str(int(stat.st_mtime)), pyspark.__version__, *jars]
+    home = spark_home().resolve()
+    jars = sorted(p.name for p in (home / "jars").glob("*.jar"))
+    parts = [str(real), str(stat.st_size), str(int(stat.st_mtime)), pyspark.__version__]
+    parts += [str(home), *jars]
     parts.append("driver classpath: Spark's own and a job's packages, no Delta")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 

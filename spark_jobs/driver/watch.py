@@ -16,6 +16,7 @@ from spark_jobs.driver.run_state import RunState
 
 HOST_CHECK_S = 2.0  # how often a run on a cluster checks that its subtasks' hosts have executors
 REQUEST_CHECK_S = 2.0  # how often an idle run looks for a savepoint request
+WAITING_NOTE_S = 2.0  # idle this long having read everything: the run says it waits for input
 
 
 class QueryWatch:
@@ -41,6 +42,7 @@ class QueryWatch:
         self.last_progress = time.monotonic()
         self.has_run = False
         self.in_batch = False
+        self._said_waiting = -1  # the micro-batch count when the run last said it waits
         # while idle (no micro-batch, so no barrier): an idle barrier if output is staged, then
         # savepoint requests; says whether a stop-with-savepoint is requested
         # (MicroBatches.when_idle)
@@ -92,6 +94,13 @@ class QueryWatch:
             ):
                 self.log(f"no new input for {self.idle_timeout_s} s: stopping")
                 self.stop.set()
+            elif self._waits_for_input(query):
+                self._said_waiting = self.state.batches
+                self.log(
+                    f"read everything the sources offer ({self.state.batches} micro-batches "
+                    "so far): waiting for new input (--until-caught-up stops at this point, "
+                    "--idle-timeout S after S s without input)"
+                )
             elif (
                 not self.in_batch
                 and time.monotonic() - max(requests_checked, self.last_progress) > REQUEST_CHECK_S
@@ -102,6 +111,17 @@ class QueryWatch:
                         "stop with savepoint while idle: its final checkpoint is the savepoint"
                     )
                     self.stop.set()
+
+    def _waits_for_input(self, query) -> bool:
+        """A run that does not stop when caught up has read all its input and waited
+        :data:`WAITING_NOTE_S` since, and has not said so since its last micro-batch."""
+        return (
+            not self.until_caught_up
+            and not self.in_batch
+            and self._said_waiting != self.state.batches
+            and time.monotonic() - self.last_progress > WAITING_NOTE_S
+            and caught_up(query.status)
+        )
 
     def _idle(self, query) -> bool:
         """The query has run a trigger (on a loaded machine the first can take longer than the
