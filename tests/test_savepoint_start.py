@@ -138,9 +138,24 @@ def test_a_savepoint_of_other_state_is_refused_naming_the_stage_and_the_state(tm
     location, _ = saved(tmp_path, stages=other)
     with pytest.raises(
         IncompatibleStateError,
-        match=rf"savepoint {location}: stage 'count_by_user' .*state 'aggregates' was stored",
+        match=rf"savepoint {location} \(of clicks_per_user\): stage 'count_by_user' .*state "
+        "'aggregates' was stored",
     ):
         start(tmp_path, location, Registry(), [FakeSink("clicks_out")])
+
+
+def test_a_refused_savepoint_start_names_the_savepoints_job_and_creates_nothing(tmp_path):
+    """``cutline run JOB --restore LOCATION`` of another job's savepoint whose stage this job
+    does not have: exit 2 naming the savepoint's own job and checkpoint, before an attempt, a
+    catalog, a sink table or a JVM exists."""
+    from spark_jobs.commands.main import main
+
+    location, _ = saved(tmp_path, job_id="my_sessions", stages={"sessionize": {}})
+    home = tmp_path / "home"
+    home.mkdir()
+    code = main(["run", "clicks_per_user", "--restore", location, "--home", str(home)])
+    assert code == 2
+    assert list(home.iterdir()) == [], "a refused start creates nothing"
 
 
 def test_what_is_no_savepoint_is_refused(tmp_path):

@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     from spark_jobs.deploy.settings import check_roles
     from spark_jobs.driver.attempt_start import abandon_plan, plan_start_early
     from spark_jobs.driver.run import run_job
-    from spark_jobs.driver.savepoints import is_location
+    from spark_jobs.driver.savepoints import check_savepoint, is_location
     from spark_jobs.driver.startup_phases import StartupTimeline
     from spark_jobs.events import open_events
     from spark_jobs.job_loader import ship_user_code
@@ -185,13 +185,15 @@ def run(args: argparse.Namespace) -> int:
     job = job_for_run(args)
     ship_user_code(job)
     paths = runtime_paths(args)
-    check_roles(paths)  # a missing bucket or denied access: exit 2 before any JVM starts
     hints = json.loads(Path(args.hints).read_text()) if args.hints else None
     restore = None if args.restore == "none" else args.restore
     if args.reset_sink and restore is not None and not is_location(restore):
         raise ConfigurationError(
             "--reset-sink only goes with --restore none (a start-over) or a savepoint's location"
         )
+    if restore is not None and is_location(restore):  # refused before anything is created
+        check_savepoint(job, restore, allow_non_restored=args.allow_non_restored_state)
+    check_roles(paths)  # a missing bucket or denied access: exit 2 before any JVM starts
     watch = os.environ.get("CUTLINE_WATCH_PID")
     master = args.master or deployment_settings(args).spark_master
     with open_events() as events:

@@ -41,8 +41,8 @@ def check_restorable(
     held = {h.operator for h in manifest.subtasks} | set(manifest.stages)
     for uid in sorted(held - stages.keys()):
         what = (
-            f"checkpoint {manifest.checkpoint_id} of {job.name} holds the state of stage uid "
-            f"{uid!r}"
+            f"checkpoint {manifest.checkpoint_id} of {manifest.job_id} holds the state of stage "
+            f"uid {uid!r}"
         )
         if not allow_non_restored:
             known = ", ".join(f"{s.name!r} (uid {s.uid!r})" for s in job.stages)
@@ -65,7 +65,7 @@ def checkpoint_parallelism(job: JobDefinition, manifest: CheckpointManifest) -> 
     if not held:
         return None
     parallelism = max(h.subtask for h in held) + 1
-    what = f"checkpoint {manifest.checkpoint_id} of {job.name}"
+    what = f"checkpoint {manifest.checkpoint_id} of {manifest.job_id}"
     for uid in sorted({h.operator for h in held}):
         ranges = sorted((h.subtask, h.key_group_range) for h in held if h.operator == uid)
         if ranges == _layout(parallelism, job.max_parallelism):

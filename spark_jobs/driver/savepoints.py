@@ -273,6 +273,30 @@ class SavepointRequests:
                 slot.serving = None
 
 
+def check_savepoint(
+    job: JobDefinition,
+    location: str,
+    *,
+    allow_non_restored: bool = False,
+    log: Callable[[str], None] = print,
+) -> tuple[DurableStorage, CheckpointManifest]:
+    """The savepoint at ``location`` (its storage and manifest) if ``job`` may start from it;
+    raises naming the savepoint and its own job otherwise. Reads, and writes nothing: a start
+    checks it before its attempt, its sinks or its JVM exist."""
+    try:
+        source = open_storage(location)
+        saved = read_savepoint(source)
+    except ValueError as e:  # SavepointError included: a missing or damaged file, named
+        raise NoRestorableCheckpointError(str(e)) from None
+    except AccessError as e:
+        raise ConfigurationError(f"savepoint {location}: {e}") from None
+    try:
+        check_restorable(job, saved, allow_non_restored=allow_non_restored, log=log)
+    except IncompatibleStateError as e:
+        raise IncompatibleStateError(f"savepoint {location} (of {saved.job_id}): {e}") from None
+    return source, saved
+
+
 def start_from_savepoint(
     catalog: JobCatalog,
     storage: DurableStorage,
@@ -295,17 +319,7 @@ def start_from_savepoint(
     continue above any its sinks committed.
     """
     started = time.monotonic()
-    try:
-        source = open_storage(location)
-        saved = read_savepoint(source)
-    except ValueError as e:  # SavepointError included: a missing or damaged file, named
-        raise NoRestorableCheckpointError(str(e)) from None
-    except AccessError as e:
-        raise ConfigurationError(f"savepoint {location}: {e}") from None
-    try:
-        check_restorable(job, saved, allow_non_restored=allow_non_restored, log=log)
-    except IncompatibleStateError as e:
-        raise IncompatibleStateError(f"savepoint {location}: {e}") from None
+    source, saved = check_savepoint(job, location, allow_non_restored=allow_non_restored, log=log)
     layout = JobLayout(job.name)
     continue_at = None
     if saved.job_id != job.name or saved.bootstrapped:
