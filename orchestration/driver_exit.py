@@ -4,11 +4,15 @@ named, and the catalog's attempt row of a driver that died without saying why.
 A driver ended by a signal (a crash in native code, the kernel's OOM killer, ``kill -9``) writes
 nothing itself. ``spark-submit`` reports its Python driver's death as exit code 128 + the signal
 (Java's convention); a process killed directly has a negative return code. Either way the
-Dagster run's failure and the attempt's ``failure_reason`` name the signal.
+Dagster run's failure and the attempt's ``failure_reason`` name the signal, and the run closes
+the driver's Dagster Pipes session on its behalf with that cause, where Dagster would otherwise
+warn that the external code did not use ``open_dagster_pipes`` as a context manager (it does:
+it was killed before it could close it).
 """
 
 from __future__ import annotations
 
+import json
 import signal
 
 from state.catalog import JobCatalog
@@ -50,3 +54,29 @@ def record_driver_exit(catalog: JobCatalog, job_id: str, run_id: str, code: int)
     for attempt in left:
         catalog.set_job_status(job_id, attempt, "FAILED", reason)
     return left
+
+
+def close_pipes_for_signalled(message_file: str, code: int) -> bool:
+    """Append to a driver's Pipes message file the ``closed`` message its process could not
+    write, carrying its death by a signal as the cause; False (nothing written) unless a
+    signal ended it. Read in order after whatever the driver wrote before it died."""
+    from dagster_pipes import PIPES_PROTOCOL_VERSION, PIPES_PROTOCOL_VERSION_FIELD
+
+    if signal_of(code) is None:
+        return False
+    cause = {
+        "name": "DriverKilled",
+        "message": f"the driver process was {exit_description(code).split(': ')[-1]} before "
+        "it could close its Pipes session (it closes it itself on any other end)",
+        "stack": [],
+        "cause": None,
+        "context": None,
+    }
+    closed = {
+        PIPES_PROTOCOL_VERSION_FIELD: PIPES_PROTOCOL_VERSION,
+        "method": "closed",
+        "params": {"exception": cause},
+    }
+    with open(message_file, "a", encoding="utf-8") as out:
+        out.write(json.dumps(closed) + "\n")
+    return True

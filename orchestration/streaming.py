@@ -31,9 +31,14 @@ from dagster import (
     op,
     open_pipes_session,
 )
+from dagster_pipes import PipesDefaultMessageWriter
 from pydantic import Field
 
-from orchestration.driver_exit import exit_description, record_driver_exit
+from orchestration.driver_exit import (
+    close_pipes_for_signalled,
+    exit_description,
+    record_driver_exit,
+)
 from orchestration.metadata import MIB, ident, md_table, mib
 from orchestration.partitions import (
     DRIVER_PID_TAG,
@@ -255,6 +260,9 @@ def streaming_driver(
             while driver.poll() is None:
                 forward(session.get_custom_messages())
                 time.sleep(0.5)
+            path = session.message_reader_params.get(PipesDefaultMessageWriter.FILE_PATH_KEY)
+            if path is not None:  # a signal ended the driver: closed on its behalf
+                close_pipes_for_signalled(path, driver.returncode)
             forward(session.get_custom_messages())
     code = driver.returncode
     context.instance.add_run_tags(context.run_id, {EXIT_CODE_TAG: str(code)})

@@ -3,6 +3,7 @@ attempt's catalog row FAILED with that reason (orchestration/driver_exit.py)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -55,3 +56,63 @@ def test_the_attempt_a_dead_driver_left_running_is_failed_naming_the_signal(tmp_
     )
     assert catalog.jobs("other_job")[0]["attempt"] == other
     assert catalog.jobs("other_job")[0]["status"] == "RUNNING"  # another job's, untouched
+
+
+KILLED_CHILD = """
+import os, signal
+from dagster_pipes import open_dagster_pipes
+with open_dagster_pipes() as pipes:
+    pipes.report_custom_message({"before": "the kill"})
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("close_for_it", [False, True])
+def test_a_driver_killed_by_a_signal_has_its_pipes_session_closed_with_that_cause(close_for_it):
+    """A process killed inside ``open_dagster_pipes`` leaves Dagster warning that it did not
+    use it as a context manager; the run closes the session for it instead, naming the signal,
+    after everything it reported."""
+    from dagster import (
+        PipesEnvContextInjector,
+        PipesTempFileMessageReader,
+        instance_for_test,
+        job,
+        op,
+        open_pipes_session,
+    )
+    from dagster_pipes import PipesDefaultMessageWriter
+
+    from orchestration.driver_exit import close_pipes_for_signalled
+
+    received = []
+
+    @op
+    def driver(context) -> None:
+        with open_pipes_session(
+            context, PipesEnvContextInjector(), PipesTempFileMessageReader()
+        ) as session:
+            env = {**os.environ, **session.get_bootstrap_env_vars()}
+            done = subprocess.run([sys.executable, "-c", KILLED_CHILD], env=env)
+            path = session.message_reader_params[PipesDefaultMessageWriter.FILE_PATH_KEY]
+            if close_for_it:
+                assert close_pipes_for_signalled(path, done.returncode)
+            assert not close_pipes_for_signalled(path, 0)  # an exit it closed itself
+        received.extend(session.get_custom_messages())
+
+    @job
+    def run_it() -> None:
+        driver()
+
+    with instance_for_test() as instance:
+        result = run_it.execute_in_process(instance=instance)
+        events = instance.all_logs(result.run_id)
+    texts = [e.user_message for e in events] + [
+        str(e.dagster_event.event_specific_data) for e in events if e.dagster_event
+    ]
+    warned = [t for t in texts if "did not receive closed message" in t]
+    closed = [t for t in texts if "killed by signal 9 (SIGKILL) before it could close" in t]
+    assert received == [{"before": "the kill"}]
+    if close_for_it:
+        assert not warned and closed, texts
+    else:  # the warning the issue quoted, without the run's close
+        assert warned and not closed
