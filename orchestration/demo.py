@@ -25,6 +25,7 @@ from dagster_graphql import DagsterGraphQLClient
 from orchestration.partitions import (
     DRIVER_PID_TAG,
     JOB_TAG,
+    RESTORE_OF_TAG,
     WORKER_PID_TAG,
     streaming_job_partitions,
 )
@@ -200,14 +201,35 @@ def _generator(home: Path, kind: str, rate: float) -> subprocess.Popen:
 
 
 def _tell_kill_instruction(home: Path, runs: dict[str, str], told: set[str]) -> None:
-    """Once a run's driver is up, say how to kill it (to watch restore_on_failure)."""
+    """Once a run's driver is up, say how to kill it (to watch restore_on_failure); for a run
+    the sensor launched to restore a failed one, first what it restored."""
+    from spark_jobs.catalog.tables import CatalogReader
+    from spark_jobs.deploy.settings import RuntimePaths
+
     with instance(home) as inst:
-        for job, run_id in runs.items():
-            run = inst.get_run_by_id(run_id)
-            pid = run.tags.get(DRIVER_PID_TAG) if run else None
-            if pid and run_id not in told:
-                told.add(run_id)
-                print(f"{job}: kill its driver to watch the automatic restore: kill -9 {pid}")
+        for job in runs:
+            newest = inst.get_runs(
+                RunsFilter(job_name="streaming_job", tags={JOB_TAG: job}), limit=1
+            )
+            run = newest[0] if newest else inst.get_run_by_id(runs[job])
+            runs[job] = run.run_id
+            pid = run.tags.get(DRIVER_PID_TAG)
+            if not pid or run.run_id in told:
+                continue
+            failed = run.tags.get(RESTORE_OF_TAG)
+            if failed:  # said once its attempt recorded what it restored
+                catalog = CatalogReader(RuntimePaths.under(home).catalog)
+                rows = [r for r in catalog.jobs(job) if r["run_id"] == run.run_id]
+                if not rows or rows[-1]["allocation"] is None:
+                    continue
+                print(
+                    f"{job}: restored by run {run.run_id[:8]} after run {failed[:8]} failed: "
+                    f"attempt {rows[-1]['attempt']} from checkpoint {rows[-1]['restored_from']}, "
+                    f"driver pid {pid}",
+                    flush=True,
+                )
+            told.add(run.run_id)
+            print(f"{job}: kill its driver to watch the automatic restore: kill -9 {pid}")
 
 
 def _stop_all(home: Path, dagster: DagsterProcesses, client, generators) -> None:

@@ -27,3 +27,44 @@ def test_a_driver_counts_only_while_it_names_its_run_worker():
             proc.kill()
             proc.wait()
     assert not started_by(driver.pid, worker)  # gone
+
+
+def test_the_demo_says_what_each_restore_run_restored_and_its_new_driver(tmp_path, capsys):
+    """The demo's terminal tells a kill's outcome: for the sensor's restore run, once its
+    attempt recorded what it restored, the job, the runs, the checkpoint and the new driver."""
+    from dagster import DagsterRun
+
+    from orchestration.demo import _tell_kill_instruction, dagster_env, instance
+    from orchestration.partitions import DRIVER_PID_TAG, JOB_TAG, RESTORE_OF_TAG
+    from spark_jobs.catalog.delta_catalog import DeltaCatalog
+    from spark_jobs.deploy.settings import RuntimePaths
+
+    home = tmp_path / "home"
+    dagster_env(home)
+    first, second = "a" * 32, "b" * 32
+    job = "clicks_per_user"
+    with instance(home) as inst:
+        inst.add_run(DagsterRun("streaming_job", first, tags={JOB_TAG: job, DRIVER_PID_TAG: "11"}))
+    runs, told = {job: first}, set()
+    _tell_kill_instruction(home, runs, told)
+    assert (
+        capsys.readouterr().out
+        == f"{job}: kill its driver to watch the automatic restore: kill -9 11\n"
+    )
+
+    restore = {JOB_TAG: job, DRIVER_PID_TAG: "22", RESTORE_OF_TAG: first}
+    with instance(home) as inst:
+        inst.add_run(DagsterRun("streaming_job", second, tags=restore))
+    catalog = DeltaCatalog(RuntimePaths.under(home).catalog)
+    attempt = catalog.begin_attempt(job, run_id=second)
+    _tell_kill_instruction(home, runs, told)
+    assert capsys.readouterr().out == "", "not before the attempt says what it restored"
+    catalog.set_restored(job, attempt, 7, {"0": "127.0.0.1"})
+    _tell_kill_instruction(home, runs, told)
+    _tell_kill_instruction(home, runs, told)  # once
+    assert capsys.readouterr().out.splitlines() == [
+        f"{job}: restored by run bbbbbbbb after run aaaaaaaa failed: attempt {attempt} from "
+        "checkpoint 7, driver pid 22",
+        f"{job}: kill its driver to watch the automatic restore: kill -9 22",
+    ]
+    assert runs == {job: second}
