@@ -209,10 +209,18 @@ def test_savepoints_lists_each_with_what_it_holds_or_why_it_failed(tmp_path, cap
         job, SavepointRequest.new("", False, 1), "file:///a", status="FAILED", reason="denied"
     )
     catalog.record_savepoint(failed)
-    info = SavepointInfo("file:///b", "sessions", 3, 7, 12_345, 6, 0.5)
+    here = tmp_path / "b"
+    here.mkdir()
+    (here / "_metadata").write_text("{}")  # only whether it is there is looked at
+    info = SavepointInfo(f"file://{here}", "sessions", 3, 7, 12_345, 6, 0.5)
     catalog.record_savepoint(completed_row(job, SavepointRequest.new("", True, 2), info))
+    moved = SavepointInfo(f"file://{tmp_path}/c", "sessions", 4, 9, 2_000, 2, 0.5)
+    catalog.record_savepoint(completed_row(job, SavepointRequest.new("", False, 3), moved))
     assert main(["savepoints", REF, "--home", str(tmp_path)]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "FAILED    file:///a  code 1.2  denied",
-        "COMPLETED file:///b  checkpoint 3 batch 7  12,345 B in 6 files  code 1.2  (stopped)",
+        "FAILED    file:///a  job version 1.2  denied",
+        f"COMPLETED file://{here}  checkpoint 3 batch 7  12,345 B in 6 files  job version 1.2  "
+        "(stopped)",
+        f"COMPLETED file://{tmp_path}/c  checkpoint 4 batch 9  2,000 B in 2 files  job version "
+        "1.2  (no longer there: moved or deleted; restore it from where it is now)",
     ]

@@ -78,9 +78,10 @@ def _restore_choice(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from cutline.job import BAD_RECORD_POLICIES
-    from spark_jobs.sources.generate import KINDS
+    from spark_jobs.sources.generate import KINDS, SCHEMAS
 
-    parser = argparse.ArgumentParser(prog="cutline", description=__doc__.split(" Each ")[0])
+    description = __doc__.split(" Each ")[0].replace("``", "")  # the docstring, as plain text
+    parser = argparse.ArgumentParser(prog="cutline", description=description)
     _add_global_options(parser, None)
     common = argparse.ArgumentParser(add_help=False)
     _add_global_options(common, argparse.SUPPRESS)
@@ -90,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler="demo")
     core = add("core-demo", help="checkpoint, crash and restore with state/ alone")
     core.set_defaults(handler="core_demo")
-    run = add("run", help="run a registered streaming job (one attempt)")
+    run = add("run", help="run a streaming job, registered or module:attribute (one attempt)")
     run.add_argument("job", help=JOB_HELP)
     run.add_argument(
         "--restore",
@@ -186,8 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
     saves.add_argument("job", help=JOB_HELP)
     saves.add_argument("--json", action="store_true")
     saves.set_defaults(handler="savepoints")
-    gen = add("generate", help="append synthetic events to the local log")
-    gen.add_argument("kind", choices=KINDS)
+    kinds = "; ".join(f"{kind}: {schema}" for kind, schema in SCHEMAS.items())
+    gen = add(
+        "generate",
+        help="append synthetic events to the local log",
+        description=f"Append synthetic JSON-lines records to the local log. Kinds: {kinds}. "
+        "Event times are epoch ms, 10 ms apart per partition, up to 2 s out of order.",
+    )
+    gen.add_argument("kind", choices=KINDS, help="what to generate (the schemas above)")
     gen.add_argument(
         "--count",
         type=int,
@@ -198,9 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--per-partition", action="store_true", help="--count is per partition, not in total"
     )
     gen.add_argument("--topic", help="topic (default: the kind)")
-    gen.add_argument("--partitions", type=int, default=2)
-    gen.add_argument("--seed", type=int, default=42)
-    gen.add_argument("--users", type=int, default=10_000)
+    gen.add_argument("--partitions", type=int, default=2, help="partitions of the topic (2)")
+    gen.add_argument("--seed", type=int, default=42, help="the same seed, the same records (42)")
+    gen.add_argument("--users", type=int, default=10_000, help="distinct users (10,000)")
     gen.add_argument("--rate", type=float, help="records per second (default: as fast as possible)")
     gen.set_defaults(handler="generate")
     chk = add("checkpoints", help="a job's checkpoints, from the catalog")

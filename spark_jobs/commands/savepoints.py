@@ -20,7 +20,7 @@ from spark_jobs.driver.savepoints import completed_row, savepoint_location
 from spark_jobs.errors import ConfigurationError
 from spark_jobs.job_loader import get_job
 from state.catalog import CheckpointStatus
-from state.paths import JobLayout
+from state.paths import JobLayout, SavepointLayout
 from state.restore import read_manifest
 from state.savepoint import (
     SavepointError,
@@ -29,7 +29,7 @@ from state.savepoint import (
     write_request,
     write_savepoint,
 )
-from state.storage import open_storage
+from state.storage import StorageError, open_storage
 
 
 class SavepointFailedError(RuntimeError):
@@ -115,14 +115,28 @@ def list_savepoints(job_ref: str, paths: RuntimePaths, *, as_json: bool = False)
         print(f"{job.name} has no savepoints")
     for r in rows:
         held = (
-            f"checkpoint {r['checkpoint_id']} batch {r['batch_id']}  {r['size']:,} B in "
-            f"{r['file_count']} files  "
+            f"  checkpoint {r['checkpoint_id']} batch {r['batch_id']}  {r['size']:,} B in "
+            f"{r['file_count']} files"
             if r["checkpoint_id"] is not None
             else ""
         )
         print(
-            f"{r['status']:<9} {r['location']}  {held}code {r['code_version'] or '-'}"
+            f"{r['status']:<9} {r['location']}{held}"
+            + (f"  job version {r['code_version']}" if r["code_version"] else "")
             + ("  (stopped)" if r["stopped"] else "")
             + (f"  {r['reason']}" if r["reason"] else "")
+            + ("" if r["status"] != "COMPLETED" or _still_there(r["location"]) else GONE)
         )
     return 0
+
+
+GONE = "  (no longer there: moved or deleted; restore it from where it is now)"
+
+
+def _still_there(location: str) -> bool:
+    """Whether the savepoint written at ``location`` is still there (its ``_metadata``); one
+    whose storage cannot be reached now counts as there (the listing is from the catalog)."""
+    try:
+        return open_storage(location).exists(SavepointLayout.METADATA)
+    except StorageError:
+        return True

@@ -17,6 +17,14 @@ from state.errors import BadInputError
 
 KINDS = ("clicks", "orders", "profiles", "events")
 PAYLOAD_BYTES = 100  # of an "events" record
+# what a record of each kind holds (JSON lines; ts: event time in epoch ms, 10 ms apart per
+# partition with up to 2 s of disorder; users "user-<n>" of --users)
+SCHEMAS = {
+    "clicks": "user string, url string, ts long",
+    "orders": "order_id string, user string, amount double, ts long",
+    "profiles": "user string, country string, tier int, ts long",
+    "events": f"user string, amount double, payload string ({PAYLOAD_BYTES} characters), ts long",
+}
 _CHUNK = 10_000
 _EPOCH_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 _KIND_SEED = {"clicks": 1, "orders": 2, "profiles": 3, "events": 4}
