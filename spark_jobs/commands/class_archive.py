@@ -77,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     if path.is_file() and not args.force:
         print(f"class archive: {path} (present)")
         return 0
+    print(
+        "class archive: making the driver JVM's class archive, once for this Java and Spark (a "
+        "short job runs and restores; a minute or two): later drivers start faster",
+        flush=True,
+    )
     started = time.monotonic()
     try:
         path = build(force=args.force)
