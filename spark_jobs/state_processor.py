@@ -21,12 +21,13 @@ def read_state(
     job: JobDefinition | str,
     stage: str,
     state: str,
-    checkpoint: int | None = None,
+    checkpoint: int | str | None = None,
     *,
     home: str | None = None,
 ) -> Any:
-    """State ``state`` of ``stage`` (uid or name) in checkpoint ``checkpoint`` of ``job`` (a
-    definition, a registered name or ``module:attr``; default: its latest completed checkpoint),
+    """State ``state`` of ``stage`` (uid or name) in ``checkpoint`` of ``job`` (a definition, a
+    registered name or ``module:attr``): a checkpoint id (default: its latest completed one) or
+    a savepoint's location, wherever it was moved to,
     as a Spark DataFrame: the key's columns, ``key_group``, and ``value`` (value state),
     ``list_index`` and ``list_element`` (list state, a row per element) or ``user_map_key`` and
     ``user_map_value`` (map state, a row per entry), and ``expires_at_ms`` with a TTL. Paths

@@ -151,3 +151,59 @@ def test_another_stored_form_or_a_missing_stage_is_refused_naming_it(tmp_path, s
         StateReadError, match=r"holds no state of stage uid 'other' \(it holds: \['stage'\]\)"
     ):
         read_state(m, storage, "other", TOTAL, codec, ("user",), tmp_path / "s")
+
+
+def test_a_moved_savepoint_is_read_where_it_is_now_before_any_restore(
+    tmp_path, storage, monkeypatch
+):
+    """``cutline state read --checkpoint LOCATION`` (``load_state``): a savepoint copied to
+    another directory or bucket, its original and the job's own files deleted, reads back with
+    the job's definition as the reference says, from where it is now."""
+    import uuid
+
+    from cutline import (
+        CheckpointConfig,
+        DeltaSink,
+        JobDefinition,
+        KeyedProcess,
+        KeyedProcessFunction,
+        LogSource,
+    )
+    from spark_jobs.commands.state_read import load_state
+    from spark_jobs.deploy.settings import RuntimePaths
+    from state.savepoint import delete_savepoint, write_savepoint
+    from state.storage import LocalFileStorage, S3Storage
+
+    class Counts(KeyedProcessFunction):
+        states = (TOTAL, SEEN, LAST, FRESH)
+
+    job = JobDefinition(
+        name=JOB,
+        sources=(LogSource("clicks", "clicks", "user string, ts long"),),
+        operator=KeyedProcess("stage", {"clicks": "user"}, "string", Counts()),
+        sink=DeltaSink("out", "out"),
+        checkpoint=CheckpointConfig(interval_ms=1_000),
+        max_parallelism=MAX,
+    )
+    codec = KeyCodec("string", MAX)
+    m = write_and_snapshot(tmp_path, storage, job.operator.function.states, codec,
+                           pa.array(USERS), write_all)  # fmt: skip
+    if isinstance(storage, LocalFileStorage):
+        first, moved = LocalFileStorage(tmp_path / "sp"), LocalFileStorage(tmp_path / "elsewhere")
+    else:
+        endpoint = storage._client.meta.endpoint_url
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)
+        bucket = f"cutline-moved-{uuid.uuid4().hex[:12]}"
+        storage._client.create_bucket(Bucket=bucket)
+        first = S3Storage(storage.bucket, "sp", endpoint_url=endpoint)
+        moved = S3Storage(bucket, "elsewhere/sp", endpoint_url=endpoint)
+    write_savepoint(m, storage, first)
+    for info in first.list():
+        first.copy_to(info.path, moved, info.path)
+    delete_savepoint(first)
+    storage.delete_many([i.path for i in storage.list(JOB)])
+    paths = RuntimePaths.under(tmp_path / "home")  # no catalog: the location is all it needs
+    expected = reference(USERS)
+    for spec in job.operator.function.states:
+        table = load_state(job, "stage", spec.name, paths, moved.url)
+        assert sorted_rows(table) == expected[spec.name], spec.name

@@ -10,6 +10,16 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+
+def _checkpoint(text: str) -> int | str:
+    """A checkpoint id, or a savepoint's location (a path or URL)."""
+    if text.isdigit():
+        return int(text)
+    if "/" in text:
+        return text
+    raise argparse.ArgumentTypeError(f"a checkpoint id or a savepoint's location, got {text!r}")
+
+
 JOB_HELP = "a job's name (registered by an installed package), or module:attribute of your own"
 
 
@@ -227,7 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     read.add_argument("--stage", required=True, help="the stage's uid or name")
     read.add_argument("--state", required=True, help="the state's name")
     read.add_argument(
-        "--checkpoint", type=int, default=None, help="its id (default: the latest completed)"
+        "--checkpoint",
+        type=_checkpoint,
+        default=None,
+        help="a checkpoint id (default: the latest completed), or a savepoint's location",
     )
     read.add_argument("--out", default=None, help="write it as a Delta table at this URL or path")
     read.add_argument("--limit", type=int, default=20, help="rows to print (without --out)")

@@ -17,10 +17,12 @@ import pyarrow as pa
 from cutline.job import JobDefinition, KeyedProcess, key_columns
 from spark_jobs.catalog.tables import CatalogReader
 from spark_jobs.deploy.settings import RuntimePaths
+from spark_jobs.driver.savepoints import is_location
 from state.catalog import CheckpointStatus
 from state.manifest import CheckpointManifest
-from state.paths import JobLayout
+from state.paths import JobLayout, SavepointLayout
 from state.restore import read_manifest
+from state.savepoint import read_savepoint
 from state.state_reader import StateReadError, read_state, read_states
 from state.state_types import KeyCodec, StateSpec
 from state.storage import DurableStorage, open_storage
@@ -73,17 +75,23 @@ def load_state(
     stage: str,
     state: str,
     paths: RuntimePaths,
-    checkpoint_id: int | None = None,
+    checkpoint: int | str | None = None,
 ) -> pa.Table:
-    """State ``state`` of ``stage`` (uid or name) in checkpoint ``checkpoint_id`` of ``job``
-    (default: its latest completed one), decoded with the job's definition."""
+    """State ``state`` of ``stage`` (uid or name) in ``checkpoint`` of ``job``: a checkpoint
+    id (default: its latest completed one) or a savepoint's location (a path or URL, wherever
+    it was moved to, restored or not), decoded with the job's definition."""
     s = stage_of(job, stage)
     spec = state_of(s, state)
-    storage = open_storage(paths.checkpoint_root)
-    manifest = latest_manifest(job, paths, storage, checkpoint_id)
     codec, names = stage_codec(job, s)
+    if isinstance(checkpoint, str) and is_location(checkpoint):
+        storage, layout = open_storage(checkpoint), SavepointLayout()
+        manifest = read_savepoint(storage, checksums=False)  # each file read is checked
+    else:
+        storage, layout = open_storage(paths.checkpoint_root), None
+        wanted = None if checkpoint is None else int(checkpoint)
+        manifest = latest_manifest(job, paths, storage, wanted)
     with tempfile.TemporaryDirectory(prefix="cutline-state-read-") as scratch:
-        return read_state(manifest, storage, s.uid, spec, codec, names, Path(scratch))
+        return read_state(manifest, storage, s.uid, spec, codec, names, Path(scratch), layout)
 
 
 @dataclass(frozen=True)
