@@ -3,7 +3,7 @@
 Arrow IPC chunk per subtask; a subtask's chunks read back in log order (by input, partition or
 upstream subtask, and position), whatever order they arrived in, so a replay sees them in the
 same order. The executor routes every micro-batch through these (spark_jobs/executor/), and the
-test harness (cutline/testing.py) runs a job through the same routing without Spark.
+test harness (cutline/testing/harness.py) runs a job through the same routing without Spark.
 
 A re-keyed record carries the upstream subtask as ``_partition`` and its row number as
 ``_next_offset``; the runtime's own columns start with ``_`` and are dropped before re-keying.

@@ -92,6 +92,16 @@ def read_states(
     return {spec.name: found[spec.name].table(spec, codec, key_names) for spec in specs}
 
 
+def scan_state(
+    store: RocksDBStore, spec: StateSpec, codec: KeyCodec, key_names: tuple[str, ...]
+) -> pa.Table:
+    """State ``spec`` as stored in an open ``store`` (every key group it holds), in the columns
+    of :func:`read_state` (entries expired but not yet cleaned up included)."""
+    entries = _Entries()
+    entries.scan(store, spec)
+    return entries.table(spec, codec, key_names)
+
+
 class _Entries:
     """One state's raw entries, gathered over the subtasks."""
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pytest
 from cutline_sessions.jobs import sessions
 from cutline_sessions.pipelines import country_clicks, page_visits, profiled_clicks
 
-from cutline.testing import Harness
+from cutline.testing import Harness, InjectedFailure
 
 GAP = 10_000
 END = 600_000 + GAP  # the watermark that closes every session (not so far on that TTL expires)
@@ -126,3 +127,56 @@ def test_per_user_counts_carry_the_latest_profile_across_a_restore():
     both = pd.concat([clicks(100, users=3), clicks(50, users=3, seed=9)])
     assert counts == both.groupby("user").size().to_dict()
     assert {r["user"]: r["country"] for r in later.to_pylist()}["u1"] == "FR"
+
+
+def test_state_and_timers_inspected_without_knowing_the_keys():
+    """After some clicks and before any session closes: every user who clicked has its open
+    clicks in the lists, one event-time timer per click (its time plus the gap), nothing in the
+    totals yet; once every session closed, the lists and timers are empty."""
+    df = clicks(n=300, users=12)
+    with Harness(sessions(gap_ms=GAP, out_of_orderness_ms=GAP * 100)) as h:
+        run(h, df, 100)
+        users = sorted(df.user.unique())
+        assert h.keys("times").column("user").to_pylist() == users
+        assert h.count("times") == h.count("pages") == len(df)
+        assert h.count("totals") == 0
+        timers = h.timers()
+        assert timers.column("domain").unique().to_pylist() == ["event"]
+        expected = (
+            df.assign(timestamp=df.ts + GAP)[["user", "timestamp"]]
+            .drop_duplicates()
+            .sort_values(["timestamp", "user"])
+        )
+        got = timers.to_pandas().sort_values(["timestamp", "user"])
+        assert got[["user", "timestamp"]].values.tolist() == expected.values.tolist()
+        h.advance_watermark(END)
+        assert h.count("times") == 0 and h.timers().num_rows == 0
+        assert h.keys("totals").column("user").to_pylist() == users
+
+
+def test_a_micro_batch_failed_half_way_is_restored_and_replayed_exactly():
+    """A two-stage pipeline: the micro-batch fails after its first stage wrote state; the
+    harness restores the last snapshot and the records since are replayed: the collected output
+    equals an uninterrupted run's, micro-batch by micro-batch."""
+    df = clicks(n=1_200, users=30).assign(country=lambda d: d.user.str[-1])  # as parsed
+    job = country_clicks()
+    batches = [df.iloc[i : i + 100] for i in range(0, len(df), 100)]
+    with Harness(job) as clean:
+        for records in batches:
+            clean.process(records)
+        reference = {s.name: clean.collected(s.name).to_pylist() for s in clean.stages}
+    first = job.stages[0].name
+    with Harness(job) as h:
+        for records in batches[:5]:
+            h.process(records)
+        at = h.snapshot()
+        h.process(batches[5])
+        with pytest.raises(InjectedFailure, match=f"after stage {first!r}"):
+            h.process(batches[6], fail_after=first)
+        with pytest.raises(RuntimeError, match="restore a snapshot"):
+            h.process(batches[6])
+        h.restore(at)
+        for records in batches[5:]:
+            h.process(records)
+        for s in h.stages:
+            assert h.collected(s.name).to_pylist() == reference[s.name], s.name

@@ -24,16 +24,20 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutline.job import JobDefinition, KeyedProcess
-from cutline.keyed_process import SOURCE_COLUMN, ProcessOperator, key_columns
+from cutline.keyed_process import (
+    EVENT_TIMERS,
+    PROCESSING_TIMERS,
+    SOURCE_COLUMN,
+    ProcessOperator,
+    key_columns,
+)
 from cutline.routing import read_chunks, rekey, sort_in_log_order
-from cutline.sources.base import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
+from cutline.testing.records import HARNESS_JOB, Rows, as_table, chain_job, tagged
 from state.handles import SubtaskStateHandle
 from state.keygroups import key_group_range
 from state.local_copies import LocalCopies
@@ -41,22 +45,13 @@ from state.paths import JobLayout
 from state.restore import restore_subtask
 from state.rocksdb_store import RocksDBStore
 from state.snapshot import SubtaskSnapshotter
+from state.state_reader import scan_state
 from state.state_types import KeyCodec
 from state.storage import LocalFileStorage
 from state.user_state import ListState, MapState, ValueState, open_view
 from state.write_buffer import BufferedTransaction
 
-Rows = pa.Table | pd.DataFrame | Sequence[Mapping[str, Any]]
-_JOB = "harness"
-
-
-def as_table(rows: Rows) -> pa.Table:
-    """``rows`` as an Arrow table (a list of dicts infers the types: ints become int64)."""
-    if isinstance(rows, pa.Table):
-        return rows
-    if isinstance(rows, pd.DataFrame):
-        return pa.Table.from_pandas(rows, preserve_index=False)
-    return pa.Table.from_pylist(list(rows))
+_LAST_MS = 2**63 - 1  # every timer is due by then
 
 
 @dataclass(frozen=True)
@@ -71,6 +66,11 @@ class HarnessSnapshot:
     event_times: dict[str, dict[str, int]]  # per stage uid and input
     processing_time: int
     directory: Path
+    batches: int = 0  # micro-batches run before it: the output collected up to it
+
+
+class InjectedFailure(RuntimeError):
+    """A micro-batch the test failed on purpose (``process(..., fail_after=stage)``)."""
 
 
 class Harness:
@@ -90,7 +90,7 @@ class Harness:
     ) -> None:
         if not isinstance(stages, JobDefinition):  # validated as a job's chain would be
             chain = (stages,) if isinstance(stages, KeyedProcess) else tuple(stages)
-            stages = _chain_job(chain)
+            stages = chain_job(chain)
         self.job = dataclasses.replace(stages, parallelism=1)
         self.stages: tuple[KeyedProcess, ...] = self.job.stages
         self.max_parallelism = self.job.max_parallelism
@@ -102,6 +102,10 @@ class Harness:
         self.watermarks: dict[str, int] = {}
         self.event_times: dict[str, dict[str, int]] = {s.uid: {} for s in self.stages}
         self.outputs: dict[str, pa.Table] = {}  # per stage name: its last micro-batch's output
+        # per stage name: (micro-batch number, output) of every micro-batch since the start
+        self._collected: dict[str, list[tuple[int, pa.Table]]] = {s.name: [] for s in self.stages}
+        self._batches = 0
+        self._failed: str | None = None  # an injected failure not yet followed by a restore
         self._operators = {s.uid: ProcessOperator(s, self.max_parallelism) for s in self.stages}
         self._stores: dict[str, RocksDBStore] = {}
         self._handles: dict[str, SubtaskStateHandle] = {}
@@ -111,12 +115,19 @@ class Harness:
     # -- micro-batches ---------------------------------------------------------------------
 
     def process(
-        self, records: Rows | Mapping[str, Rows], *, processing_time: int | None = None
+        self,
+        records: Rows | Mapping[str, Rows],
+        *,
+        processing_time: int | None = None,
+        fail_after: str | None = None,
     ) -> pa.Table:
         """One micro-batch of ``records`` (for a job that reads several sources: a dict by
         source name, whichever stage reads it) through every stage; returns the last stage's
         output (every stage's is in :attr:`outputs`). ``processing_time`` moves the processing
-        clock first."""
+        clock first. ``fail_after`` (a stage's name): the micro-batch fails once that stage has
+        applied it, its state written and the stages after it not run
+        (:class:`InjectedFailure`); as after any failure, :meth:`restore` a snapshot and
+        replay the records since."""
         if processing_time is not None:
             self.set_processing_time(processing_time, fire=False)
         sources = list(self.job.source_inputs)
@@ -127,8 +138,8 @@ class Harness:
         unknown = sorted(set(records) - set(sources))
         if unknown:
             raise ValueError(f"the job reads no source(s) {unknown}; its sources are {sources}")
-        tables = {name: _tagged(as_table(rows), name) for name, rows in records.items()}
-        return self._run({name: t for name, t in tables.items() if t.num_rows})
+        tables = {name: tagged(as_table(rows), name) for name, rows in records.items()}
+        return self._run({name: t for name, t in tables.items() if t.num_rows}, fail_after)
 
     def advance_watermark(self, watermark: int, stage: str | None = None) -> pa.Table:
         """Move the watermark of every stage (or of ``stage``, by name) to ``watermark`` (it
@@ -148,9 +159,14 @@ class Harness:
         self.processing_time = ms
         return self._run({}) if fire else pa.table({})
 
-    def _run(self, sources: Mapping[str, pa.Table]) -> pa.Table:
+    def _run(self, sources: Mapping[str, pa.Table], fail_after: str | None = None) -> pa.Table:
         """One micro-batch: each stage's input, as the runtime routes it (the sources it reads,
-        the outputs of the stages it reads), in the runtime's order."""
+        the outputs of the stages it reads), in the runtime's order; its outputs collected
+        once every stage ran."""
+        if self._failed is not None:
+            raise RuntimeError(f"{self._failed}: restore a snapshot before the next micro-batch")
+        if fail_after is not None and fail_after not in {s.name for s in self.stages}:
+            raise ValueError(f"no stage {fail_after!r} to fail after")
         output = pa.table({})
         for i, stage in enumerate(self.stages):
             tables = []
@@ -167,7 +183,30 @@ class Harness:
                 )
             output = self._apply(stage, table)
             self.outputs[stage.name] = output
+            if stage.name == fail_after:
+                self._failed = f"micro-batch {self._batches} failed after stage {stage.name!r}"
+                raise InjectedFailure(self._failed)
+        for stage in self.stages:
+            self._collected[stage.name].append((self._batches, self.outputs[stage.name]))
+        self._batches += 1
         return output
+
+    def collected(self, stage: str | None = None) -> pa.Table:
+        """Every micro-batch's output of ``stage`` (by name; default: the last stage) since the
+        harness started, in order, with its ``micro_batch`` number: what a sink would hold. A
+        :meth:`restore` drops what the micro-batches after its snapshot emitted, as a restart
+        discards output not committed with a checkpoint."""
+        name = stage or self.stages[-1].name
+        if name not in self._collected:
+            raise KeyError(f"no stage {name!r} (the stages: {list(self._collected)})")
+        parts = [
+            t.append_column("micro_batch", pa.array([n] * t.num_rows, pa.int64()))
+            for n, t in self._collected[name]
+            if t.num_rows
+        ]
+        if not parts:
+            return pa.table({"micro_batch": pa.array([], pa.int64())})
+        return pa.concat_tables(parts, promote_options="permissive")
 
     def _apply(self, stage: KeyedProcess, table: pa.Table) -> pa.Table:
         store = self._stores[stage.uid]
@@ -218,6 +257,57 @@ class Harness:
         txn = BufferedTransaction(self._stores[spec.uid])
         return open_view(specs[name], txn, keys, clocks)
 
+    def entries(self, name: str, stage: str | None = None) -> pa.Table:
+        """Every entry of state ``name``, without knowing the keys: the columns ``cutline
+        state read`` gives (the key's, ``key_group``, then ``value``, a row per list element
+        or map entry, ``expires_at_ms`` with a TTL; entries expired but not yet cleaned up
+        included), as of the last micro-batch."""
+        s = self._stage(stage, name)
+        spec = next(x for x in s.function.states if x.name == name)
+        names = key_columns(s.key_column)
+        codec = KeyCodec(s.key_type, self.max_parallelism, names if len(names) > 1 else ())
+        return scan_state(self._stores[s.uid], spec, codec, names)
+
+    def keys(self, name: str, stage: str | None = None) -> pa.Table:
+        """The keys that have an entry of state ``name`` (their key columns, sorted)."""
+        s = self._stage(stage, name)
+        columns = list(key_columns(s.key_column))
+        table = self.entries(name, stage).select(columns).group_by(columns).aggregate([])
+        return table.sort_by([(c, "ascending") for c in columns])
+
+    def count(self, name: str, stage: str | None = None) -> int:
+        """How many entries state ``name`` holds (a value per key, a list's elements, a map's
+        entries), as :meth:`entries` lists them."""
+        return self.entries(name, stage).num_rows
+
+    def timers(self, stage: str | None = None) -> pa.Table:
+        """The timers registered and not fired of ``stage`` (by name; default: the last
+        stage): its key column(s), ``timestamp`` and ``domain`` ("event" or "processing"), in
+        timestamp order."""
+        s = self._stage_named(stage)
+        codec = KeyCodec(s.key_type, self.max_parallelism, key_columns(s.key_column))
+        txn = BufferedTransaction(self._stores[s.uid])  # read, never committed
+        parts = []
+        for timer_set, domain in ((EVENT_TIMERS, "event"), (PROCESSING_TIMERS, "processing")):
+            due = txn.due_timers(timer_set, _LAST_MS)
+            keys = codec.decode([k for _, _, k in due])
+            columns = (
+                dict(zip(s.key_column, keys.flatten(), strict=True))
+                if not isinstance(s.key_column, str)
+                else {s.key_column: keys}
+            )
+            columns["timestamp"] = pa.array([t for t, _, _ in due], pa.int64())
+            columns["domain"] = pa.array([domain] * len(due), pa.string())
+            parts.append(pa.table(columns))
+        table = pa.concat_tables(parts)
+        return table.sort_by([("timestamp", "ascending"), ("domain", "ascending")])
+
+    def _stage_named(self, stage: str | None) -> KeyedProcess:
+        for s in self.stages:
+            if s.name == (stage or self.stages[-1].name):
+                return s
+        raise KeyError(f"no stage {stage!r} (the stages: {[s.name for s in self.stages]})")
+
     def _stage(self, stage: str | None, state: str) -> KeyedProcess:
         for s in self.stages:
             if (stage is None or s.name == stage) and any(
@@ -237,7 +327,7 @@ class Harness:
         handles = {}
         for stage in self.stages:
             snapshotter = SubtaskSnapshotter(
-                self.storage, self._copies(stage.uid), _JOB, stage.uid, 0
+                self.storage, self._copies(stage.uid), HARNESS_JOB, stage.uid, 0
             )
             base = self._handles.get(stage.uid)
             handles[stage.uid] = snapshotter.snapshot(self._stores[stage.uid], cid, base).result()
@@ -249,6 +339,7 @@ class Harness:
             {uid: dict(seen) for uid, seen in self.event_times.items()},
             self.processing_time,
             self.directory,
+            self._batches,
         )
 
     def restore(self, snapshot: HarnessSnapshot) -> None:
@@ -265,7 +356,11 @@ class Harness:
             for stage in self.stages:
                 copies = self._copies(stage.uid)
                 restore_subtask(
-                    snapshot.handles[stage.uid], storage, JobLayout(_JOB), copies.db_dir, copies
+                    snapshot.handles[stage.uid],
+                    storage,
+                    JobLayout(HARNESS_JOB),
+                    copies.db_dir,
+                    copies,
                 )
             self.watermarks = dict(snapshot.watermarks)
             self.event_times = {
@@ -273,13 +368,17 @@ class Harness:
             }
             self.processing_time = snapshot.processing_time
             self._checkpoint_id = max(self._checkpoint_id, snapshot.checkpoint_id)
+            self._batches = snapshot.batches
+            for name, batches in self._collected.items():  # output after it is not committed
+                self._collected[name] = [(n, t) for n, t in batches if n < snapshot.batches]
+            self._failed = None
             if snapshot.directory == self.directory:
                 self._handles = dict(snapshot.handles)
         for stage in self.stages:
             self._stores[stage.uid] = RocksDBStore(self._copies(stage.uid).db_dir, self.key_groups)
 
     def _copies(self, uid: str) -> LocalCopies:
-        return LocalCopies(self.directory / "local", _JOB, uid, 0)
+        return LocalCopies(self.directory / "local", HARNESS_JOB, uid, 0)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -299,31 +398,3 @@ class Harness:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _tagged(table: pa.Table, source: str) -> pa.Table:
-    """Records of input ``source`` with the routing columns the operator reads them by."""
-    n = table.num_rows
-    return (
-        table.append_column(SOURCE_COLUMN, pa.array([source] * n, pa.string()))
-        .append_column(PARTITION_COLUMN, pa.array([0] * n, pa.int32()))
-        .append_column(NEXT_OFFSET_COLUMN, pa.array(range(1, n + 1), pa.int64()))
-    )
-
-
-def _chain_job(stages: tuple[KeyedProcess, ...]) -> JobDefinition:
-    """The smallest job around a chain of stages: what the runtime's routing reads."""
-    from cutline import DeltaSink, LogSource
-    from state.config import CheckpointConfig
-
-    stage_names = {s.name for s in stages}
-    names = dict.fromkeys(n for s in stages for n in s.inputs if n not in stage_names)
-    sources = tuple(LogSource(name, name, "x string") for name in names)
-    return JobDefinition(
-        name=_JOB,
-        sources=sources,
-        operator=stages,
-        sink=DeltaSink("out", "out"),
-        checkpoint=CheckpointConfig(interval_ms=1_000),
-        parallelism=1,
-    )
