@@ -6,7 +6,8 @@ snapshot and local-first restore), milliseconds per call.
 ...     h.process([{"user": "a", "url": "/", "ts": 1_000}])
 ...     out = h.advance_watermark(60_000)   # fires the event-time timers due by then
 
-Each call is one micro-batch of one subtask that owns every key group, in the runtime's order:
+Each call is one micro-batch of every subtask (one owning every key group unless the harness
+has a ``parallelism``), in the runtime's order:
 TTL cleanup, the timers due (event-time ones at or before the watermark as of the previous
 call, processing-time ones at or before the processing time), then ``process_batch`` with the
 records. Records are Arrow tables, pandas frames or lists of dicts; a two-input stage takes a
@@ -29,29 +30,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutline.job import JobDefinition, KeyedProcess
-from cutline.keyed_process import (
-    EVENT_TIMERS,
-    PROCESSING_TIMERS,
-    SOURCE_COLUMN,
-    ProcessOperator,
-    key_columns,
-)
-from cutline.routing import read_chunks, rekey, sort_in_log_order
+from cutline.keyed_process import SOURCE_COLUMN, ProcessOperator, key_columns
+from cutline.routing import key_array, read_chunks, rekey, sort_in_log_order
+from cutline.testing.inspection import registered_timers, state_entries
 from cutline.testing.records import HARNESS_JOB, Rows, as_table, chain_job, tagged
 from state.handles import SubtaskStateHandle
-from state.keygroups import key_group_range
+from state.keygroups import key_group_range, key_groups, subtask_for_key_group
 from state.local_copies import LocalCopies
 from state.paths import JobLayout
+from state.rescale import restore_rescaled
 from state.restore import restore_subtask
 from state.rocksdb_store import RocksDBStore
 from state.snapshot import SubtaskSnapshotter
-from state.state_reader import scan_state
 from state.state_types import KeyCodec
 from state.storage import LocalFileStorage
 from state.user_state import ListState, MapState, ValueState, open_view
 from state.write_buffer import BufferedTransaction
-
-_LAST_MS = 2**63 - 1  # every timer is due by then
 
 
 @dataclass(frozen=True)
@@ -61,12 +55,17 @@ class HarnessSnapshot:
     the processing time."""
 
     checkpoint_id: int
-    handles: dict[str, SubtaskStateHandle]  # per stage uid
+    handles: dict[str, tuple[SubtaskStateHandle, ...]]  # per stage uid, one per subtask
     watermarks: dict[str, int]
     event_times: dict[str, dict[str, int]]  # per stage uid and input
     processing_time: int
     directory: Path
     batches: int = 0  # micro-batches run before it: the output collected up to it
+
+    @property
+    def parallelism(self) -> int:
+        """The subtasks it was taken at."""
+        return len(next(iter(self.handles.values()), ()))
 
 
 class InjectedFailure(RuntimeError):
@@ -76,14 +75,17 @@ class InjectedFailure(RuntimeError):
 class Harness:
     """One stage (a :class:`~cutline.KeyedProcess`) or a job's chain of stages, run in-process.
 
-    ``restore``: start from a snapshot (of this or another harness of a compatible job: the
-    function's code may differ, as after an upgrade). ``directory``: where the state lives
+    ``parallelism``: the stages' subtasks, each owning its key groups, with each key's records
+    routed to its subtask as on Spark. ``restore``: start from a snapshot (of this or another
+    harness of a compatible job: the function's code may differ, as after an upgrade), at
+    ``parallelism``, rescaled as a restore on Spark is. ``directory``: where the state lives
     (default: a temporary directory, removed by :meth:`close`)."""
 
     def __init__(
         self,
         stages: KeyedProcess | JobDefinition | Sequence[KeyedProcess],
         *,
+        parallelism: int = 1,
         processing_time: int = 0,
         restore: HarnessSnapshot | None = None,
         directory: str | Path | None = None,
@@ -91,10 +93,9 @@ class Harness:
         if not isinstance(stages, JobDefinition):  # validated as a job's chain would be
             chain = (stages,) if isinstance(stages, KeyedProcess) else tuple(stages)
             stages = chain_job(chain)
-        self.job = dataclasses.replace(stages, parallelism=1)
+        self.job = dataclasses.replace(stages, parallelism=parallelism)
         self.stages: tuple[KeyedProcess, ...] = self.job.stages
         self.max_parallelism = self.job.max_parallelism
-        self.key_groups = key_group_range(0, 1, self.max_parallelism)
         self._temporary = directory is None
         self.directory = Path(directory or tempfile.mkdtemp(prefix="cutline-harness-"))
         self.storage = LocalFileStorage(self.directory / "checkpoints")
@@ -107,8 +108,8 @@ class Harness:
         self._batches = 0
         self._failed: str | None = None  # an injected failure not yet followed by a restore
         self._operators = {s.uid: ProcessOperator(s, self.max_parallelism) for s in self.stages}
-        self._stores: dict[str, RocksDBStore] = {}
-        self._handles: dict[str, SubtaskStateHandle] = {}
+        self._stores: dict[str, list[RocksDBStore]] = {}  # per stage uid, one per subtask
+        self._handles: dict[str, tuple[SubtaskStateHandle, ...]] = {}
         self._checkpoint_id = 0
         self._open(restore)
 
@@ -208,14 +209,32 @@ class Harness:
             return pa.table({"micro_batch": pa.array([], pa.int64())})
         return pa.concat_tables(parts, promote_options="permissive")
 
+    @property
+    def parallelism(self) -> int:
+        return self.job.parallelism
+
     def _apply(self, stage: KeyedProcess, table: pa.Table) -> pa.Table:
-        store = self._stores[stage.uid]
-        result = self._operators[stage.uid].apply(
-            store, table, self.watermarks.get(stage.uid), self.processing_time
-        )
-        result.txn.commit()
+        """The micro-batch on every subtask of ``stage`` (each key's records on the subtask
+        owning its key group, as Spark routes them; every subtask runs, for its timers and
+        TTL); the outputs in subtask order."""
+        parts = [table] * self.parallelism
+        if self.parallelism > 1 and table.num_rows:
+            groups = key_groups(key_array(table, stage.key_column), stage.key_type,
+                                self.max_parallelism)  # fmt: skip
+            owner = subtask_for_key_group(groups, self.parallelism, self.max_parallelism)
+            parts = [table.filter(pa.array(owner == i)) for i in range(self.parallelism)]
+        outputs = []
+        for store, part in zip(self._stores[stage.uid], parts, strict=True):
+            result = self._operators[stage.uid].apply(
+                store, part, self.watermarks.get(stage.uid), self.processing_time
+            )
+            result.txn.commit()
+            outputs.append(result.output)
         self._follow_event_time(stage, table)
-        return result.output
+        produced = [o for o in outputs if o.num_rows]
+        if len(produced) <= 1:
+            return produced[0] if produced else outputs[0]
+        return pa.concat_tables(produced, promote_options="permissive")
 
     def _follow_event_time(self, stage: KeyedProcess, table: pa.Table) -> None:
         """The runtime's watermark rule, one partition per input."""
@@ -247,31 +266,30 @@ class Harness:
     def state(self, name: str, stage: str | None = None) -> ValueState | ListState | MapState:
         """A read view of state ``name`` of ``stage`` (by name; default: the only or first
         stage that declares it), as the function's context gives it: ``.get(keys)`` etc.
-        Writes through it are not kept."""
+        Writes through it are not kept. Parallelism 1 only (:meth:`entries` reads every
+        subtask)."""
+        if self.parallelism != 1:
+            raise ValueError("h.state() reads one subtask: at parallelism > 1 use h.entries()")
         spec = self._stage(stage, name)
         specs = {s.name: s for s in spec.function.states}
         keys = KeyCodec(spec.key_type, self.max_parallelism, key_columns(spec.key_column))
         clocks = {"processing": self.processing_time}
         if spec.uid in self.watermarks:
             clocks["event"] = self.watermarks[spec.uid]
-        txn = BufferedTransaction(self._stores[spec.uid])
+        txn = BufferedTransaction(self._stores[spec.uid][0])
         return open_view(specs[name], txn, keys, clocks)
 
     def entries(self, name: str, stage: str | None = None) -> pa.Table:
-        """Every entry of state ``name``, without knowing the keys: the columns ``cutline
-        state read`` gives (the key's, ``key_group``, then ``value``, a row per list element
-        or map entry, ``expires_at_ms`` with a TTL; entries expired but not yet cleaned up
-        included), as of the last micro-batch."""
+        """Every entry of state ``name`` over every subtask, without knowing the keys: the
+        columns ``cutline state read`` gives (the key's, ``key_group``, then ``value``, a row
+        per list element or map entry, ``expires_at_ms`` with a TTL; entries expired but not
+        yet cleaned up included), as of the last micro-batch."""
         s = self._stage(stage, name)
-        spec = next(x for x in s.function.states if x.name == name)
-        names = key_columns(s.key_column)
-        codec = KeyCodec(s.key_type, self.max_parallelism, names if len(names) > 1 else ())
-        return scan_state(self._stores[s.uid], spec, codec, names)
+        return state_entries(self._stores[s.uid], s, name, self.max_parallelism)
 
     def keys(self, name: str, stage: str | None = None) -> pa.Table:
         """The keys that have an entry of state ``name`` (their key columns, sorted)."""
-        s = self._stage(stage, name)
-        columns = list(key_columns(s.key_column))
+        columns = list(key_columns(self._stage(stage, name).key_column))
         table = self.entries(name, stage).select(columns).group_by(columns).aggregate([])
         return table.sort_by([(c, "ascending") for c in columns])
 
@@ -282,25 +300,10 @@ class Harness:
 
     def timers(self, stage: str | None = None) -> pa.Table:
         """The timers registered and not fired of ``stage`` (by name; default: the last
-        stage): its key column(s), ``timestamp`` and ``domain`` ("event" or "processing"), in
-        timestamp order."""
+        stage), over every subtask: its key column(s), ``timestamp`` and ``domain`` ("event"
+        or "processing"), in timestamp order."""
         s = self._stage_named(stage)
-        codec = KeyCodec(s.key_type, self.max_parallelism, key_columns(s.key_column))
-        txn = BufferedTransaction(self._stores[s.uid])  # read, never committed
-        parts = []
-        for timer_set, domain in ((EVENT_TIMERS, "event"), (PROCESSING_TIMERS, "processing")):
-            due = txn.due_timers(timer_set, _LAST_MS)
-            keys = codec.decode([k for _, _, k in due])
-            columns = (
-                dict(zip(s.key_column, keys.flatten(), strict=True))
-                if not isinstance(s.key_column, str)
-                else {s.key_column: keys}
-            )
-            columns["timestamp"] = pa.array([t for t, _, _ in due], pa.int64())
-            columns["domain"] = pa.array([domain] * len(due), pa.string())
-            parts.append(pa.table(columns))
-        table = pa.concat_tables(parts)
-        return table.sort_by([("timestamp", "ascending"), ("domain", "ascending")])
+        return registered_timers(self._stores[s.uid], s, self.max_parallelism)
 
     def _stage_named(self, stage: str | None) -> KeyedProcess:
         for s in self.stages:
@@ -326,11 +329,13 @@ class Harness:
         cid = self._checkpoint_id
         handles = {}
         for stage in self.stages:
-            snapshotter = SubtaskSnapshotter(
-                self.storage, self._copies(stage.uid), HARNESS_JOB, stage.uid, 0
-            )
-            base = self._handles.get(stage.uid)
-            handles[stage.uid] = snapshotter.snapshot(self._stores[stage.uid], cid, base).result()
+            bases = self._handles.get(stage.uid) or (None,) * self.parallelism
+            taken = []
+            for i, (store, base) in enumerate(zip(self._stores[stage.uid], bases, strict=True)):
+                copies = self._copies(stage.uid, i)
+                snapshotter = SubtaskSnapshotter(self.storage, copies, HARNESS_JOB, stage.uid, i)
+                taken.append(snapshotter.snapshot(store, cid, base).result())
+            handles[stage.uid] = tuple(taken)
         self._handles = handles
         return HarnessSnapshot(
             cid,
@@ -342,9 +347,13 @@ class Harness:
             self._batches,
         )
 
-    def restore(self, snapshot: HarnessSnapshot) -> None:
-        """Roll every stage back to ``snapshot`` (as a restart after a failure does)."""
+    def restore(self, snapshot: HarnessSnapshot, parallelism: int | None = None) -> None:
+        """Roll every stage back to ``snapshot`` (as a restart after a failure does), at
+        ``parallelism`` (default: the harness's): another than the snapshot's rescales the
+        state by key group with the runtime's own code (state/rescale.py)."""
         self._close_stores()
+        if parallelism is not None:
+            self.job = dataclasses.replace(self.job, parallelism=parallelism)
         self._open(snapshot)
 
     def _open(self, snapshot: HarnessSnapshot | None) -> None:
@@ -353,15 +362,19 @@ class Harness:
             if missing:
                 raise ValueError(f"the snapshot has no state for stage(s) {missing}")
             storage = LocalFileStorage(snapshot.directory / "checkpoints")
+            layout = JobLayout(HARNESS_JOB)
+            rescaled = snapshot.parallelism != self.parallelism
             for stage in self.stages:
-                copies = self._copies(stage.uid)
-                restore_subtask(
-                    snapshot.handles[stage.uid],
-                    storage,
-                    JobLayout(HARNESS_JOB),
-                    copies.db_dir,
-                    copies,
-                )
+                old = snapshot.handles[stage.uid]
+                for i in range(self.parallelism):
+                    copies = self._copies(stage.uid, i)
+                    if not rescaled:
+                        restore_subtask(old[i], storage, layout, copies.db_dir, copies)
+                        continue
+                    owned = key_group_range(i, self.parallelism, self.max_parallelism)
+                    restore_rescaled(  # from the snapshot's files, as a restore on a new host
+                        old, i, owned, storage, layout, copies.db_dir, lambda _: None
+                    )
             self.watermarks = dict(snapshot.watermarks)
             self.event_times = {
                 s.uid: dict(snapshot.event_times.get(s.uid, {})) for s in self.stages
@@ -372,19 +385,27 @@ class Harness:
             for name, batches in self._collected.items():  # output after it is not committed
                 self._collected[name] = [(n, t) for n, t in batches if n < snapshot.batches]
             self._failed = None
-            if snapshot.directory == self.directory:
-                self._handles = dict(snapshot.handles)
+            # the next snapshot is incremental on it, unless the subtasks changed
+            same = snapshot.directory == self.directory and not rescaled
+            self._handles = dict(snapshot.handles) if same else {}
         for stage in self.stages:
-            self._stores[stage.uid] = RocksDBStore(self._copies(stage.uid).db_dir, self.key_groups)
+            self._stores[stage.uid] = [
+                RocksDBStore(
+                    self._copies(stage.uid, i).db_dir,
+                    key_group_range(i, self.parallelism, self.max_parallelism),
+                )
+                for i in range(self.parallelism)
+            ]
 
-    def _copies(self, uid: str) -> LocalCopies:
-        return LocalCopies(self.directory / "local", HARNESS_JOB, uid, 0)
+    def _copies(self, uid: str, subtask: int) -> LocalCopies:
+        return LocalCopies(self.directory / "local", HARNESS_JOB, uid, subtask)
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def _close_stores(self) -> None:
-        for store in self._stores.values():
-            store.close()
+        for stores in self._stores.values():
+            for store in stores:
+                store.close()
         self._stores = {}
 
     def close(self) -> None:

@@ -180,3 +180,40 @@ def test_a_micro_batch_failed_half_way_is_restored_and_replayed_exactly():
             h.process(records)
         for s in h.stages:
             assert h.collected(s.name).to_pylist() == reference[s.name], s.name
+
+
+def test_sessions_rescaled_1_to_3_to_2_keep_every_click_and_timer():
+    """Sessionization snapshotted at parallelism 1, restored at 3, snapshotted, restored at 2
+    (the runtime's rescaling by key group): each rescale keeps every open click and every
+    timer, once; the sessions at the end are pandas' and an unrescaled run's."""
+    df = clicks()
+    job = sessions(gap_ms=GAP, out_of_orderness_ms=0)
+    thirds = [df.iloc[:700], df.iloc[700:1_400], df.iloc[1_400:]]
+
+    def look(h: Harness):
+        return (h.keys("times").to_pylist(), h.count("times"), h.count("pages"),
+                h.timers().to_pylist())  # fmt: skip
+
+    with Harness(job) as h:
+        run(h, thirds[0], 100)
+        at_one = h.snapshot()
+        before = look(h)
+        h.restore(at_one, parallelism=3)
+        assert h.parallelism == 3 and look(h) == before, "nothing lost or doubled by 1 -> 3"
+        run(h, thirds[1], 100)
+        at_three = h.snapshot()
+        before = look(h)
+        h.restore(at_three, parallelism=2)
+        assert look(h) == before, "nothing lost or doubled by 3 -> 2"
+        run(h, thirds[2], 100)
+        h.advance_watermark(END)
+        got = h.collected().to_pandas()
+    got = got.sort_values(["user", "session_start"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(got[["user", "session_start", "clicks"]], expected_sessions(df))
+    with Harness(job) as plain:
+        run(plain, df, 100)
+        plain.advance_watermark(END)
+        unrescaled = plain.collected().to_pandas()
+    columns = ["user", "session_start", "session_no", "clicks"]
+    unrescaled = unrescaled.sort_values(["user", "session_start"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(got[columns], unrescaled[columns])
