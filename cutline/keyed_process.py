@@ -61,6 +61,7 @@ def key_columns(key: Key) -> tuple[str, ...]:
 SOURCE_COLUMN = "_source"  # in a two-input stage's records: the input each record came from
 EVENT_TIMERS = "__event_timers__"
 PROCESSING_TIMERS = "__processing_timers__"
+TIMER_SETS = {"event": EVENT_TIMERS, "processing": PROCESSING_TIMERS}  # by domain
 
 
 def partition_event_times(table: pa.Table, event_time: str) -> dict[str, dict[str, int]]:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cutline.job import JobDefinition
-from spark_jobs.commands.state_read import load_state
+from spark_jobs.commands.state_read import load_state, load_timers
 from spark_jobs.commands.state_write import write_savepoint_from_tables
 from spark_jobs.deploy.settings import load_settings
 from spark_jobs.job_loader import get_job
@@ -37,6 +37,21 @@ def read_state(
     return spark.createDataFrame(load_state(definition, stage, state, paths, checkpoint))
 
 
+def read_timers(
+    spark: Any,
+    job: JobDefinition | str,
+    stage: str,
+    checkpoint: int | str | None = None,
+    *,
+    home: str | None = None,
+) -> Any:
+    """The timers ``stage`` (uid or name) had registered in ``checkpoint`` of ``job`` (as
+    :func:`read_state` takes them), as a Spark DataFrame: the key's columns, ``key_group``,
+    ``timestamp`` (epoch ms) and ``domain`` ("event" or "processing")."""
+    definition, paths = _job_and_paths(job, home)
+    return spark.createDataFrame(load_timers(definition, stage, paths, checkpoint))
+
+
 def write_savepoint(
     job: JobDefinition | str,
     states: Mapping[tuple[str, str], Any],
@@ -45,6 +60,7 @@ def write_savepoint(
     base: str | int | None = None,
     positions: Mapping[str, Mapping[str, int]] | None = None,
     home: str | None = None,
+    timers: Mapping[str, Any] | None = None,
 ) -> str:
     """Write a savepoint of ``job`` at ``target`` (a directory: path or URL) whose states are
     ``states``: ``(stage uid or name, state name)`` -> a Spark DataFrame, a pandas DataFrame or
@@ -56,12 +72,15 @@ def write_savepoint(
     base's history (fix a value, drop keys). None: a new savepoint (migrate state from another
     system): a job restored from it reads its sources from ``positions`` (source -> partition
     -> position; default their beginning) and starts another history. Start a job from it with
-    ``cutline run JOB --restore TARGET``. Returns the savepoint's location. Raises
-    ``ValueError`` naming a stage, state or column that does not fit the job."""
+    ``cutline run JOB --restore TARGET``. ``timers``: per stage (uid or name), the timers it
+    has registered, as :func:`read_timers` returns them (a bootstrapped job's timers fire as
+    its own would). Returns the savepoint's location. Raises ``ValueError`` naming a stage,
+    state or column that does not fit the job."""
     definition, paths = _job_and_paths(job, home)
     tables = {key: _arrow(frame) for key, frame in states.items()}
+    timer_tables = {stage: _arrow(frame) for stage, frame in (timers or {}).items()}
     info = write_savepoint_from_tables(
-        definition, tables, target, paths, base=base, positions=positions
+        definition, tables, target, paths, base=base, positions=positions, timers=timer_tables
     )
     return info.location
 

@@ -24,6 +24,7 @@ from state.restore import restore_subtask
 from state.rocksdb_store import RocksDBStore
 from state.savepoint import SavepointInfo, check_free, copy_files
 from state.snapshot import upload_snapshot
+from state.state_timers import EncodedTimers, replace_timers
 from state.state_writer import EncodedState, replace_states
 from state.storage import DurableStorage
 
@@ -31,7 +32,7 @@ NEW_CHECKPOINT_ID = 1
 
 
 def write_states_savepoint(
-    writes: dict[str, list[EncodedState]],
+    writes: dict[str, list[EncodedState | EncodedTimers]],
     target: DurableStorage,
     *,
     job_id: str,
@@ -41,10 +42,11 @@ def write_states_savepoint(
     base: tuple[CheckpointManifest, DurableStorage, JobLayout] | None = None,
     positions: Positions | None = None,
 ) -> SavepointInfo:
-    """Write a savepoint into ``target`` holding, per stage uid in ``writes``, its states
-    replaced by the encoded tables; ``stages``: every stage's state fingerprints (recorded for
-    the restore's check). ``base``: the manifest, storage and layout of the checkpoint or
-    savepoint whose other state it keeps (its parallelism then, not ``parallelism``)."""
+    """Write a savepoint into ``target`` holding, per stage uid in ``writes``, its states (and
+    its timers, when given) replaced by the encoded tables; ``stages``: every stage's state
+    fingerprints (recorded for the restore's check). ``base``: the manifest, storage and
+    layout of the checkpoint or savepoint whose other state it keeps (its parallelism then, not
+    ``parallelism``)."""
     started = time.perf_counter()
     check_free(target)
     manifest, source, layout = base if base is not None else (None, None, None)
@@ -63,7 +65,9 @@ def write_states_savepoint(
                 if old is not None:
                     restore_subtask(old, source, layout, db)
                 with RocksDBStore(db, kgs) as store:
-                    replace_states(store, states)
+                    replace_states(store, [w for w in states if isinstance(w, EncodedState)])
+                    for timers in (w for w in states if isinstance(w, EncodedTimers)):
+                        replace_timers(store, timers)
                     store.snapshot_to(snapshot)
                 handles.append(
                     upload_snapshot(

@@ -23,6 +23,7 @@ import sys
 import time
 import uuid
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -243,3 +244,98 @@ def test_a_savepoint_written_from_a_dataframe_starts_a_job_that_continues_it(tmp
         "--max-records-per-partition", "1000",
     )  # fmt: skip
     report(check_from_savepoint(home, "clicks_counted", 0, values=("clicks",)))
+
+
+def sessionized(clicks: pd.DataFrame, gap: int) -> pd.DataFrame:
+    """Sessions computed by pandas alone: a gap of ``gap`` or more between a user's clicks
+    ends one; numbered per user from 1."""
+    df = clicks.sort_values(["user", "ts"], kind="stable")
+    new = (df.user != df.user.shift()) | (df.ts.diff() >= gap)
+    df = df.assign(session=new.cumsum())
+    out = df.groupby("session").agg(
+        user=("user", "first"), session_start=("ts", "min"), session_end=("ts", "max"),
+        clicks=("ts", "size"), pages=("url", "nunique"),
+    )  # fmt: skip
+    out = out.sort_values(["user", "session_start"]).reset_index(drop=True)
+    return out.assign(session_no=out.groupby("user").cumcount() + 1)
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_a_bootstrapped_sessions_job_closes_the_sessions_it_took_over_by_their_timers(
+    tmp_path, spark
+):
+    """Another system's sessionization handed over: its open sessions' clicks (the two list
+    states) and a timer per click (event time plus the gap), as Spark DataFrames, become a
+    savepoint of ``sessions``. The log holds only other users' later clicks: their watermark
+    fires the handed-over timers, so every handed-over session closes with no record of its
+    user read. The output holds them as pandas sessionizes the handed-over clicks, each once,
+    and only sessions pandas computes from the new clicks; no handed-over timer is left."""
+    from cutline.sources.log_format import append_records
+    from spark_jobs.commands.state_read import load_timers
+    from spark_jobs.state_processor import read_timers
+
+    gap, t0 = 10_000, 1_767_225_600_000
+    rng = np.random.default_rng(3)
+    old = pd.DataFrame({
+        "user": [f"old-{u}" for u in rng.integers(0, 60, 1_500)],
+        "url": [f"/p/{p}" for p in rng.integers(0, 20, 1_500)],
+        "ts": np.sort(rng.integers(t0, t0 + 600_000, 1_500)),
+    })  # fmt: skip
+    home = tmp_path / "home"
+    new_parts = []
+    for partition in (0, 1):  # later than every handed-over click by more than gap and lateness
+        n = 800
+        part = pd.DataFrame({
+            "user": [f"new-{u}" for u in rng.integers(0, 30, n)],
+            "url": [f"/p/{p}" for p in rng.integers(0, 20, n)],
+            "ts": t0 + 700_000 + 50 * np.arange(n) + partition,
+        })  # fmt: skip
+        lines = [json.dumps(r).encode() for r in part.to_dict("records")]
+        append_records(home / "log", "clicks", partition, lines)
+        new_parts.append(part)
+    new = pd.concat(new_parts, ignore_index=True)
+
+    ordered = old.sort_values(["user", "ts"], kind="stable")
+    index = ordered.groupby("user").cumcount()
+    times = ordered.assign(list_index=index)[["user", "ts", "list_index"]]
+    pages = ordered.assign(list_index=index)[["user", "url", "list_index"]]
+    timers = ordered.assign(timestamp=ordered.ts + gap, domain="event")
+    location = write_savepoint(
+        "sessions",
+        {
+            ("sessionize", "times"): spark.createDataFrame(
+                times.rename(columns={"ts": "list_element"})
+            ),
+            ("sessionize", "pages"): spark.createDataFrame(
+                pages.rename(columns={"url": "list_element"})
+            ),
+        },
+        str(tmp_path / "handed-over"),
+        home=str(home),
+        timers={"sessionize": spark.createDataFrame(
+            timers[["user", "timestamp", "domain"]].drop_duplicates()
+        )},
+    )  # fmt: skip
+    handed = read_timers(spark, "sessions", "sessionize", location, home=str(home)).toPandas()
+    assert len(handed) == len(timers[["user", "timestamp"]].drop_duplicates())
+    run_to_end(
+        home, "run", "sessions", "--restore", location, "--until-caught-up",
+        "--max-records-per-partition", "200",
+    )  # fmt: skip
+    got = output(home, "sessions")
+    columns = ["user", "session_start", "session_end", "clicks", "pages", "session_no"]
+    got_old = got[got.user.str.startswith("old-")][columns]
+    got_old = got_old.sort_values(["user", "session_start"]).reset_index(drop=True)
+    expected_old = sessionized(old, gap)[columns]
+    pd.testing.assert_frame_equal(got_old, expected_old, check_dtype=False)
+    got_new = got[got.user.str.startswith("new-")][columns]
+    assert not got_new.duplicated(["user", "session_start"]).any()
+    pandas_new = {tuple(r) for r in sessionized(new, gap)[columns].itertuples(index=False)}
+    assert {tuple(r) for r in got_new.itertuples(index=False)} <= pandas_new
+    left = load_timers(get_job("sessions"), "sessionize", RuntimePaths.under(home))
+    assert all(u.startswith("new-") for u in left.column("user").to_pylist())
+    report(
+        f"bootstrapped sessions: {len(got_old)} handed-over sessions closed by their timers "
+        f"(equal to pandas), {len(got_new)} new ones; {left.num_rows} timers left, all new users'"
+    )

@@ -231,11 +231,16 @@ def build_parser() -> argparse.ArgumentParser:
     state = add("state", help="a job's state in its checkpoints")
     state_sub = state.add_subparsers(dest="state_command", required=True)
     read = state_sub.add_parser(
-        "read", parents=[common], help="one state of one stage, as a table (no Spark)"
+        "read",
+        parents=[common],
+        help="one state (or the timers) of one stage, as a table (no Spark)",
     )
     read.add_argument("job", help=JOB_HELP)
     read.add_argument("--stage", required=True, help="the stage's uid or name")
-    read.add_argument("--state", required=True, help="the state's name")
+    read.add_argument("--state", help="the state's name")
+    read.add_argument(
+        "--timers", action="store_true", help="the stage's registered timers instead of a state"
+    )
     read.add_argument(
         "--checkpoint",
         type=_checkpoint,

@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from cutline.job import JobDefinition, KeyedProcess, key_columns
+from cutline.keyed_process import TIMER_SETS
 from spark_jobs.catalog.tables import CatalogReader
 from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.driver.savepoints import is_location
@@ -24,6 +25,7 @@ from state.paths import JobLayout, SavepointLayout
 from state.restore import read_manifest
 from state.savepoint import read_savepoint
 from state.state_reader import StateReadError, read_state, read_states
+from state.state_timers import read_timers
 from state.state_types import KeyCodec, StateSpec
 from state.storage import DurableStorage, open_storage
 
@@ -83,15 +85,37 @@ def load_state(
     s = stage_of(job, stage)
     spec = state_of(s, state)
     codec, names = stage_codec(job, s)
-    if isinstance(checkpoint, str) and is_location(checkpoint):
-        storage, layout = open_storage(checkpoint), SavepointLayout()
-        manifest = read_savepoint(storage, checksums=False)  # each file read is checked
-    else:
-        storage, layout = open_storage(paths.checkpoint_root), None
-        wanted = None if checkpoint is None else int(checkpoint)
-        manifest = latest_manifest(job, paths, storage, wanted)
+    storage, manifest, layout = _source(job, paths, checkpoint)
     with tempfile.TemporaryDirectory(prefix="cutline-state-read-") as scratch:
         return read_state(manifest, storage, s.uid, spec, codec, names, Path(scratch), layout)
+
+
+def load_timers(
+    job: JobDefinition, stage: str, paths: RuntimePaths, checkpoint: int | str | None = None
+) -> pa.Table:
+    """The timers ``stage`` (uid or name) had registered in ``checkpoint`` of ``job`` (as
+    :func:`load_state` takes it): the key's columns, ``key_group``, ``timestamp`` and
+    ``domain`` ("event" or "processing")."""
+    s = stage_of(job, stage)
+    codec, names = stage_codec(job, s)
+    storage, manifest, layout = _source(job, paths, checkpoint)
+    with tempfile.TemporaryDirectory(prefix="cutline-timers-read-") as scratch:
+        return read_timers(
+            manifest, storage, s.uid, TIMER_SETS, codec, names, Path(scratch), layout
+        )
+
+
+def _source(
+    job: JobDefinition, paths: RuntimePaths, checkpoint: int | str | None
+) -> tuple[DurableStorage, CheckpointManifest, SavepointLayout | None]:
+    """Where a read of ``checkpoint`` reads: a savepoint's location, or a checkpoint id of the
+    job (default: its latest completed one)."""
+    if isinstance(checkpoint, str) and is_location(checkpoint):
+        storage = open_storage(checkpoint)
+        return storage, read_savepoint(storage, checksums=False), SavepointLayout()
+    storage = open_storage(paths.checkpoint_root)
+    wanted = None if checkpoint is None else int(checkpoint)
+    return storage, latest_manifest(job, paths, storage, wanted), None
 
 
 @dataclass(frozen=True)
@@ -152,7 +176,12 @@ def print_state(table: pa.Table, limit: int) -> None:
 def state_read(args: argparse.Namespace, job: JobDefinition, paths: RuntimePaths) -> int:
     from state.storage.tables import write_table
 
-    table = load_state(job, args.stage, args.state, paths, args.checkpoint)
+    if (args.state is None) == (not args.timers):
+        raise StateReadError("give the state to read (--state NAME) or --timers")
+    if args.timers:
+        table = load_timers(job, args.stage, paths, args.checkpoint)
+    else:
+        table = load_state(job, args.stage, args.state, paths, args.checkpoint)
     if args.out:
         write_table(args.out, table, mode="overwrite")
         print(f"{table.num_rows:,} rows written to the Delta table {args.out}")

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 import pyarrow as pa
 
 from cutline.job import JobDefinition
+from cutline.keyed_process import TIMER_SETS
 from spark_jobs.commands.state_read import latest_manifest, stage_codec, stage_of, state_of
 from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.driver.evolution import check_restorable
@@ -25,6 +26,7 @@ from state.manifest import CheckpointManifest, Positions
 from state.paths import JobLayout, SavepointLayout
 from state.savepoint import SavepointInfo, read_savepoint
 from state.savepoint_writer import write_states_savepoint
+from state.state_timers import EncodedTimers, encode_timers
 from state.state_writer import EncodedState, StateWriteError, encode_state
 from state.storage import DurableStorage, open_storage
 
@@ -37,12 +39,15 @@ def write_savepoint_from_tables(
     *,
     base: str | int | None = None,
     positions: Positions | None = None,
+    timers: Mapping[str, pa.Table] | None = None,
 ) -> SavepointInfo:
     """A savepoint of ``job`` at ``target`` whose states ``(stage uid or name, state name)``
     are ``tables``. ``base``: ``latest`` or a checkpoint id of the job, or a savepoint's
     location, whose other state and history it keeps; none: a new savepoint, the sources read
-    from ``positions`` (default: their beginning)."""
-    writes: dict[str, list[EncodedState]] = {}
+    from ``positions`` (default: their beginning). ``timers``: per stage (uid or name), the
+    timers it has registered (the columns ``cutline state read --timers`` gives), which replace
+    the base's."""
+    writes: dict[str, list[EncodedState | EncodedTimers]] = {}
     for (stage, state), table in tables.items():
         s = stage_of(job, stage)
         spec = state_of(s, state)
@@ -51,6 +56,13 @@ def write_savepoint_from_tables(
             raise StateWriteError(f"{where}: given twice")
         codec, names = stage_codec(job, s)
         writes.setdefault(s.uid, []).append(encode_state(table, spec, codec, names, where))
+    for stage, table in (timers or {}).items():
+        s = stage_of(job, stage)
+        codec, names = stage_codec(job, s)
+        where = f"stage {s.name!r} (uid {s.uid!r}), timers"
+        if any(isinstance(e, EncodedTimers) for e in writes.get(s.uid, [])):
+            raise StateWriteError(f"{where}: given twice")
+        writes.setdefault(s.uid, []).append(encode_timers(table, TIMER_SETS, codec, names, where))
     based = None if base is None else _base(job, paths, base)
     if based is not None:
         check_restorable(job, based[0])
