@@ -26,7 +26,13 @@ from state.restore import restore_subtask
 from state.rocksdb_store import RocksDBStore
 from state.state_reader import StateReadError
 from state.state_types import KeyCodec, StateAccessError
-from state.state_writer import KEY_GROUP, StateWriteError
+from state.state_writer import (
+    KEY_GROUP,
+    StateWriteError,
+    check_columns,
+    check_key_groups,
+    table_keys,
+)
 from state.storage import DurableStorage
 from state.write_buffer import BufferedTransaction
 
@@ -106,15 +112,7 @@ def encode_timers(
     where: str,
 ) -> EncodedTimers:
     """``table``'s rows as stored timers; ``where`` (the stage) starts every error's message."""
-    required, optional = [*key_names, TIMESTAMP, DOMAIN], [KEY_GROUP]
-    missing = [c for c in required if c not in table.column_names]
-    unexpected = [c for c in table.column_names if c not in required and c not in optional]
-    if missing or unexpected:
-        raise StateWriteError(
-            f"{where}: a timers table has the columns {required} (and may have {optional})"
-            + (f"; missing {missing}" if missing else "")
-            + (f"; unexpected {unexpected}" if unexpected else "")
-        )
+    check_columns(table, [*key_names, TIMESTAMP, DOMAIN], [KEY_GROUP], "a timers table", where)
     table = table.combine_chunks()
     domains = table.column(DOMAIN).to_pylist()
     unknown = sorted({d for d in domains if d not in sets}, key=str)
@@ -122,25 +120,12 @@ def encode_timers(
         raise StateWriteError(f"{where}: timer domain(s) {unknown}; the domains are {list(sets)}")
     if table.column(TIMESTAMP).null_count:
         raise StateWriteError(f"{where}: a timer without a timestamp")
-    keys = (
-        table.column(key_names[0])
-        if not codec.composite
-        else pa.StructArray.from_arrays([table.column(n) for n in key_names], list(key_names))
-    )
     try:
-        groups, kbytes = codec.encode(keys)
+        groups, kbytes = codec.encode(table_keys(table, codec, key_names))
         stamps = pc.cast(table.column(TIMESTAMP), pa.int64()).to_numpy(zero_copy_only=False)
     except (StateAccessError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
         raise StateWriteError(f"{where}: {e}") from None
-    if KEY_GROUP in table.column_names:
-        given = table.column(KEY_GROUP).to_numpy(zero_copy_only=False)
-        wrong = np.flatnonzero(given != groups)
-        if wrong.size:
-            row = int(wrong[0])
-            raise StateWriteError(
-                f"{where}: timer row {row} is in key group {groups[row]}, not {given[row]} "
-                f"(leave {KEY_GROUP} out: it follows from the key)"
-            )
+    check_key_groups(table, groups, key_names, where)
     return EncodedTimers(
         tuple(sets.values()), [sets[d] for d in domains], np.asarray(groups), kbytes, stamps
     )

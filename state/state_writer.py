@@ -62,29 +62,54 @@ def state_columns(spec: StateSpec, key_names: tuple[str, ...]) -> tuple[list[str
     return required, [KEY_GROUP, *optional]
 
 
+def check_columns(
+    table: pa.Table, required: list[str], optional: list[str], what: str, where: str
+) -> None:
+    """``table`` has every ``required`` column and no column but those and ``optional``."""
+    missing = [c for c in required if c not in table.column_names]
+    unexpected = [c for c in table.column_names if c not in required and c not in optional]
+    if missing or unexpected:
+        raise StateWriteError(
+            f"{where}: {what} has the columns {required}"
+            + (f" (and may have {optional})" if optional else "")
+            + (f"; missing {missing}" if missing else "")
+            + (f"; unexpected {unexpected}" if unexpected else "")
+        )
+
+
+def table_keys(table: pa.Table, codec: KeyCodec, key_names: tuple[str, ...]) -> pa.Array:
+    """``table``'s keys: its key column, or a struct of a composite key's columns."""
+    if not codec.composite:
+        return table.column(key_names[0])
+    return pa.StructArray.from_arrays([table.column(n) for n in key_names], list(key_names))
+
+
+def check_key_groups(
+    table: pa.Table, groups: np.ndarray, key_names: tuple[str, ...], where: str
+) -> None:
+    """A ``key_group`` column, when given, is each key's own (``groups``)."""
+    if KEY_GROUP not in table.column_names:
+        return
+    given = table.column(KEY_GROUP).to_numpy(zero_copy_only=False)
+    wrong = np.flatnonzero(given != groups)
+    if wrong.size:
+        row = int(wrong[0])
+        raise StateWriteError(
+            f"{where}: key {_key_at(table, key_names, row)} is in key group {groups[row]}, "
+            f"not {given[row]} (leave {KEY_GROUP} out: it follows from the key)"
+        )
+
+
 def encode_state(
     table: pa.Table, spec: StateSpec, codec: KeyCodec, key_names: tuple[str, ...], where: str
 ) -> EncodedState:
     """``table``'s rows as ``spec``'s stored entries; ``where`` (stage and state) starts every
     error's message."""
     required, optional = state_columns(spec, key_names)
-    missing = [c for c in required if c not in table.column_names]
-    unexpected = [c for c in table.column_names if c not in required and c not in optional]
-    if missing or unexpected:
-        raise StateWriteError(
-            f"{where}: a {spec.kind} state's table has the columns {required}"
-            + (f" (and may have {optional})" if optional else "")
-            + (f"; missing {missing}" if missing else "")
-            + (f"; unexpected {unexpected}" if unexpected else "")
-        )
+    check_columns(table, required, optional, f"a {spec.kind} state's table", where)
     table = table.combine_chunks()
-    keys = (
-        table.column(key_names[0])
-        if not codec.composite
-        else pa.StructArray.from_arrays([table.column(n) for n in key_names], list(key_names))
-    )
     try:
-        groups, kbytes = codec.encode(keys)
+        groups, kbytes = codec.encode(table_keys(table, codec, key_names))
         if spec.kind == "list":
             table, groups, kbytes = _in_list_order(table, groups, kbytes)
         column = "list_element" if spec.kind == "list" else _KIND_COLUMNS[spec.kind][0][-1]
@@ -96,15 +121,7 @@ def encode_state(
         )
     except (StateAccessError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
         raise StateWriteError(f"{where}: {e}") from None
-    if KEY_GROUP in table.column_names:
-        given = table.column(KEY_GROUP).to_numpy(zero_copy_only=False)
-        wrong = np.flatnonzero(given != groups)
-        if wrong.size:
-            row = int(wrong[0])
-            raise StateWriteError(
-                f"{where}: key {_key_at(table, key_names, row)} is in key group {groups[row]}, "
-                f"not {given[row]} (leave {KEY_GROUP} out: it follows from the key)"
-            )
+    check_key_groups(table, groups, key_names, where)
     expiry = None
     if spec.ttl is not None:
         expiry = table.column(EXPIRES).to_numpy(zero_copy_only=False).astype(np.int64)
