@@ -43,6 +43,7 @@ def test_cli_verify_checks_every_file(tmp_path, capsys):
     victim.write_bytes(bytes(data))
     assert main(["verify", "demo_counts", "--checkpoint-root", str(root)]) == 1
     assert "checksum mismatch" in capsys.readouterr().out
-    assert main(["verify", "no_such_job", "--checkpoint-root", str(root)]) == 1
+    assert main(["verify", "no_such_job", "--checkpoint-root", str(root)]) == 2  # unknown
+    assert "no job named 'no_such_job'" in capsys.readouterr().err
     assert main(["verify", "../escape", "--checkpoint-root", str(root)]) == 2
     assert "escapes" in capsys.readouterr().err

@@ -36,7 +36,8 @@ def test_a_job_reference_that_does_not_resolve_is_a_clear_error(tmp_path):
     line = refused(home, "run", "cutline_sessions.jobs:CLICKS_SCHEMA")
     assert "is a str, not a job definition" in line
     line = refused(home, "run", "no_such_job")
-    assert "no job named 'no_such_job'" in line and "'sessions'" in line
+    assert "no job named 'no_such_job'" in line and "(registered: " in line
+    assert "sessions" in line.split("(registered: ")[1]
 
 
 @pytest.mark.slow

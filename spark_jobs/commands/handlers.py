@@ -44,18 +44,31 @@ def verify(args: argparse.Namespace) -> int:
     from spark_jobs.commands.checkpoint_listing import verify_checkpoints
 
     paths = runtime_paths(args)
-    job = recorded_job(args.job, paths)
+    job = recorded_job(args.job, paths, stored_under=paths.checkpoint_root)
     return verify_checkpoints(job, paths.checkpoint_root, args.checkpoint_id)
 
 
-def recorded_job(ref: str, paths: RuntimePaths) -> str:
-    """The job name a read-only command is about: a registered job's, ``module:attr``'s, or a
-    job the catalog has rows of (installed or not); anything else is refused with the close
+def recorded_job(ref: str, paths: RuntimePaths, stored_under: str | None = None) -> str:
+    """The job name a read-only command is about: a registered job's, ``module:attr``'s, a job
+    the catalog has rows of (installed or not), or one with files under ``stored_under`` (a
+    checkpoint root: ``verify`` reads storage alone); anything else is refused with the close
     matches (exit 2)."""
     from spark_jobs.catalog.tables import CatalogReader
     from spark_jobs.job_loader import job_name_of
+    from state.paths import JobLayout
+    from state.storage import open_storage
 
-    return job_name_of(ref, lambda: CatalogReader(paths.catalog).job_ids())
+    if ".." in ref.split("/"):  # a path out of the roots is refused as one, whatever else
+        JobLayout(ref)
+
+    def recorded() -> list[str]:
+        known = CatalogReader(paths.catalog).job_ids()
+        stored = stored_under is not None and ":" not in ref and "/" not in ref
+        if stored and next(iter(open_storage(stored_under).list(ref)), None) is not None:
+            known.append(ref)
+        return known
+
+    return job_name_of(ref, recorded)
 
 
 def state_read(args: argparse.Namespace) -> int:
