@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import shutil
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -68,10 +69,6 @@ def read_states(
 ) -> dict[str, pa.Table]:
     """:func:`read_state` of each of ``specs``, restoring each subtask once."""
     where = f"checkpoint {manifest.checkpoint_id} of {manifest.job_id}"
-    handles = sorted((h for h in manifest.subtasks if h.operator == uid), key=lambda h: h.subtask)
-    if not handles:
-        held = sorted({h.operator for h in manifest.subtasks})
-        raise StateReadError(f"{where} holds no state of stage uid {uid!r} (it holds: {held})")
     for spec in specs:
         recorded = manifest.stages.get(uid, {}).get(spec.name)
         if recorded is not None and recorded != spec.fingerprint():
@@ -80,16 +77,38 @@ def read_states(
                 f"job declares it as {spec.fingerprint()}"
             )
     found = {spec.name: _Entries() for spec in specs}
+    for store in restored_stores(manifest, storage, uid, scratch, layout):
+        for spec in specs:
+            found[spec.name].scan(store, spec)
+    return {spec.name: found[spec.name].table(spec, codec, key_names) for spec in specs}
+
+
+def restored_stores(
+    manifest: CheckpointManifest,
+    storage: DurableStorage,
+    uid: str,
+    scratch: Path,
+    layout: JobLayout | None = None,
+) -> Iterator[RocksDBStore]:
+    """Each subtask of stage ``uid`` in ``manifest``'s checkpoint (its files in ``storage``,
+    under its job's directory or ``layout``'s), restored into ``scratch`` and open while the
+    caller reads it, removed after; :class:`StateReadError` if the checkpoint holds no state of
+    the stage."""
+    handles = sorted((h for h in manifest.subtasks if h.operator == uid), key=lambda h: h.subtask)
+    if not handles:
+        held = sorted({h.operator for h in manifest.subtasks})
+        raise StateReadError(
+            f"checkpoint {manifest.checkpoint_id} of {manifest.job_id} holds no state of stage "
+            f"uid {uid!r} (it holds: {held})"
+        )
     for h in handles:
         directory = Path(scratch) / f"{uid}-{h.subtask}"
         restore_subtask(h, storage, layout or JobLayout(manifest.job_id), directory)
         try:
             with RocksDBStore(directory, h.key_group_range) as store:
-                for spec in specs:
-                    found[spec.name].scan(store, spec)
+                yield store
         finally:
             shutil.rmtree(directory, ignore_errors=True)
-    return {spec.name: found[spec.name].table(spec, codec, key_names) for spec in specs}
 
 
 def scan_state(

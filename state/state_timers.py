@@ -11,7 +11,6 @@ registering them from a function stores them (state/write_buffer.py).
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +21,8 @@ import pyarrow.compute as pc
 
 from state.manifest import CheckpointManifest
 from state.paths import JobLayout
-from state.restore import restore_subtask
 from state.rocksdb_store import RocksDBStore
-from state.state_reader import StateReadError
+from state.state_reader import restored_stores
 from state.state_types import KeyCodec, StateAccessError
 from state.state_writer import (
     KEY_GROUP,
@@ -85,22 +83,10 @@ def read_timers(
     """The timers of stage ``uid`` in ``manifest``'s checkpoint (its files in ``storage``, under
     its job's directory or ``layout``'s: a savepoint's), every subtask restored into
     ``scratch`` and scanned."""
-    handles = sorted((h for h in manifest.subtasks if h.operator == uid), key=lambda h: h.subtask)
-    if not handles:
-        held = sorted({h.operator for h in manifest.subtasks})
-        raise StateReadError(
-            f"checkpoint {manifest.checkpoint_id} of {manifest.job_id} holds no state of stage "
-            f"uid {uid!r} (it holds: {held})"
-        )
-    parts = []
-    for h in handles:
-        directory = Path(scratch) / f"{uid}-{h.subtask}-timers"
-        restore_subtask(h, storage, layout or JobLayout(manifest.job_id), directory)
-        try:
-            with RocksDBStore(directory, h.key_group_range) as store:
-                parts.append(scan_timers(store, sets, codec, key_names))
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
+    parts = [
+        scan_timers(store, sets, codec, key_names)
+        for store in restored_stores(manifest, storage, uid, scratch, layout)
+    ]
     return pa.concat_tables(parts).sort_by([(TIMESTAMP, "ascending"), (KEY_GROUP, "ascending")])
 
 

@@ -197,9 +197,7 @@ class Harness:
         harness started, in order, with its ``micro_batch`` number: what a sink would hold. A
         :meth:`restore` drops what the micro-batches after its snapshot emitted, as a restart
         discards output not committed with a checkpoint."""
-        name = stage or self.stages[-1].name
-        if name not in self._collected:
-            raise KeyError(f"no stage {name!r} (the stages: {list(self._collected)})")
+        name = self._stage_named(stage).name
         parts = [
             t.append_column("micro_batch", pa.array([n] * t.num_rows, pa.int64()))
             for n, t in self._collected[name]

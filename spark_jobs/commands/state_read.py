@@ -85,7 +85,7 @@ def load_state(
     s = stage_of(job, stage)
     spec = state_of(s, state)
     codec, names = stage_codec(job, s)
-    storage, manifest, layout = _source(job, paths, checkpoint)
+    storage, manifest, layout = checkpoint_source(job, paths, checkpoint)
     with tempfile.TemporaryDirectory(prefix="cutline-state-read-") as scratch:
         return read_state(manifest, storage, s.uid, spec, codec, names, Path(scratch), layout)
 
@@ -98,24 +98,29 @@ def load_timers(
     ``domain`` ("event" or "processing")."""
     s = stage_of(job, stage)
     codec, names = stage_codec(job, s)
-    storage, manifest, layout = _source(job, paths, checkpoint)
+    storage, manifest, layout = checkpoint_source(job, paths, checkpoint)
     with tempfile.TemporaryDirectory(prefix="cutline-timers-read-") as scratch:
         return read_timers(
             manifest, storage, s.uid, TIMER_SETS, codec, names, Path(scratch), layout
         )
 
 
-def _source(
-    job: JobDefinition, paths: RuntimePaths, checkpoint: int | str | None
-) -> tuple[DurableStorage, CheckpointManifest, SavepointLayout | None]:
-    """Where a read of ``checkpoint`` reads: a savepoint's location, or a checkpoint id of the
-    job (default: its latest completed one)."""
+def checkpoint_source(
+    job: JobDefinition,
+    paths: RuntimePaths,
+    checkpoint: int | str | None,
+    *,
+    checksums: bool = False,
+) -> tuple[DurableStorage, CheckpointManifest, JobLayout | SavepointLayout]:
+    """The storage, manifest and layout of ``checkpoint``: a savepoint's location (every file
+    checked, sizes and with ``checksums`` their bytes, before any is read), or a checkpoint id
+    of the job (default: its latest completed one)."""
     if isinstance(checkpoint, str) and is_location(checkpoint):
         storage = open_storage(checkpoint)
-        return storage, read_savepoint(storage, checksums=False), SavepointLayout()
+        return storage, read_savepoint(storage, checksums=checksums), SavepointLayout()
     storage = open_storage(paths.checkpoint_root)
     wanted = None if checkpoint is None else int(checkpoint)
-    return storage, latest_manifest(job, paths, storage, wanted), None
+    return storage, latest_manifest(job, paths, storage, wanted), JobLayout(job.name)
 
 
 @dataclass(frozen=True)

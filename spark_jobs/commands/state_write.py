@@ -18,13 +18,12 @@ import pyarrow as pa
 
 from cutline.job import JobDefinition
 from cutline.keyed_process import TIMER_SETS
-from spark_jobs.commands.state_read import latest_manifest, stage_codec, stage_of, state_of
+from spark_jobs.commands.state_read import checkpoint_source, stage_codec, stage_of, state_of
 from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.driver.evolution import check_restorable
-from spark_jobs.driver.savepoints import is_location
 from state.manifest import CheckpointManifest, Positions
 from state.paths import JobLayout, SavepointLayout
-from state.savepoint import SavepointInfo, read_savepoint
+from state.savepoint import SavepointInfo
 from state.savepoint_writer import write_states_savepoint
 from state.state_timers import EncodedTimers, encode_timers
 from state.state_writer import EncodedState, StateWriteError, encode_state
@@ -82,12 +81,9 @@ def write_savepoint_from_tables(
 
 def _base(
     job: JobDefinition, paths: RuntimePaths, base: str | int
-) -> tuple[CheckpointManifest, DurableStorage, JobLayout]:
-    """The manifest, storage and layout of ``base``: a savepoint's location, or ``latest`` or a
-    checkpoint id of the job."""
-    if is_location(base):
-        source = open_storage(str(base))
-        return read_savepoint(source), source, SavepointLayout()
-    storage = open_storage(paths.checkpoint_root)
-    checkpoint_id = None if base == "latest" else int(base)
-    return latest_manifest(job, paths, storage, checkpoint_id), storage, JobLayout(job.name)
+) -> tuple[CheckpointManifest, DurableStorage, JobLayout | SavepointLayout]:
+    """The manifest, storage and layout of ``base``: a savepoint's location (checksums
+    verified), or ``latest`` or a checkpoint id of the job."""
+    wanted = None if base == "latest" else base
+    storage, manifest, layout = checkpoint_source(job, paths, wanted, checksums=True)
+    return manifest, storage, layout
