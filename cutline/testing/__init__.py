@@ -7,7 +7,8 @@ snapshot and local-first restore), milliseconds per call (cutline/testing/harnes
 ...     out = h.advance_watermark(60_000)   # fires the event-time timers due by then
 """
 
-from cutline.testing.harness import Harness, HarnessSnapshot, InjectedFailure
+from cutline.testing.harness import Harness, InjectedFailure
 from cutline.testing.records import as_table
+from cutline.testing.snapshots import HarnessSnapshot
 
 __all__ = ["Harness", "HarnessSnapshot", "InjectedFailure", "as_table"]

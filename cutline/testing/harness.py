@@ -23,7 +23,6 @@ import dataclasses
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -34,38 +33,15 @@ from cutline.keyed_process import SOURCE_COLUMN, ProcessOperator, key_columns
 from cutline.routing import key_array, read_chunks, rekey, sort_in_log_order
 from cutline.testing.inspection import registered_timers, state_entries
 from cutline.testing.records import HARNESS_JOB, Rows, as_table, chain_job, tagged
+from cutline.testing.snapshots import HarnessSnapshot, restore_stores, snapshot_stores
 from state.handles import SubtaskStateHandle
 from state.keygroups import key_group_range, key_groups, subtask_for_key_group
 from state.local_copies import LocalCopies
-from state.paths import JobLayout
-from state.rescale import restore_rescaled
-from state.restore import restore_subtask
 from state.rocksdb_store import RocksDBStore
-from state.snapshot import SubtaskSnapshotter
 from state.state_types import KeyCodec
 from state.storage import LocalFileStorage
 from state.user_state import ListState, MapState, ValueState, open_view
 from state.write_buffer import BufferedTransaction
-
-
-@dataclass(frozen=True)
-class HarnessSnapshot:
-    """A checkpoint of every stage taken by :meth:`Harness.snapshot`: the state handles (files
-    in the harness's checkpoint directory), the watermarks, the inputs' largest event times and
-    the processing time."""
-
-    checkpoint_id: int
-    handles: dict[str, tuple[SubtaskStateHandle, ...]]  # per stage uid, one per subtask
-    watermarks: dict[str, int]
-    event_times: dict[str, dict[str, int]]  # per stage uid and input
-    processing_time: int
-    directory: Path
-    batches: int = 0  # micro-batches run before it: the output collected up to it
-
-    @property
-    def parallelism(self) -> int:
-        """The subtasks it was taken at."""
-        return len(next(iter(self.handles.values()), ()))
 
 
 class InjectedFailure(RuntimeError):
@@ -325,15 +301,7 @@ class Harness:
         previous snapshot, with a local copy); the harness goes on running."""
         self._checkpoint_id += 1
         cid = self._checkpoint_id
-        handles = {}
-        for stage in self.stages:
-            bases = self._handles.get(stage.uid) or (None,) * self.parallelism
-            taken = []
-            for i, (store, base) in enumerate(zip(self._stores[stage.uid], bases, strict=True)):
-                copies = self._copies(stage.uid, i)
-                snapshotter = SubtaskSnapshotter(self.storage, copies, HARNESS_JOB, stage.uid, i)
-                taken.append(snapshotter.snapshot(store, cid, base).result())
-            handles[stage.uid] = tuple(taken)
+        handles = snapshot_stores(self.storage, self._stores, self._handles, cid, self._copies)
         self._handles = handles
         return HarnessSnapshot(
             cid,
@@ -356,23 +324,8 @@ class Harness:
 
     def _open(self, snapshot: HarnessSnapshot | None) -> None:
         if snapshot is not None:
-            missing = sorted({s.uid for s in self.stages} - set(snapshot.handles))
-            if missing:
-                raise ValueError(f"the snapshot has no state for stage(s) {missing}")
-            storage = LocalFileStorage(snapshot.directory / "checkpoints")
-            layout = JobLayout(HARNESS_JOB)
-            rescaled = snapshot.parallelism != self.parallelism
-            for stage in self.stages:
-                old = snapshot.handles[stage.uid]
-                for i in range(self.parallelism):
-                    copies = self._copies(stage.uid, i)
-                    if not rescaled:
-                        restore_subtask(old[i], storage, layout, copies.db_dir, copies)
-                        continue
-                    owned = key_group_range(i, self.parallelism, self.max_parallelism)
-                    restore_rescaled(  # from the snapshot's files, as a restore on a new host
-                        old, i, owned, storage, layout, copies.db_dir, lambda _: None
-                    )
+            uids = [s.uid for s in self.stages]
+            restore_stores(snapshot, uids, self.parallelism, self.max_parallelism, self._copies)
             self.watermarks = dict(snapshot.watermarks)
             self.event_times = {
                 s.uid: dict(snapshot.event_times.get(s.uid, {})) for s in self.stages
@@ -384,7 +337,9 @@ class Harness:
                 self._collected[name] = [(n, t) for n, t in batches if n < snapshot.batches]
             self._failed = None
             # the next snapshot is incremental on it, unless the subtasks changed
-            same = snapshot.directory == self.directory and not rescaled
+            same = snapshot.directory == self.directory and (
+                snapshot.parallelism == self.parallelism
+            )
             self._handles = dict(snapshot.handles) if same else {}
         for stage in self.stages:
             self._stores[stage.uid] = [
