@@ -58,7 +58,9 @@ class Cut:
 class AckPoller:
     """A thread that delivers cuts and this attempt's acks to the coordinator and expires
     overdue checkpoints. Acks of older attempts are never delivered: their inboxes are
-    deleted at the start, and this attempt's acks once their checkpoint is no longer pending."""
+    deleted at the start, and this attempt's acks once their checkpoint is no longer pending.
+    It lists the inbox every 0.1 s while a checkpoint is pending or the last listing found
+    acks, and not at all otherwise (on object storage, a listing is a billed request)."""
 
     def __init__(
         self,
@@ -94,10 +96,14 @@ class AckPoller:
             self._drop_acks(self._acks_under("_acks"), lambda attempt, cid: attempt < self.attempt)
         except Exception as e:
             self.log(f"ack poller: older attempts' acks not deleted: {type(e).__name__}: {e}")
+        listed: dict[str, tuple[int, int]] = {}
         while not self._stop.is_set():
             try:
                 self._deliver_cuts()
                 self.coordinator.expire(now_ms())
+                if not self.coordinator.pending_ids() and not listed:
+                    self._stop.wait(0.1)  # no ack to wait for, none to tidy: no listing
+                    continue
                 listed = self._acks_under(inbox(self.attempt))  # one listing a round
                 for cid in self.coordinator.pending_ids():
                     for op, subtask in self.tasks:
