@@ -61,7 +61,8 @@ from tests.moto_server import MotoServer  # noqa: E402
 
 JOB = "clicks_per_user"
 LAYOUT = JobLayout(JOB)
-REQUEST = re.compile(rb'"(?:GET|PUT|POST|HEAD|DELETE) \S+ HTTP')
+# a request line of the server's log; werkzeug colours some (ANSI codes before the method)
+REQUEST = re.compile(rb'"(?:\x1b\[[0-9;]*m)*(?:GET|PUT|POST|HEAD|DELETE) \S+ HTTP')
 IMPORT_CHUNK = 1000
 
 

@@ -122,6 +122,10 @@ class CheckpointCatalog(ABC):
     ) -> list[CompletedCheckpoint]:
         """Rows of the job, ascending by checkpoint id, optionally filtered by status."""
 
+    def newest_checkpoint_id(self, job_id: str) -> int:
+        """The highest checkpoint id of the job in any status (0 if none)."""
+        return max((c.checkpoint_id for c in self.checkpoints(job_id)), default=0)
+
 
 class JobCatalog(CheckpointCatalog):
     """What the runtime needs of the catalog besides checkpoints: attempts' lifecycle, restore

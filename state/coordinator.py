@@ -92,8 +92,8 @@ class CheckpointCoordinator:
         self._retained: list[CompletedCheckpoint] = [
             c for c in catalog.checkpoints(job_id, (CheckpointStatus.COMPLETED,))
         ]
-        known = [c.checkpoint_id for c in catalog.checkpoints(job_id)]
-        self._next_id = max([0, *known, restored.checkpoint_id if restored else 0]) + 1
+        newest = catalog.newest_checkpoint_id(job_id)
+        self._next_id = max(newest, restored.checkpoint_id if restored else 0) + 1
         self._latest: CheckpointManifest | None = restored
         self.trigger_policy = TriggerPolicy(config, now_ms)
         self.failure_policy = FailurePolicy(config.tolerable_failed_checkpoints)

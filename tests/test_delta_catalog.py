@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from spark_jobs.catalog.delta_catalog import DeltaCatalog, is_conflict
+from spark_jobs.catalog.tables import CATALOG_TABLE_PROPERTIES
 from spark_jobs.catalog.upkeep import maintain
 from state.catalog import CheckpointStatus, CompletedCheckpoint, FencedError
 from tests.e2e_util import report
@@ -309,7 +311,65 @@ def test_a_table_replays_at_most_ten_commits_and_older_tables_get_the_property(t
     maintain(catalog_at(older))
     for name in ("savepoints", "streaming_jobs", "shared_state_files"):
         table = DeltaTable(str(older / "warehouse" / "catalog" / name))
-        assert table.metadata().configuration["delta.checkpointInterval"] == "10"
+        assert CATALOG_TABLE_PROPERTIES.items() <= table.metadata().configuration.items()
+
+
+def test_the_log_and_its_tombstones_stay_within_their_retention_and_vacuum_finds_the_rest(
+    tmp_path, monkeypatch
+):
+    """What keeps a commit's and an open's cost flat in the history: the log checkpoint holds
+    the tombstones of the retention only, the driver's upkeep removes the log entries older
+    than the retention that a log checkpoint made unneeded, and maintenance's VACUUM still
+    deletes every removed file, those whose tombstones expired included (found by listing).
+    The retentions are shortened to a second here; the rows read the same throughout."""
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    from spark_jobs.catalog import upkeep
+
+    monkeypatch.setattr(upkeep, "LOG_CLEANUP_EVERY_S", 0.0)
+    catalog = catalog_at(tmp_path)
+    attempt = catalog.begin_attempt("clicks")
+    table = tmp_path / "warehouse" / "catalog" / "completed_checkpoints"
+    log = table / "_delta_log"
+    assert (
+        CATALOG_TABLE_PROPERTIES.items() <= DeltaTable(str(table)).metadata().configuration.items()
+    )
+    short = {"delta.logRetentionDuration": "interval 1 seconds"}
+    short["delta.deletedFileRetentionDuration"] = "interval 1 seconds"
+    DeltaTable(str(table)).alter.set_table_properties(short)
+
+    def complete(cids) -> None:
+        for cid in cids:
+            catalog.commit_checkpoint(row(cid, attempt))
+            if cid > 2:
+                catalog.mark_subsumed("clicks", [cid - 2])  # an update: a file removed
+
+    def tombstones() -> list[int]:  # when each file of the latest log checkpoint was removed
+        version = json.loads((log / "_last_checkpoint").read_text())["version"]
+        actions = pq.read_table(log / f"{version:020d}.checkpoint.parquet").column("remove")
+        return [r["deletionTimestamp"] for r in actions.to_pylist() if r is not None]
+
+    complete(range(1, 13))
+    assert tombstones()  # within the retention: removed files have their tombstones
+    time.sleep(1.5)
+    expired_ms = int(time.time() * 1000) - 1000
+    complete(range(13, 25))  # a log checkpoint after the expiry drops the old tombstones
+    assert all(at > expired_ms for at in tombstones()), tombstones()
+    first_entry = min(int(p.name.split(".")[0]) for p in log.glob("*.json"))
+    assert first_entry == 0  # a commit does not clean the log (it would list all of it)
+    rows = catalog.checkpoints("clicks")
+    upkeep.compact_job(catalog, "clicks")
+    checkpointed = json.loads((log / "_last_checkpoint").read_text())["version"]
+    first_entry = min(int(p.name.split(".")[0]) for p in log.glob("*.json"))
+    assert 0 < first_entry <= checkpointed  # what the latest log checkpoint needs is kept
+    assert catalog.checkpoints("clicks") == rows
+
+    maintain(catalog, vacuum_retention_hours=0)
+    on_disk = {str(p.relative_to(table)) for p in table.rglob("*.parquet") if log not in p.parents}
+    live = {uri.split(str(table) + "/", 1)[1] for uri in DeltaTable(str(table)).file_uris()}
+    assert on_disk == live  # removed files whose tombstones expired are deleted too
+    assert catalog.checkpoints("clicks") == rows
 
 
 def test_a_jobs_many_small_files_are_compacted_and_its_rows_and_fence_stay(root):

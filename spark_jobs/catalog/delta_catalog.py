@@ -35,6 +35,7 @@ from spark_jobs.catalog.shared_files import (
     rewrite_rows,
 )
 from spark_jobs.catalog.tables import (
+    CATALOG_TABLE_PROPERTIES,
     TABLES,
     CatalogReader,
     arrow_schema,
@@ -46,7 +47,6 @@ from spark_jobs.errors import failure_summary
 from state.catalog import CheckpointStatus, CompletedCheckpoint, FencedError, JobCatalog
 from state.storage.tables import (
     COMMIT_TOKEN,
-    TABLE_PROPERTIES,
     committed_since,
     find_table,
     storage_options,
@@ -113,7 +113,7 @@ class DeltaCatalog(CatalogReader, JobCatalog):
                     partition_by=["job_id"],
                     mode="ignore",
                     storage_options=storage_options(uri),
-                    configuration=TABLE_PROPERTIES,
+                    configuration=CATALOG_TABLE_PROPERTIES,
                 )
             except Exception:
                 if find_table(uri) is None:

@@ -13,7 +13,23 @@ from pathlib import Path
 from typing import Any
 
 from state.catalog import CheckpointStatus, CompletedCheckpoint
-from state.storage.tables import LatestTable, open_table, table_uri
+from state.storage.tables import TABLE_PROPERTIES, LatestTable, open_table, table_uri
+
+# The catalog's tables' own properties, which keep each commit's cost flat in the history:
+# - delta-rs lists the whole log after every commit to find expired log files; with that off
+#   a commit lists the log only from its own version on, and the driver's upkeep cleans the log
+#   once in a while (spark_jobs/catalog/upkeep.py), keeping the last hour of it;
+# - a log checkpoint carries a tombstone for every file removed within the retention (Delta's
+#   default is a week: every compaction's and every status update's removed files), read by
+#   every cold open and rewritten every ten commits; an hour keeps what a concurrent reader of
+#   an older version could still open. Maintenance's VACUUM runs in full mode (spark_jobs/catalog/
+#   upkeep.py): files whose tombstones expired are found by listing, not from the log.
+CATALOG_TABLE_PROPERTIES = {
+    **TABLE_PROPERTIES,
+    "delta.enableExpiredLogCleanup": "false",
+    "delta.logRetentionDuration": "interval 1 hours",
+    "delta.deletedFileRetentionDuration": "interval 1 hours",
+}
 
 TABLES: dict[str, str] = {
     "streaming_jobs": (
@@ -74,11 +90,15 @@ def rs_literal(value: str | int | None) -> str:
 
 
 def read_delta(
-    table: str | Path | Any, job_id: str | None = None, columns: list[str] | None = None
+    table: str | Path | Any,
+    job_id: str | None = None,
+    columns: list[str] | None = None,
+    where: str | None = None,
 ):
     """A Delta table (a URI or path, or a ``deltalake.DeltaTable`` at the version it was loaded
     at), or
-    one job's rows of it, as a pyarrow Table (delta-rs; no Spark).
+    one job's rows of it (and of those, the ones the SQL condition ``where`` holds for), as a
+    pyarrow Table (delta-rs; no Spark).
 
     Read through delta-rs's own query engine, not ``DeltaTable.to_pyarrow_table``: the latter's
     pyarrow dataset makes about every other interpreter abort at exit ("terminate called without
@@ -88,10 +108,12 @@ def read_delta(
     from deltalake import DeltaTable, QueryBuilder
 
     select = ", ".join(f'"{c}"' for c in columns) if columns else "*"
-    where = f" WHERE job_id = {rs_literal(job_id)}" if job_id is not None else ""
+    conditions = [f"job_id = {rs_literal(job_id)}"] if job_id is not None else []
+    conditions += [where] if where else []
+    condition = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     loaded = table if isinstance(table, DeltaTable) else open_table(table)
     query = QueryBuilder().register("t", loaded)
-    return pa.table(query.execute(f"SELECT {select} FROM t{where}").read_all())
+    return pa.table(query.execute(f"SELECT {select} FROM t{condition}").read_all())
 
 
 class CatalogReader:
@@ -119,12 +141,14 @@ class CatalogReader:
         with handle.latest() as dt:
             yield dt
 
-    def _read(self, table: str, job_id: str) -> list[dict[str, Any]]:
+    def _read(
+        self, table: str, job_id: str, columns: list[str] | None = None, where: str | None = None
+    ) -> list[dict[str, Any]]:
         from deltalake.exceptions import TableNotFoundError
 
         try:
             with self.latest(table) as dt:
-                data = read_delta(dt, job_id)
+                data = read_delta(dt, job_id, columns, where)
         except TableNotFoundError:
             return []
         return data.to_pylist()
@@ -156,11 +180,19 @@ class CatalogReader:
     def checkpoints(
         self, job_id: str, statuses: tuple[CheckpointStatus, ...] | None = None
     ) -> list[CompletedCheckpoint]:
+        """The job's checkpoint rows, ascending by id; with ``statuses``, only those rows are
+        read (the retained ones of a long history, not all of it)."""
+        where = None
+        if statuses is not None:
+            where = f"status IN ({', '.join(rs_literal(s.value) for s in statuses)})"
         out = []
-        for r in self._read("completed_checkpoints", job_id):
+        for r in self._read("completed_checkpoints", job_id, where=where):
             status = CheckpointStatus(r.pop("status"))
-            if statuses is not None and status not in statuses:
-                continue
             r["source_positions"] = json.loads(r["source_positions"] or "{}")
             out.append(CompletedCheckpoint(status=status, **r))
         return sorted(out, key=lambda c: c.checkpoint_id)
+
+    def newest_checkpoint_id(self, job_id: str) -> int:
+        """The highest checkpoint id of the job in any status (0 if none)."""
+        rows = self._read("completed_checkpoints", job_id, ["checkpoint_id"])
+        return max((r["checkpoint_id"] for r in rows), default=0)

@@ -3,9 +3,11 @@ the same on its thousandth checkpoint as on its tenth.
 
 Every append and every update adds a data file to the job's partition, and a read of the job's
 rows opens each of them. A running driver compacts its own job's partitions once they hold
-:data:`COMPACT_AT` files (:func:`compact_job`, from its heartbeat thread); orchestration's
-scheduled maintenance (:func:`maintain`) compacts every table, removes files no version within
-the retention needs and writes a log checkpoint.
+:data:`COMPACT_AT` files and removes the log entries older than the tables' log retention every
+:data:`LOG_CLEANUP_EVERY_S` (:func:`compact_job`, from its heartbeat thread: the tables do not
+list their whole log after each commit to do it, see ``CATALOG_TABLE_PROPERTIES``);
+orchestration's scheduled maintenance (:func:`maintain`) compacts every table, removes files no
+version within the retention needs and writes a log checkpoint.
 
 ``shared_state_files`` is compacted by GC's own rewrite (every row rewritten, none changed), not
 by OPTIMIZE: OPTIMIZE's removes say the data did not change, so a GC rewrite planned before it
@@ -15,14 +17,18 @@ Rewrites conflict with each other, and the loser is planned again (shared_files.
 
 from __future__ import annotations
 
+import time
+
 from spark_jobs.catalog.delta_catalog import DeltaCatalog, is_conflict
 from spark_jobs.catalog.shared_files import TABLE as REGISTRY
 from spark_jobs.catalog.shared_files import every_row
-from spark_jobs.catalog.tables import TABLES
-from state.storage.tables import TABLE_PROPERTIES, open_table
+from spark_jobs.catalog.tables import CATALOG_TABLE_PROPERTIES, TABLES
+from state.storage.tables import open_table
 
 COMPACT_AT = 10  # data files in one job's partition of a table that make its driver compact it
 COMPACTED = tuple(name for name in TABLES if name != REGISTRY)  # what OPTIMIZE may rewrite
+LOG_CLEANUP_EVERY_S = 300.0  # how often a driver removes a table's expired log entries
+_CLEANED: dict[str, float] = {}  # table URI -> when this process last cleaned its log
 
 
 def compact_job(catalog: DeltaCatalog, job_id: str, min_files: int = COMPACT_AT) -> dict[str, int]:
@@ -31,7 +37,10 @@ def compact_job(catalog: DeltaCatalog, job_id: str, min_files: int = COMPACT_AT)
     compaction that lost to another writer's commit is left to the next call."""
     partition = [("job_id", "=", job_id)]
     replaced = {}
-    for name in COMPACTED:
+    for name in TABLES:
+        _clean_log(catalog, name)
+        if name not in COMPACTED:
+            continue
         try:
             with catalog.latest(name) as dt:
                 if len(dt.file_uris(file_pruning_predicate=partition)) < min_files:
@@ -45,10 +54,25 @@ def compact_job(catalog: DeltaCatalog, job_id: str, min_files: int = COMPACT_AT)
     return replaced
 
 
+def _clean_log(catalog: DeltaCatalog, table: str) -> None:
+    """Remove ``table``'s log entries older than its log retention that the latest log
+    checkpoint has made unneeded, at most once per :data:`LOG_CLEANUP_EVERY_S` in this process
+    (a listing of the whole log, which the retention keeps short)."""
+    uri = catalog.path(table)
+    now = time.monotonic()
+    if now - _CLEANED.get(uri, -LOG_CLEANUP_EVERY_S) < LOG_CLEANUP_EVERY_S:
+        return
+    _CLEANED[uri] = now
+    with catalog.latest(table) as dt:
+        dt.cleanup_metadata()
+
+
 def maintain(catalog: DeltaCatalog, vacuum_retention_hours: float = 168.0) -> dict[str, int]:
     """Compact every catalog table (the registry by GC's rewrite), remove files no version
-    within ``vacuum_retention_hours`` needs (VACUUM) and write a log checkpoint; tables made
-    before :data:`TABLE_PROPERTIES` get them. Returns each table's data file count after."""
+    within ``vacuum_retention_hours`` needs (a full VACUUM: the files no log entry within the
+    tombstone retention names are found by listing), write a log checkpoint and remove the log
+    entries it made unneeded; tables made before ``CATALOG_TABLE_PROPERTIES`` get them.
+    Returns each table's data file count after."""
     counts = {}
     for name in TABLES:
         if name == REGISTRY:
@@ -57,14 +81,16 @@ def maintain(catalog: DeltaCatalog, vacuum_retention_hours: float = 168.0) -> di
         else:
             catalog.retrying(lambda n=name: open_table(catalog.path(n)).optimize.compact())
         table = open_table(catalog.path(name))
-        if not TABLE_PROPERTIES.items() <= table.metadata().configuration.items():
-            table.alter.set_table_properties(TABLE_PROPERTIES)  # a catalog made before them
+        if not CATALOG_TABLE_PROPERTIES.items() <= table.metadata().configuration.items():
+            table.alter.set_table_properties(CATALOG_TABLE_PROPERTIES)  # made before them
         table.vacuum(
             retention_hours=int(vacuum_retention_hours),
             enforce_retention_duration=False,
             dry_run=False,
+            full=True,
         )
         table.create_checkpoint()
+        table.cleanup_metadata()
         counts[name] = len(open_table(catalog.path(name)).file_uris())
     return counts
 

@@ -339,8 +339,8 @@ def start_from_savepoint(
             ),
         )
         continue_at = max([saved.batch_id, *(s.committed_epoch() for s in sinks)])
-    known = [c.checkpoint_id for c in catalog.checkpoints(job.name)]
-    checkpoint_id, _ = claim_checkpoint_id(storage, layout, attempt, max([0, *known]) + 1)
+    newest = catalog.newest_checkpoint_id(job.name)
+    checkpoint_id, _ = claim_checkpoint_id(storage, layout, attempt, newest + 1)
     imported = import_savepoint(
         saved, source, storage, job.name, checkpoint_id, attempt, batch_id=continue_at
     )
