@@ -325,9 +325,17 @@ def test_the_log_and_its_tombstones_stay_within_their_retention_and_vacuum_finds
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
 
-    from spark_jobs.catalog import upkeep
+    from spark_jobs.catalog.upkeep import driver_upkeep
+    from state.storage import tables
 
-    monkeypatch.setattr(upkeep, "LOG_CLEANUP_EVERY_S", 0.0)
+    monkeypatch.setattr(tables, "LOG_CLEANUP_EVERY_S", 0.0)
+
+    class Sink:  # the driver's sinks: each asked for its own upkeep (cutline/sinks/delta.py)
+        upkeeps = 0
+
+        def upkeep(self) -> None:
+            self.upkeeps += 1
+
     catalog = catalog_at(tmp_path)
     attempt = catalog.begin_attempt("clicks")
     table = tmp_path / "warehouse" / "catalog" / "completed_checkpoints"
@@ -359,7 +367,9 @@ def test_the_log_and_its_tombstones_stay_within_their_retention_and_vacuum_finds
     first_entry = min(int(p.name.split(".")[0]) for p in log.glob("*.json"))
     assert first_entry == 0  # a commit does not clean the log (it would list all of it)
     rows = catalog.checkpoints("clicks")
-    upkeep.compact_job(catalog, "clicks")
+    sink = Sink()
+    driver_upkeep(catalog, "clicks", [sink])
+    assert sink.upkeeps == 1
     checkpointed = json.loads((log / "_last_checkpoint").read_text())["version"]
     first_entry = min(int(p.name.split(".")[0]) for p in log.glob("*.json"))
     assert 0 < first_entry <= checkpointed  # what the latest log checkpoint needs is kept

@@ -3,7 +3,9 @@ sees, on local disk and on the S3 server, without reloading the table on every u
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 
 import pyarrow as pa
 import pytest
@@ -80,3 +82,27 @@ def test_uses_are_serialised_and_a_nested_use_on_one_thread_raises(tmp_path):
         assert not entered.wait(0.3), "a second thread's use waits for the first to end"
     other.join(5)
     assert entered.is_set()
+
+
+def test_commits_leave_the_log_whole_and_clean_log_removes_the_expired_entries(tmp_path):
+    """No commit of a Cutline table lists the whole log to clean it (``TABLE_PROPERTIES``);
+    its owner's ``clean_log`` removes the entries older than the log retention that a log
+    checkpoint made unneeded, at most once per ``every_s``, and the table reads the same."""
+    uri = str(tmp_path / "t")
+    write_table(uri, pa.table({"n": [0]}), mode="append", configuration=TABLE_PROPERTIES)
+    open_table(uri).alter.set_table_properties({"delta.logRetentionDuration": "interval 1 seconds"})
+    log = tmp_path / "t" / "_delta_log"
+    handle = LatestTable(uri)
+    for n in range(1, 12):
+        write_table(uri, pa.table({"n": [n]}), mode="append")
+    time.sleep(1.5)
+    for n in range(12, 24):  # a log checkpoint after the others expired
+        write_table(uri, pa.table({"n": [n]}), mode="append")
+    assert (log / f"{0:020d}.json").exists()  # no commit cleaned
+    assert handle.clean_log(every_s=3600) is True
+    entries = sorted(int(p.name.split(".")[0]) for p in log.glob("*.json"))
+    checkpointed = json.loads((log / "_last_checkpoint").read_text())["version"]
+    assert 0 < entries[0] <= checkpointed, (entries, checkpointed)
+    assert handle.clean_log(every_s=3600) is False  # cleaned within the hour: not again
+    with handle.latest() as dt:
+        assert sorted(read_delta(dt).column("n").to_pylist()) == list(range(24))

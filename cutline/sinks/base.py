@@ -64,6 +64,10 @@ class SinkWriter(Protocol):
     def reset(self) -> int:
         """Delete all output (an explicit start-over); the rows deleted."""
 
+    def upkeep(self) -> None:
+        """Keep the output's own cost flat while the job runs (called now and then by the
+        driver, never during a commit); nothing for an output that needs nothing."""
+
 
 class Sink(ABC):
     """A sink in a job definition: ``name`` (unique in the job), the ``stage`` whose output it

@@ -235,6 +235,11 @@ class DeltaSinkWriter:
             )
         return int(metrics.get("num_deleted_rows", 0) or 0)
 
+    def upkeep(self) -> None:
+        """The table's expired log entries removed, at most every five minutes (no commit
+        lists the whole log to do it: ``TABLE_PROPERTIES``)."""
+        self._handle.clean_log()
+
     def _conditional_commit(self, plan) -> Any:
         """Plan a commit on one version of the table and land it only on that version; a
         concurrent commit makes it start over. ``plan(committed epoch)`` returns ``(data,

@@ -15,18 +15,15 @@ from typing import Any
 from state.catalog import CheckpointStatus, CompletedCheckpoint
 from state.storage.tables import TABLE_PROPERTIES, LatestTable, open_table, table_uri
 
-# The catalog's tables' own properties, which keep each commit's cost flat in the history:
-# - delta-rs lists the whole log after every commit to find expired log files; with that off
-#   a commit lists the log only from its own version on, and the driver's upkeep cleans the log
-#   once in a while (spark_jobs/catalog/upkeep.py), keeping the last hour of it;
-# - a log checkpoint carries a tombstone for every file removed within the retention (Delta's
-#   default is a week: every compaction's and every status update's removed files), read by
-#   every cold open and rewritten every ten commits; an hour keeps what a concurrent reader of
-#   an older version could still open. Maintenance's VACUUM runs in full mode (spark_jobs/catalog/
-#   upkeep.py): files whose tombstones expired are found by listing, not from the log.
+# The catalog's tables' own properties, which keep each commit's and each open's cost flat in
+# the history: besides every table's (``TABLE_PROPERTIES``: no commit lists the whole log), an
+# hour of log (a driver's upkeep cleans it, spark_jobs/catalog/upkeep.py) and an hour of
+# tombstones in each log checkpoint, which every cold open reads and every tenth commit rewrites
+# (Delta's default is a week: every compaction's and every status update's removed files). An
+# hour covers any reader of an older version; maintenance's VACUUM runs in full mode, so files
+# whose tombstones expired are found by listing.
 CATALOG_TABLE_PROPERTIES = {
     **TABLE_PROPERTIES,
-    "delta.enableExpiredLogCleanup": "false",
     "delta.logRetentionDuration": "interval 1 hours",
     "delta.deletedFileRetentionDuration": "interval 1 hours",
 }
@@ -126,6 +123,9 @@ class CatalogReader:
         self.root = str(root)
         self._tables: dict[str, LatestTable] = {}
         self._tables_lock = threading.Lock()
+        # each table's reads at its newest version seen: (version, {query: rows}); a version
+        # names one snapshot, so a read repeated before the next commit costs no data read
+        self._reads: dict[str, tuple[int, dict[tuple, list[dict[str, Any]]]]] = {}
 
     def path(self, table: str) -> str:
         return table_uri(self.root, table)
@@ -135,23 +135,36 @@ class CatalogReader:
         """``table`` (a ``deltalake.DeltaTable``) at its newest version for the ``with``
         block; raises ``TableNotFoundError`` if it does not exist."""
         with self._tables_lock:
-            if table not in self._tables:
-                self._tables[table] = LatestTable(self.path(table))
-            handle = self._tables[table]
+            handle = self._tables.setdefault(table, LatestTable(self.path(table)))
         with handle.latest() as dt:
             yield dt
+
+    def clean_logs(self) -> None:
+        """Remove each table's expired log entries, at most once per
+        ``LOG_CLEANUP_EVERY_S`` (``LatestTable.clean_log``)."""
+        for name in TABLES:
+            with self._tables_lock:
+                handle = self._tables.setdefault(name, LatestTable(self.path(name)))
+            handle.clean_log()
 
     def _read(
         self, table: str, job_id: str, columns: list[str] | None = None, where: str | None = None
     ) -> list[dict[str, Any]]:
         from deltalake.exceptions import TableNotFoundError
 
+        query = (job_id, tuple(columns or ()), where)
         try:
             with self.latest(table) as dt:
-                data = read_delta(dt, job_id, columns, where)
+                version, reads = self._reads.get(table, (-1, {}))
+                if version != dt.version():
+                    version, reads = dt.version(), {}
+                    self._reads[table] = (version, reads)
+                if query not in reads:
+                    reads[query] = read_delta(dt, job_id, columns, where).to_pylist()
+                rows = reads[query]
         except TableNotFoundError:
             return []
-        return data.to_pylist()
+        return [dict(r) for r in rows]
 
     def job_ids(self) -> list[str]:
         """Every job with an attempt in the catalog (none without a catalog)."""

@@ -2,12 +2,12 @@
 the same on its thousandth checkpoint as on its tenth.
 
 Every append and every update adds a data file to the job's partition, and a read of the job's
-rows opens each of them. A running driver compacts its own job's partitions once they hold
-:data:`COMPACT_AT` files and removes the log entries older than the tables' log retention every
-:data:`LOG_CLEANUP_EVERY_S` (:func:`compact_job`, from its heartbeat thread: the tables do not
-list their whole log after each commit to do it, see ``CATALOG_TABLE_PROPERTIES``);
-orchestration's scheduled maintenance (:func:`maintain`) compacts every table, removes files no
-version within the retention needs and writes a log checkpoint.
+rows opens each of them. A running driver, from its heartbeat thread (:func:`driver_upkeep`),
+compacts its own job's partitions once they hold :data:`COMPACT_AT` files (:func:`compact_job`)
+and every five minutes removes the expired log entries of the catalog's tables and of its sinks'
+(no commit does: ``TABLE_PROPERTIES``); orchestration's scheduled maintenance (:func:`maintain`)
+compacts every table, removes files no version within the retention needs and writes a log
+checkpoint.
 
 ``shared_state_files`` is compacted by GC's own rewrite (every row rewritten, none changed), not
 by OPTIMIZE: OPTIMIZE's removes say the data did not change, so a GC rewrite planned before it
@@ -17,8 +17,9 @@ Rewrites conflict with each other, and the loser is planned again (shared_files.
 
 from __future__ import annotations
 
-import time
+from collections.abc import Iterable
 
+from cutline.sinks import SinkWriter
 from spark_jobs.catalog.delta_catalog import DeltaCatalog, is_conflict
 from spark_jobs.catalog.shared_files import TABLE as REGISTRY
 from spark_jobs.catalog.shared_files import every_row
@@ -27,8 +28,18 @@ from state.storage.tables import open_table
 
 COMPACT_AT = 10  # data files in one job's partition of a table that make its driver compact it
 COMPACTED = tuple(name for name in TABLES if name != REGISTRY)  # what OPTIMIZE may rewrite
-LOG_CLEANUP_EVERY_S = 300.0  # how often a driver removes a table's expired log entries
-_CLEANED: dict[str, float] = {}  # table URI -> when this process last cleaned its log
+
+
+def driver_upkeep(
+    catalog: DeltaCatalog, job_id: str, sinks: Iterable[SinkWriter] = ()
+) -> dict[str, int]:
+    """A running driver's upkeep after each heartbeat: the expired log entries of the catalog's
+    tables and of ``sinks``' removed (each at most every five minutes), then
+    :func:`compact_job`, whose result it returns."""
+    catalog.clean_logs()
+    for sink in sinks:
+        sink.upkeep()
+    return compact_job(catalog, job_id)
 
 
 def compact_job(catalog: DeltaCatalog, job_id: str, min_files: int = COMPACT_AT) -> dict[str, int]:
@@ -37,10 +48,7 @@ def compact_job(catalog: DeltaCatalog, job_id: str, min_files: int = COMPACT_AT)
     compaction that lost to another writer's commit is left to the next call."""
     partition = [("job_id", "=", job_id)]
     replaced = {}
-    for name in TABLES:
-        _clean_log(catalog, name)
-        if name not in COMPACTED:
-            continue
+    for name in COMPACTED:
         try:
             with catalog.latest(name) as dt:
                 if len(dt.file_uris(file_pruning_predicate=partition)) < min_files:
@@ -52,19 +60,6 @@ def compact_job(catalog: DeltaCatalog, job_id: str, min_files: int = COMPACT_AT)
             continue
         replaced[name] = int(metrics.get("numFilesRemoved", 0))
     return replaced
-
-
-def _clean_log(catalog: DeltaCatalog, table: str) -> None:
-    """Remove ``table``'s log entries older than its log retention that the latest log
-    checkpoint has made unneeded, at most once per :data:`LOG_CLEANUP_EVERY_S` in this process
-    (a listing of the whole log, which the retention keeps short)."""
-    uri = catalog.path(table)
-    now = time.monotonic()
-    if now - _CLEANED.get(uri, -LOG_CLEANUP_EVERY_S) < LOG_CLEANUP_EVERY_S:
-        return
-    _CLEANED[uri] = now
-    with catalog.latest(table) as dt:
-        dt.cleanup_metadata()
 
 
 def maintain(catalog: DeltaCatalog, vacuum_retention_hours: float = 168.0) -> dict[str, int]:

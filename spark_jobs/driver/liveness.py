@@ -37,8 +37,9 @@ def heartbeat(
     """Until ``stop``: every ``every_s`` record a heartbeat in ``streaming_jobs`` (an
     orchestrator that sees it stop fails the run); fail the run if attempt ``attempt`` is
     superseded or ``watch_pid`` is gone; after each heartbeat run ``upkeep`` (the catalog's
-    compaction of the job's partitions, spark_jobs/catalog/upkeep.py), which returns the files
-    each table's compaction replaced. A missed heartbeat or upkeep is logged, not a failure."""
+    and the sinks' upkeep, spark_jobs/catalog/upkeep.py ``driver_upkeep``), which returns the
+    files each table's compaction replaced. A missed heartbeat or upkeep is logged, not a
+    failure."""
     while not stop.wait(every_s):
         if watch_pid is not None and not alive(watch_pid):
             fail(f"the orchestrator process {watch_pid} is gone", None)

@@ -45,7 +45,7 @@ from cutline.job import JobDefinition
 from cutline.sources.log import with_log_root
 from spark_jobs.catalog import open_catalog
 from spark_jobs.catalog.tables import now_ms
-from spark_jobs.catalog.upkeep import compact_job
+from spark_jobs.catalog.upkeep import driver_upkeep
 from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.driver.attempt_start import StartPlan, plan_start, sink_writers
 from spark_jobs.driver.barrier import AckPoller, CompactionRequests
@@ -206,7 +206,7 @@ class StreamingRun:
                     "fail": self.state.fail,
                     "log": self.log,
                     "watch_pid": self.watch_pid,
-                    "upkeep": partial(compact_job, self.catalog, job.name),
+                    "upkeep": partial(driver_upkeep, self.catalog, job.name, self.sinks),
                 },
                 name="cutline-heartbeat",
                 daemon=True,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,8 +31,12 @@ _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 COMMIT_TOKEN = "cutline_commit"  # commit info key: which plan a conditional commit came from
 # Every table Cutline creates: a reader opens a table at its latest log checkpoint and replays
 # the commits after it; with a checkpoint every 10 commits (Delta's own default; delta-rs's is
-# 100) opening a table costs the same on its thousandth commit as on its tenth.
-TABLE_PROPERTIES = {"delta.checkpointInterval": "10"}
+# 100) opening a table costs the same on its thousandth commit as on its tenth. delta-rs cleans
+# expired log entries after every commit by listing the whole log, a cost that grows with the
+# log retention's worth of commits (a month of checkpoints by default); the tables' owners clean
+# the log now and then instead (:meth:`LatestTable.clean_log`).
+TABLE_PROPERTIES = {"delta.checkpointInterval": "10", "delta.enableExpiredLogCleanup": "false"}
+LOG_CLEANUP_EVERY_S = 300.0  # how often a table's owner removes its expired log entries
 
 
 def is_url(root: str | Path) -> bool:
@@ -97,6 +102,7 @@ class LatestTable:
         self._lock = threading.Lock()
         self._owner: int | None = None
         self._table: Any | None = None
+        self._cleaned_at: float | None = None
 
     @contextmanager
     def latest(self) -> Iterator[Any]:
@@ -114,6 +120,22 @@ class LatestTable:
         """The table at its newest version for the ``with`` block, or None if there is none."""
         with self._use() as table:
             yield table
+
+    def clean_log(self, every_s: float | None = None) -> bool:
+        """Remove the log entries older than the table's log retention that its latest log
+        checkpoint made unneeded (a listing of the whole log), unless this handle did so within
+        ``every_s`` (:data:`LOG_CLEANUP_EVERY_S`); whether it cleaned. Nothing without a
+        table."""
+        now = time.monotonic()
+        every_s = LOG_CLEANUP_EVERY_S if every_s is None else every_s
+        if self._cleaned_at is not None and now - self._cleaned_at < every_s:
+            return False
+        with self.find() as table:
+            if table is None:
+                return False
+            table.cleanup_metadata()
+        self._cleaned_at = now
+        return True
 
     @contextmanager
     def _use(self) -> Iterator[Any | None]:
