@@ -17,7 +17,8 @@ the log only the commits made. At each size:
   private files' and the manifest's PUTs and the two catalog commits; the median per checkpoint;
 - start: a cold catalog planning an attempt's start (``plan_start``: the attempt begun and
   fenced, the sink fenced, the root checked, the latest checkpoint chosen and validated), as a
-  new driver's plan thread does;
+  new driver's plan thread does; the median of ``--starts``, each after one more checkpoint
+  (a cold open replays the log's commits since its last log checkpoint, zero to nine);
 - gc: one ``cutline gc`` pass (no grace).
 
     .venv/bin/python bench/catalog_bench.py --sizes 10 100 1000 10000
@@ -140,27 +141,30 @@ class History:
         while self.last < size:
             self.complete_one()
 
-    def measure(self, commits: int) -> dict:
+    def measure(self, commits: int, starts: int) -> dict:
         """The figures at the current size (module docstring)."""
         per_commit = []
         for _ in range(commits):
             before, started = self.requests.count(), time.perf_counter()
             self.complete_one()
             per_commit.append((time.perf_counter() - started, self.requests.count() - before))
-        before, started = self.requests.count(), time.perf_counter()
-        plan = plan_start(
-            DeltaCatalog(self.paths.catalog),
-            open_storage(self.paths.checkpoint_root),
-            self.job,
-            self.paths,
-            "latest",
-            "catalog-bench",
-            log=lambda *_: None,
-        )
-        start = (time.perf_counter() - started, self.requests.count() - before)
-        assert plan.manifest is not None and plan.manifest.checkpoint_id == self.last
-        self.catalog.set_job_status(JOB, plan.attempt, "FINISHED")
-        self.attempt = self.catalog.begin_attempt(JOB, run_id="catalog-bench")  # the driver again
+        per_start = []
+        for _ in range(starts):  # each after one more checkpoint: where the log is between its
+            before, started = self.requests.count(), time.perf_counter()  # checkpoints varies
+            plan = plan_start(
+                DeltaCatalog(self.paths.catalog),
+                open_storage(self.paths.checkpoint_root),
+                self.job,
+                self.paths,
+                "latest",
+                "catalog-bench",
+                log=lambda *_: None,
+            )
+            per_start.append((time.perf_counter() - started, self.requests.count() - before))
+            assert plan.manifest is not None and plan.manifest.checkpoint_id == self.last
+            self.catalog.set_job_status(JOB, plan.attempt, "FINISHED")
+            self.attempt = self.catalog.begin_attempt(JOB, run_id="catalog-bench")  # the driver
+            self.complete_one()
         before, started = self.requests.count(), time.perf_counter()
         report = collect_garbage(JOB, self.paths, grace_s=0, log=lambda *_: None)
         gc = (time.perf_counter() - started, self.requests.count() - before)
@@ -168,8 +172,8 @@ class History:
             "checkpoints": self.last,
             "commit_s": round(statistics.median(s for s, _ in per_commit), 4),
             "commit_requests": statistics.median(n for _, n in per_commit),
-            "start_s": round(start[0], 3),
-            "start_requests": start[1],
+            "start_s": round(statistics.median(s for s, _ in per_start), 3),
+            "start_requests": statistics.median(n for _, n in per_start),
             "gc_s": round(gc[0], 3),
             "gc_requests": gc[1],
             "gc_files_deleted": report.files_deleted,
@@ -190,9 +194,10 @@ def bench(name: str, home: Path, paths: RuntimePaths, env: dict, requests: Reque
     history, rows = History(paths, requests), []
     for size in args.sizes:
         started = time.perf_counter()
-        history.grow_to(size - args.commits, args.real_up_to)
+        history.grow_to(size - args.commits - args.starts, args.real_up_to)
         grown = time.perf_counter() - started
-        row = {"storage": name, **history.measure(args.commits), "grow_s": round(grown, 1)}
+        measured = history.measure(args.commits, args.starts)
+        row = {"storage": name, **measured, "grow_s": round(grown, 1)}
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
@@ -202,6 +207,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000, 10000])
     parser.add_argument("--commits", type=int, default=5, help="measured per size")
+    parser.add_argument("--starts", type=int, default=5, help="measured per size")
     parser.add_argument("--real-up-to", type=int, default=1000, help="grown commit by commit")
     parser.add_argument("--storage", nargs="+", default=["local", "s3"])
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "catalog.json"))

@@ -100,12 +100,17 @@ class DeltaCatalog(CatalogReader, JobCatalog):
         catalog: losing that race is fine as long as the table exists afterwards."""
         from deltalake import DeltaTable
 
-        if self.tables_exist(self.root):
+        if self.root in _EXISTING:
             return
-        for name in TABLES:
+        missing = []
+        for name in TABLES:  # loaded into the handles the reads and commits use next
+            with self.handle(name).find() as table:
+                if table is None:
+                    missing.append(name)
+        if not missing:
+            _EXISTING.add(self.root)
+        for name in missing:
             uri = self.path(name)
-            if find_table(uri) is not None:
-                continue
             try:
                 DeltaTable.create(
                     uri,

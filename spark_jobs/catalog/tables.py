@@ -130,22 +130,25 @@ class CatalogReader:
     def path(self, table: str) -> str:
         return table_uri(self.root, table)
 
+    def handle(self, table: str) -> LatestTable:
+        """The reader's handle of ``table``, kept loaded for its life."""
+        with self._tables_lock:
+            if table not in self._tables:
+                self._tables[table] = LatestTable(self.path(table))
+            return self._tables[table]
+
     @contextmanager
     def latest(self, table: str) -> Iterator[Any]:
         """``table`` (a ``deltalake.DeltaTable``) at its newest version for the ``with``
         block; raises ``TableNotFoundError`` if it does not exist."""
-        with self._tables_lock:
-            handle = self._tables.setdefault(table, LatestTable(self.path(table)))
-        with handle.latest() as dt:
+        with self.handle(table).latest() as dt:
             yield dt
 
     def clean_logs(self) -> None:
         """Remove each table's expired log entries, at most once per
         ``LOG_CLEANUP_EVERY_S`` (``LatestTable.clean_log``)."""
         for name in TABLES:
-            with self._tables_lock:
-                handle = self._tables.setdefault(name, LatestTable(self.path(name)))
-            handle.clean_log()
+            self.handle(name).clean_log()
 
     def _read(
         self, table: str, job_id: str, columns: list[str] | None = None, where: str | None = None
