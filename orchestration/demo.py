@@ -261,12 +261,20 @@ def instance(home: Path) -> DagsterInstance:
 
 def register_partitions(home: Path) -> None:
     """A partition per registered job now (the register_streaming_jobs sensor would add them
-    on its next tick)."""
+    on its next tick, and may add some while this does)."""
+    name = streaming_job_partitions.name
     with instance(home) as inst:
-        known = set(inst.get_dynamic_partitions(streaming_job_partitions.name))
-        new = [n for n in job_names() if n not in known]
-        if new:
-            inst.add_dynamic_partitions(streaming_job_partitions.name, new)
+        for tries in range(3):
+            known = set(inst.get_dynamic_partitions(name))
+            new = [n for n in job_names() if n not in known]
+            if not new:
+                return
+            try:
+                inst.add_dynamic_partitions(name, new)
+                return
+            except Exception:  # a key added meanwhile by the daemon's sensor: read them again
+                if tries == 2:
+                    raise
 
 
 def _active_runs(home: Path) -> list[str]:

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 from state.catalog import FencedError, JobCatalog
 
+STOP_TIMEOUT_S = 60.0  # how long a stopping driver waits for its heartbeat's call in progress
+
 
 def alive(pid: int) -> bool:
     """Whether process ``pid`` exists."""
@@ -64,3 +66,28 @@ def heartbeat(
                 continue
             for table, files in replaced.items():
                 log(f"catalog upkeep: {job}'s {files} data files of {table} compacted into one")
+
+
+class Heartbeat:
+    """The driver's :func:`heartbeat` on a thread of its own. :meth:`stop` ends it and waits for
+    the catalog call in progress (on slow storage, seconds): a delta-rs call still running on a
+    daemon thread while the interpreter exits can crash the process at its very end."""
+
+    def __init__(self, catalog: JobCatalog, job: str, attempt: int, every_s: float, **kw) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=heartbeat,
+            args=(catalog, job, attempt, every_s, self._stop),
+            kwargs=kw,
+            name="cutline-heartbeat",
+            daemon=True,
+        )
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout_s)

@@ -51,7 +51,7 @@ from spark_jobs.driver.attempt_start import StartPlan, plan_start, sink_writers
 from spark_jobs.driver.barrier import AckPoller, CompactionRequests
 from spark_jobs.driver.completion import Completion
 from spark_jobs.driver.epoch_ends import EpochEnds, starting_point
-from spark_jobs.driver.liveness import heartbeat
+from spark_jobs.driver.liveness import Heartbeat
 from spark_jobs.driver.micro_batches import MicroBatches
 from spark_jobs.driver.progress import Progress
 from spark_jobs.driver.restore_step import AttemptRestore
@@ -125,7 +125,7 @@ class StreamingRun:
         self.exactly_once = job.checkpoint.mode == EXACTLY_ONCE
         self.state = RunState()  # what the threads share: the failure, the stop, the report
         self._restored = threading.Event()  # the working state is restored: micro-batches may run
-        self._shutdown = threading.Event()  # stop the heartbeat (after the final checkpoint)
+        self._heartbeat: Heartbeat | None = None  # stopped after the final checkpoint
         self.watch = QueryWatch(
             spark.sparkContext, idle_timeout_s, self.state, self.log, until_caught_up
         )
@@ -199,17 +199,15 @@ class StreamingRun:
                 self.ends,
                 self.sinks,
             )
-            threading.Thread(
-                target=heartbeat,
-                args=(self.catalog, job.name, self.attempt, self.heartbeat_s, self._shutdown),
-                kwargs={
-                    "fail": self.state.fail,
-                    "log": self.log,
-                    "watch_pid": self.watch_pid,
-                    "upkeep": partial(driver_upkeep, self.catalog, job.name, self.sinks),
-                },
-                name="cutline-heartbeat",
-                daemon=True,
+            self._heartbeat = Heartbeat(
+                self.catalog,
+                job.name,
+                self.attempt,
+                self.heartbeat_s,
+                fail=self.state.fail,
+                log=self.log,
+                watch_pid=self.watch_pid,
+                upkeep=partial(driver_upkeep, self.catalog, job.name, self.sinks),
             ).start()
             # The state restores on a thread of its own while the query starts: Spark starts
             # its source and plans the first trigger meanwhile; the first micro-batch waits.
@@ -277,7 +275,8 @@ class StreamingRun:
             self._restored.set()  # a micro-batch waiting for the restore is skipped
             if query is not None:
                 query.stop()
-            self._shutdown.set()
+            if self._heartbeat is not None:
+                self._heartbeat.stop()
             if self.acks is not None:
                 self.acks.stop()
             shutil.rmtree(spark_checkpoint, ignore_errors=True)
