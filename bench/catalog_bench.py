@@ -7,11 +7,11 @@ A real run of ``clicks_per_user`` (two micro-batches, so two real checkpoints an
 starts each storage's history; the history then grows as a running driver grows it, one
 checkpoint at a time: the subtasks' private files uploaded under the new checkpoint's directory
 and its manifest written (copies of the real latest one's, so every checkpoint restores), the row
-committed under the attempt's fence with the checkpoint beyond the retained ones marked SUBSUMED
-in the same commit, and every ten checkpoints a heartbeat and the driver's upkeep
-(``compact_job``). Past ``--real-up-to`` checkpoints the rows are imported in bulk instead
-(``import_checkpoints``, a thousand a commit, SUBSUMED, their manifests not written): the tables
-hold the whole history, the log only the commits made. At each size:
+committed under the attempt's fence, the checkpoint beyond the retained ones marked SUBSUMED,
+and every ten checkpoints a heartbeat and the driver's upkeep (``compact_job``). Past
+``--real-up-to`` checkpoints the rows are imported in bulk instead (``import_checkpoints``, a
+thousand a commit, SUBSUMED, their manifests not written): the tables hold the whole history,
+the log only the commits made. At each size:
 
 - commit: a warm catalog (a running driver's) completing ``--commits`` more checkpoints, each the
   private files' and the manifest's PUTs and the two catalog commits; the median per checkpoint;
@@ -100,7 +100,6 @@ class History:
         }
         self.attempt = self.catalog.begin_attempt(JOB, run_id="catalog-bench")
         self.retained = self.job.checkpoint.num_retained
-        self.kept = self.catalog.checkpoints(JOB, (CheckpointStatus.COMPLETED,))
 
     def _row(self, cid: int, status=CheckpointStatus.COMPLETED) -> CompletedCheckpoint:
         at = now_ms()
@@ -120,9 +119,9 @@ class History:
             doc.replace(f'"{self.private_prefix}', f'"{own}').encode()
         )
         self.storage.put_bytes(LAYOUT.job_path(LAYOUT.metadata(cid)), manifest.to_json())
-        kept = [*self.kept, self._row(cid)]  # the retained ones and the new one
-        self.catalog.commit_checkpoint(kept[-1], kept[: -self.retained])
-        self.kept = kept[-self.retained :]
+        self.catalog.commit_checkpoint(self._row(cid))
+        if cid - self.retained > 0:
+            self.catalog.mark_subsumed(JOB, [cid - self.retained])
         self.last = cid
         if cid % 10 == 0:  # the heartbeat thread's beat and upkeep
             self.catalog.heartbeat(JOB, self.attempt)
@@ -134,7 +133,6 @@ class History:
         if self.last < size - self.retained:  # the retained ones are about to be subsumed
             retained = range(max(1, self.last - self.retained + 1), self.last + 1)
             self.catalog.mark_subsumed(JOB, list(retained))
-            self.kept = []
         while self.last < size - self.retained:  # the rest in bulk, all subsumed
             upto = min(self.last + IMPORT_CHUNK, size - self.retained)
             rows = [self._row(c, CheckpointStatus.SUBSUMED) for c in range(self.last + 1, upto + 1)]
@@ -208,7 +206,7 @@ def bench(name: str, home: Path, paths: RuntimePaths, env: dict, requests: Reque
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000, 10000])
-    parser.add_argument("--commits", type=int, default=15, help="measured per size")
+    parser.add_argument("--commits", type=int, default=5, help="measured per size")
     parser.add_argument("--starts", type=int, default=5, help="measured per size")
     parser.add_argument("--real-up-to", type=int, default=1000, help="grown commit by commit")
     parser.add_argument("--storage", nargs="+", default=["local", "s3"])

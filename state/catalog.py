@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,11 +104,8 @@ class CheckpointCatalog(ABC):
         from then on no older attempt can commit a checkpoint (:class:`FencedError`)."""
 
     @abstractmethod
-    def commit_checkpoint(
-        self, checkpoint: CompletedCheckpoint, subsumes: Sequence[CompletedCheckpoint] = ()
-    ) -> None:
-        """Atomically record ``checkpoint`` as COMPLETED and ``subsumes`` (older checkpoints of
-        its job, as committed) as SUBSUMED: both or neither (Flink's add-and-subsume).
+    def commit_checkpoint(self, checkpoint: CompletedCheckpoint) -> None:
+        """Atomically record ``checkpoint`` as COMPLETED.
 
         Raises :class:`FencedError` if a newer attempt of the job has started.
         """

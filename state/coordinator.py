@@ -337,9 +337,6 @@ class CheckpointCoordinator:
     def _complete(self, pending: PendingCheckpoint, now_ms: int) -> None:
         manifest = pending.to_manifest(self.job_id, self.attempt, self.stages)
         record = CompletedCheckpoint.from_manifest(manifest, now_ms)
-        with self._lock:  # subsumed in the same catalog commit that completes it
-            ids = self._subsumed([*self._retained, record])
-            subsumes = [c for c in self._retained if c.checkpoint_id in ids]
         try:
             # Exclusive: a zombie attempt that reached the same id can never replace it.
             self.storage.put_bytes(
@@ -348,7 +345,7 @@ class CheckpointCoordinator:
                 exclusive=True,
             )
             kill_point("metadata-written")
-            self.catalog.commit_checkpoint(record, subsumes)
+            self.catalog.commit_checkpoint(record)
         except AlreadyExistsError as e:
             self._abort_completion(
                 pending, f"id taken by another attempt: {e}", count_failure=False
@@ -372,21 +369,21 @@ class CheckpointCoordinator:
                     f"subsumed by completed checkpoint {manifest.checkpoint_id}",
                     count_failure=False,
                 )
-            subsumed = self._subsumed([*self._retained, record])
-            retained = sorted([*self._retained, record], key=lambda c: c.checkpoint_id)
-            self._retained = [c for c in retained if c.checkpoint_id not in subsumed]
+            self._retained.append(record)
+            self._retained.sort(key=lambda c: c.checkpoint_id)
+            subsumed = set(
+                select_subsumed(
+                    [(c.checkpoint_id, c.savepoint) for c in self._retained],
+                    self.config.num_retained,
+                )
+            )
+            self._retained = [c for c in self._retained if c.checkpoint_id not in subsumed]
             self._events.append(lambda lst: lst.on_checkpoint_complete(record, manifest))
-        late = sorted(subsumed - ids)  # by a completion that committed meanwhile
-        if late:
+        if subsumed:
             try:
-                self.catalog.mark_subsumed(self.job_id, late)
+                self.catalog.mark_subsumed(self.job_id, sorted(subsumed))
             except Exception:  # retention recomputes from the catalog; never loses a checkpoint
-                log.exception("could not mark checkpoints %s subsumed", late)
-
-    def _subsumed(self, retained: list[CompletedCheckpoint]) -> set[int]:
-        """The ids of ``retained`` beyond the ``num_retained`` newest (savepoints kept)."""
-        pairs = sorted((c.checkpoint_id, c.savepoint) for c in retained)
-        return set(select_subsumed(pairs, self.config.num_retained))
+                log.exception("could not mark checkpoints %s subsumed", sorted(subsumed))
 
     def _abort_completion(
         self,

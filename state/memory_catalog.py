@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from state.catalog import CheckpointCatalog, CheckpointStatus, CompletedCheckpoint, FencedError
 
@@ -27,9 +27,7 @@ class InMemoryCatalog(CheckpointCatalog):
             self.attempts[job_id] = self.attempts.get(job_id, 0) + 1
             return self.attempts[job_id]
 
-    def commit_checkpoint(
-        self, checkpoint: CompletedCheckpoint, subsumes: Sequence[CompletedCheckpoint] = ()
-    ) -> None:
+    def commit_checkpoint(self, checkpoint: CompletedCheckpoint) -> None:
         with self._lock:
             if self.fail_next_commit is not None:
                 error, self.fail_next_commit = self.fail_next_commit, None
@@ -40,9 +38,6 @@ class InMemoryCatalog(CheckpointCatalog):
                     f"attempt {checkpoint.attempt} of {checkpoint.job_id} is fenced by {latest}"
                 )
             self.rows[(checkpoint.job_id, checkpoint.checkpoint_id)] = checkpoint
-            for older in subsumes:
-                key = (checkpoint.job_id, older.checkpoint_id)
-                self.rows[key] = dataclasses.replace(older, status=CheckpointStatus.SUBSUMED)
 
     def _set_status(self, job_id: str, ids: Iterable[int], status: CheckpointStatus) -> None:
         with self._lock:

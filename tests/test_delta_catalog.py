@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 
-import pyarrow as pa
 import pytest
 
 from spark_jobs.catalog.delta_catalog import DeltaCatalog, is_conflict
@@ -83,38 +82,6 @@ def test_commit_status_and_fencing(root):
     before = catalog.jobs("clicks")[1]["last_heartbeat_ms"]
     catalog.heartbeat("clicks", 2)
     assert catalog.jobs("clicks")[1]["last_heartbeat_ms"] >= before
-
-
-def test_a_checkpoint_and_the_ones_it_subsumes_are_one_commit(root):
-    """Flink's add-and-subsume: the new row and the older rows' SUBSUMED status land in one
-    Delta commit or not at all (a fenced commit subsumes nothing); every other row, of this job
-    and of another, is left whole."""
-    catalog = DeltaCatalog(root)
-    first = catalog.begin_attempt("clicks")
-    other = catalog.begin_attempt("views")
-    catalog.commit_checkpoint(row(1, first))
-    catalog.commit_checkpoint(row(1, other, job_id="views"))
-    with catalog.latest("completed_checkpoints") as dt:
-        version = dt.version()
-    for cid in (2, 3, 4):
-        catalog.commit_checkpoint(row(cid, first), [row(cid - 1, first)])
-    catalog.commit_checkpoint(row(5, first))
-    catalog.commit_checkpoint(row(6, first), [row(4, first), row(5, first)])
-    with catalog.latest("completed_checkpoints") as dt:
-        assert dt.version() == version + 5, "one commit per checkpoint"
-        operations = [h["operation"] for h in dt.history(5)]
-    assert operations == ["WRITE"] * 5, operations
-    subsumed = CheckpointStatus.SUBSUMED
-    assert catalog.checkpoints("clicks") == [
-        *(row(cid, first, status=subsumed) for cid in range(1, 6)),
-        row(6, first),
-    ]
-    assert catalog.checkpoints("views") == [row(1, other, job_id="views")]
-
-    catalog.begin_attempt("clicks")
-    with pytest.raises(FencedError):
-        catalog.commit_checkpoint(row(7, first), [row(6, first)])
-    assert catalog.checkpoints("clicks")[-1] == row(6, first), "the fenced commit changed nothing"
 
 
 def test_commit_conflicts_are_recognised():
@@ -418,9 +385,7 @@ def test_the_log_and_its_tombstones_stay_within_their_retention_and_vacuum_finds
 def test_a_jobs_many_small_files_are_compacted_and_its_rows_and_fence_stay(root):
     """A driver compacts its job's partitions once they hold 10 data files (one per commit):
     every row reads the same after, other jobs' partitions and the registry are untouched, and
-    the fence still stops an older attempt's commit. The checkpoints become two files, the
-    history and the retained rows: a commit that subsumes a retained row leaves the history's
-    file alone."""
+    the fence still stops an older attempt's commit."""
     from spark_jobs.catalog.upkeep import COMPACT_AT, compact_job
 
     catalog = DeltaCatalog(root)
@@ -447,20 +412,10 @@ def test_a_jobs_many_small_files_are_compacted_and_its_rows_and_fence_stay(root)
     before = files("completed_checkpoints")
     assert before >= COMPACT_AT
     assert compact_job(catalog, "clicks") == {"completed_checkpoints": before}
-    assert files("completed_checkpoints") == 2
+    assert files("completed_checkpoints") == 1
     assert catalog.checkpoints("clicks") == rows and catalog.jobs("clicks") == jobs
     assert files("streaming_jobs", "other") == 1 and files("shared_state_files") == 2
-
-    def ranges() -> dict[str, tuple[int, int]]:  # each of the job's files: its checkpoint ids
-        with catalog.latest("completed_checkpoints") as dt:
-            adds = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
-        low, high = adds["min.checkpoint_id"], adds["max.checkpoint_id"]
-        return {p: (low[i], high[i]) for i, p in enumerate(adds["path"]) if "clicks" in p}
-
-    history = {path for path, ids in ranges().items() if ids == (1, 2)}  # the subsumed ones
-    assert len(history) == 1 and len(ranges()) == 2
     with pytest.raises(FencedError, match="attempt 1 of clicks is fenced"):
         catalog.commit_checkpoint(row(cid + 1, first))
-    catalog.commit_checkpoint(row(cid + 1, second), [row(3, second)])
+    catalog.commit_checkpoint(row(cid + 1, second))
     assert [r.checkpoint_id for r in catalog.checkpoints("clicks")][-1] == cid + 1
-    assert history <= set(ranges()), "the subsume rewrote the history's file"

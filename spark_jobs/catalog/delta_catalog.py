@@ -25,10 +25,9 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from spark_jobs.catalog.shared_files import (
     RegistryChanges,
@@ -61,27 +60,11 @@ _CAS_TRIES = 40  # conditional commits lose to any concurrent commit of the tabl
 _EXISTING: set[str] = set()  # catalog roots whose tables this process saw (never dropped)
 
 
-class Planned(NamedTuple):
-    """What a conditional commit writes (:meth:`DeltaCatalog._cas_commit`): ``rows``, appended,
-    or with ``replacing`` (a SQL condition that every one of them holds) in place of the rows
-    the condition holds for; the app transactions it records; what its caller gets back."""
-
-    rows: list[dict[str, Any]]
-    transactions: list[tuple[str, int]] = []
-    result: Any = None
-    replacing: str | None = None
-
-
 def is_conflict(error: BaseException) -> bool:
     """Whether ``error`` is a Delta commit conflict (another writer committed first)."""
     from deltalake.exceptions import CommitFailedError
 
     return isinstance(error, CommitFailedError)
-
-
-def _ids(ids: Iterable[int]) -> str:
-    """Checkpoint ids as a SQL list's items."""
-    return ",".join(str(int(i)) for i in ids)
 
 
 def _checkpoint_row(checkpoint: CompletedCheckpoint) -> dict[str, Any]:
@@ -148,13 +131,13 @@ class DeltaCatalog(CatalogReader, JobCatalog):
         (so a commit whose answer was lost is not made again), planned again on every version
         another writer got in first."""
         if rows:
-            self._cas_commit(table, lambda dt: Planned(rows))
+            self._cas_commit(table, lambda dt: (rows, [], None))
 
-    def _cas_commit(self, table: str, plan: Callable[[Any], Planned]) -> Any:
-        """A compare-and-swap commit: ``plan(dt)`` looks at ``table`` as of one version (a
-        ``deltalake.DeltaTable``) and returns what to write (:class:`Planned`) or raises to
-        refuse; the commit is made only on that version. When another writer committed first,
-        the commit fails and is planned again on the new version. Returns the plan's result.
+    def _cas_commit(self, table: str, plan) -> Any:
+        """A compare-and-swap append: ``plan(dt)`` looks at ``table`` as of one version (a
+        ``deltalake.DeltaTable``) and returns ``(rows, app transactions, result)`` or raises to
+        refuse; the rows are committed only on that version. When another writer committed
+        first, the commit fails and is planned again on the new version. Returns ``result``.
 
         A commit that landed although its writer was told otherwise (object storage stored the
         log entry and the answer was lost; the retry then found the entry taken) is recognised
@@ -165,7 +148,7 @@ class DeltaCatalog(CatalogReader, JobCatalog):
 
         for tries in range(_CAS_TRIES):
             with self._lock, self.latest(table) as dt:
-                rows, transactions, result, replacing = plan(dt)
+                rows, transactions, result = plan(dt)
                 token = uuid.uuid4().hex
                 commit = CommitProperties(
                     max_commit_retries=0,
@@ -176,8 +159,7 @@ class DeltaCatalog(CatalogReader, JobCatalog):
                     write_table(
                         dt,
                         pa.Table.from_pylist(rows, schema=arrow_schema(table)),
-                        mode="append" if replacing is None else "overwrite",
-                        predicate=replacing,
+                        mode="append",
                         schema_mode="merge",
                         commit_properties=commit,
                     )
@@ -217,7 +199,7 @@ class DeltaCatalog(CatalogReader, JobCatalog):
                 "last_heartbeat_ms": now_ms(),
                 "checkpoint_root": checkpoint_root,
             }
-            return Planned([row], result=attempt)
+            return [row], [], attempt
 
         attempt = self._cas_commit("streaming_jobs", allocate)
         app, version = self._fence_app(job_id), attempt << _ATTEMPT_SHIFT
@@ -229,7 +211,7 @@ class DeltaCatalog(CatalogReader, JobCatalog):
                     f"attempt {attempt} of {job_id} was superseded by attempt "
                     f"{recorded >> _ATTEMPT_SHIFT} before it started"
                 )
-            return Planned([], [(app, max(recorded, version))])
+            return [], [(app, max(recorded, version))], None
 
         try:
             self._cas_commit("completed_checkpoints", fence)
@@ -260,32 +242,21 @@ class DeltaCatalog(CatalogReader, JobCatalog):
         manifests, benchmarks); never beside a running attempt of the same job."""
         self._append("completed_checkpoints", [_checkpoint_row(c) for c in checkpoints])
 
-    def commit_checkpoint(
-        self, checkpoint: CompletedCheckpoint, subsumes: Sequence[CompletedCheckpoint] = ()
-    ) -> None:
-        """Record ``checkpoint`` as COMPLETED and ``subsumes`` as SUBSUMED in one commit,
-        conditionally: only while no newer attempt of its job has started (else
-        :class:`FencedError`). The subsumed rows are written again in place of their old ones
-        (one log entry per checkpoint, not one for the row and one for an UPDATE)."""
-        job_id = checkpoint.job_id
-        app = self._fence_app(job_id)
+    def commit_checkpoint(self, checkpoint: CompletedCheckpoint) -> None:
+        """Record ``checkpoint`` as COMPLETED, conditionally: only while no newer attempt of its
+        job has started (else :class:`FencedError`)."""
+        app = self._fence_app(checkpoint.job_id)
         version = (checkpoint.attempt << _ATTEMPT_SHIFT) | checkpoint.checkpoint_id
-        rows = [_checkpoint_row(checkpoint)]
-        rows += [_checkpoint_row(replace(c, status=CheckpointStatus.SUBSUMED)) for c in subsumes]
-        ids = _ids(r["checkpoint_id"] for r in rows)
-        replacing = (
-            f"job_id = {rs_literal(job_id)} AND checkpoint_id IN ({ids})" if subsumes else None
-        )
 
         def plan(dt):
             recorded = dt.transaction_version(app) or 0
             if recorded >> _ATTEMPT_SHIFT > checkpoint.attempt:
                 raise FencedError(
-                    f"attempt {checkpoint.attempt} of {job_id} is fenced: attempt "
+                    f"attempt {checkpoint.attempt} of {checkpoint.job_id} is fenced: attempt "
                     f"{recorded >> _ATTEMPT_SHIFT} started, so checkpoint "
                     f"{checkpoint.checkpoint_id} was not committed"
                 )
-            return Planned(rows, [(app, max(recorded, version))], None, replacing)
+            return [_checkpoint_row(checkpoint)], [(app, max(recorded, version))], None
 
         self._cas_commit("completed_checkpoints", plan)
 
@@ -294,7 +265,7 @@ class DeltaCatalog(CatalogReader, JobCatalog):
         if ids:
             self._rs_update(
                 "completed_checkpoints",
-                f"job_id = {rs_literal(job_id)} AND checkpoint_id IN ({_ids(ids)})",
+                f"job_id = {rs_literal(job_id)} AND checkpoint_id IN ({','.join(map(str, ids))})",
                 status=status.value,
             )
 

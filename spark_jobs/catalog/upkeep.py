@@ -13,10 +13,6 @@ checkpoint.
 by OPTIMIZE: OPTIMIZE's removes say the data did not change, so a GC rewrite planned before it
 would commit its removes of files OPTIMIZE had already replaced and leave their rows twice.
 Rewrites conflict with each other, and the loser is planned again (shared_files.py).
-
-``completed_checkpoints`` is compacted into two files per job, not OPTIMIZE's one: its history
-and its retained rows (:func:`_split_history`), so that a checkpoint's commit, which rewrites
-the files holding the rows it subsumes, rewrites a few rows and never the whole history.
 """
 
 from __future__ import annotations
@@ -27,19 +23,11 @@ from cutline.sinks import SinkWriter
 from spark_jobs.catalog.delta_catalog import DeltaCatalog, is_conflict
 from spark_jobs.catalog.shared_files import TABLE as REGISTRY
 from spark_jobs.catalog.shared_files import every_row
-from spark_jobs.catalog.tables import (
-    CATALOG_TABLE_PROPERTIES,
-    TABLES,
-    arrow_schema,
-    read_delta,
-    rs_literal,
-)
-from state.catalog import CheckpointStatus
-from state.storage.tables import open_table, write_table
+from spark_jobs.catalog.tables import CATALOG_TABLE_PROPERTIES, TABLES
+from state.storage.tables import open_table
 
 COMPACT_AT = 10  # data files in one job's partition of a table that make its driver compact it
-COMPACTED = tuple(name for name in TABLES if name != REGISTRY)  # what a compaction rewrites
-CHECKPOINTS = "completed_checkpoints"  # compacted into its history and its retained rows
+COMPACTED = tuple(name for name in TABLES if name != REGISTRY)  # what OPTIMIZE may rewrite
 
 
 def driver_upkeep(
@@ -63,57 +51,19 @@ def compact_job(catalog: DeltaCatalog, job_id: str, min_files: int = COMPACT_AT)
     for name in COMPACTED:
         try:
             with catalog.latest(name) as dt:
-                files = len(dt.file_uris(file_pruning_predicate=partition))
-                if files < min_files:
+                if len(dt.file_uris(file_pruning_predicate=partition)) < min_files:
                     continue
-                if name != CHECKPOINTS:
-                    metrics = dt.optimize.compact(partition_filters=partition)
-                    replaced[name] = int(metrics.get("numFilesRemoved", 0))
-                    continue
-            _split_history(catalog, job_id)
-            replaced[name] = files
+                metrics = dt.optimize.compact(partition_filters=partition)
         except Exception as e:
             if not is_conflict(e):
                 raise
+            continue
+        replaced[name] = int(metrics.get("numFilesRemoved", 0))
     return replaced
 
 
-def _split_history(catalog: DeltaCatalog, job_id: str) -> None:
-    """Rewrite ``job_id``'s checkpoint rows as two files: the history (every row below its
-    oldest retained checkpoint, rows no commit changes again) and the retained ones (the rows
-    the next commits subsume). OPTIMIZE would put both in one file, and each subsume after it
-    would rewrite the whole history (:meth:`DeltaCatalog.commit_checkpoint` replaces the files
-    holding the rows it subsumes). Two conditional commits; one that loses to another writer
-    raises a conflict (:func:`~spark_jobs.catalog.delta_catalog.is_conflict`)."""
-    import pyarrow.compute as pc
-    from deltalake import CommitProperties
-
-    job, schema = f"job_id = {rs_literal(job_id)}", arrow_schema(CHECKPOINTS)
-    with catalog.latest(CHECKPOINTS) as dt:
-        rows = read_delta(dt, job_id)
-        retained = pc.and_(
-            pc.equal(rows["status"].cast("string"), CheckpointStatus.COMPLETED.value),
-            pc.invert(pc.fill_null(rows["savepoint"], False)),
-        )
-        ids = rows["checkpoint_id"]
-        oldest_retained = pc.min(pc.filter(ids, retained)).as_py()
-        boundary = oldest_retained if oldest_retained is not None else pc.max(ids).as_py() + 1
-    for where in (f"checkpoint_id < {boundary}", f"checkpoint_id >= {boundary}"):
-        with catalog.latest(CHECKPOINTS) as dt:
-            part = read_delta(dt, job_id, where=where)
-            if part.num_rows:
-                write_table(
-                    dt,
-                    part.select(schema.names).cast(schema),
-                    mode="overwrite",
-                    predicate=f"{job} AND {where}",
-                    commit_properties=CommitProperties(max_commit_retries=0),
-                )
-
-
 def maintain(catalog: DeltaCatalog, vacuum_retention_hours: float = 168.0) -> dict[str, int]:
-    """Compact every catalog table (the registry by GC's rewrite, the checkpoints into each
-    job's history and retained rows: :func:`_split_history`), remove files no version
+    """Compact every catalog table (the registry by GC's rewrite), remove files no version
     within ``vacuum_retention_hours`` needs (a full VACUUM: the files no log entry within the
     tombstone retention names are found by listing), write a log checkpoint and remove the log
     entries it made unneeded; tables made before ``CATALOG_TABLE_PROPERTIES`` get them.
@@ -123,9 +73,6 @@ def maintain(catalog: DeltaCatalog, vacuum_retention_hours: float = 168.0) -> di
         if name == REGISTRY:
             for job_id in _partitions(catalog, name):
                 catalog.update_shared_files(job_id, every_row)
-        elif name == CHECKPOINTS:
-            for job_id in _partitions(catalog, name):
-                catalog.retrying(lambda j=job_id: _split_history(catalog, j))
         else:
             catalog.retrying(lambda n=name: open_table(catalog.path(n)).optimize.compact())
         table = open_table(catalog.path(name))
