@@ -384,14 +384,20 @@ def test_the_log_and_its_tombstones_stay_within_their_retention_and_vacuum_finds
 
 def test_a_jobs_many_small_files_are_compacted_and_its_rows_and_fence_stay(root):
     """A driver compacts its job's partitions once they hold 10 data files (one per commit):
-    every row reads the same after, other jobs' partitions and the registry are untouched, and
-    the fence still stops an older attempt's commit."""
+    its checkpoint rows into two files, the history below the oldest retained checkpoint (a
+    savepoint's row among it) and the retained rows, so that the next subsume's UPDATE rewrites
+    the small file only; every row reads the same after, other jobs' partitions and the registry
+    are untouched, and the fence still stops an older attempt's commit."""
+    import pyarrow as pa
+
     from spark_jobs.catalog.upkeep import COMPACT_AT, compact_job
+    from state.storage.tables import open_table
 
     catalog = DeltaCatalog(root)
     first = catalog.begin_attempt("clicks")
     second = catalog.begin_attempt("clicks")
-    for cid in range(1, COMPACT_AT):
+    catalog.commit_checkpoint(row(1, second, savepoint=True))
+    for cid in range(2, COMPACT_AT):
         catalog.commit_checkpoint(row(cid, second))
     catalog.begin_attempt("other")
     for path in ("a", "b"):  # two appends to the registry: two files, never OPTIMIZEd
@@ -401,8 +407,21 @@ def test_a_jobs_many_small_files_are_compacted_and_its_rows_and_fence_stay(root)
         with catalog.latest(table) as dt:
             return len(dt.file_uris(file_pruning_predicate=[("job_id", "=", job)]))
 
+    def checkpoint_files() -> dict[str, tuple[int, int, int]]:
+        """Each data file of the job's checkpoint rows: its rows and checkpoint id bounds."""
+        table = open_table(catalog.path("completed_checkpoints"))
+        adds = pa.table(table.get_add_actions(flatten=True)).to_pydict()
+        return {
+            path: (n, low, high)
+            for path, job, n, low, high in zip(
+                adds["path"], adds["partition.job_id"], adds["num_records"],
+                adds["min.checkpoint_id"], adds["max.checkpoint_id"], strict=True,
+            )
+            if job == "clicks"
+        }  # fmt: skip
+
     assert files("completed_checkpoints") == COMPACT_AT - 1
-    catalog.mark_subsumed("clicks", [1, 2])  # an update: its rows' files rewritten as one
+    catalog.mark_subsumed("clicks", [2, 3])  # an update: its rows' files rewritten as one
     assert compact_job(catalog, "clicks") == {}  # below the threshold: nothing rewritten
     cid = COMPACT_AT - 1
     while files("completed_checkpoints") < COMPACT_AT:
@@ -412,9 +431,15 @@ def test_a_jobs_many_small_files_are_compacted_and_its_rows_and_fence_stay(root)
     before = files("completed_checkpoints")
     assert before >= COMPACT_AT
     assert compact_job(catalog, "clicks") == {"completed_checkpoints": before}
-    assert files("completed_checkpoints") == 1
+    layout = checkpoint_files()
+    assert sorted(layout.values()) == [(3, 1, 3), (cid - 3, 4, cid)]
     assert catalog.checkpoints("clicks") == rows and catalog.jobs("clicks") == jobs
     assert files("streaming_jobs", "other") == 1 and files("shared_state_files") == 2
+
+    catalog.mark_subsumed("clicks", [4])  # the next subsume: the history's file stays as it is
+    history = next(path for path, (_, low, _) in layout.items() if low == 1)
+    assert history in checkpoint_files() and len(checkpoint_files()) == 2
+    assert catalog.checkpoints("clicks", (CheckpointStatus.SUBSUMED,))[-1].checkpoint_id == 4
     with pytest.raises(FencedError, match="attempt 1 of clicks is fenced"):
         catalog.commit_checkpoint(row(cid + 1, first))
     catalog.commit_checkpoint(row(cid + 1, second))

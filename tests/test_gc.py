@@ -152,7 +152,7 @@ def test_compaction_job_compacts_the_catalog_and_requests_state_compaction(spark
     reader = CatalogReader(paths.catalog)
     before = {t: len(DeltaTable(reader.path(t)).file_uris()) for t in TABLES}
     checkpoints = reader.checkpoints(JOB)
-    assert before["completed_checkpoints"] >= len(checkpoints) > 3  # a file per commit
+    assert len(checkpoints) > 3 and sum(before.values()) > len(TABLES)  # files of many commits
 
     with instance_for_test() as instance:
         result = defs.get_job_def("compaction_job").execute_in_process(
@@ -167,7 +167,10 @@ def test_compaction_job_compacts_the_catalog_and_requests_state_compaction(spark
         if e.event_type_value == "STEP_OUTPUT"
     }
     after = {t: len(DeltaTable(reader.path(t)).file_uris()) for t in TABLES}
-    assert after["completed_checkpoints"] == 1 and all(after[t] <= before[t] for t in TABLES)
+    assert all(after[t] <= before[t] for t in TABLES) and sum(after.values()) < sum(before.values())
+    # the job's checkpoint history in one file, its retained checkpoints in another: the
+    # subsume of each later checkpoint rewrites the second only (spark_jobs/catalog/upkeep.py)
+    assert after["completed_checkpoints"] == 2
     assert out["compact_catalog"] == {f"{t}_files": n for t, n in after.items()}
     for t in TABLES:  # a log checkpoint: readers no longer replay every commit
         assert list(Path(reader.path(t), "_delta_log").glob("*.checkpoint*.parquet")), t

@@ -18,25 +18,20 @@ then the rewrite is planned again, on the new version, from the rows as they are
 rewrite fail the job's appends: a blind append reads nothing, so only a change of the table's
 metadata or protocol conflicts with it, and a rewrite makes none.
 
-The data files are read as Parquet directly, which is right only for tables without deletion
-vectors or column mapping (reader version 1), as the catalog creates them; a table that needs
-more is refused, not misread.
+The files are read and written as Parquet directly (data_files.py).
 """
 
 from __future__ import annotations
 
-import json
 import random
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
-from spark_jobs.catalog.tables import arrow_schema
-from state.storage import DurableStorage, open_storage
+from spark_jobs.catalog.data_files import check_protocol, job_files, read_rows, replace_files
+from state.storage import open_storage
 from state.storage.tables import open_table
 
 TABLE = "shared_state_files"
@@ -107,15 +102,11 @@ def _rewrite_once(
 ) -> RewriteResult:
     """One plan and its commit, on the table's current version. Raises ``CommitFailedError``
     if a commit since that version removed files (nothing of this plan stays behind)."""
-    from deltalake import CommitProperties
-    from deltalake.exceptions import CommitFailedError
-    from deltalake.transaction import AddAction, RemoveAction
-
     dt = open_table(root)
-    _check_protocol(dt)
-    files = _job_files(dt, job_id)
+    check_protocol(dt, TABLE)
+    files = job_files(dt, job_id)
     storage = open_storage(root)
-    by_file = {name: _read_rows(storage, name, job_id) for name in files}
+    by_file = {name: read_rows(storage, TABLE, name, job_id) for name in files}
     changes = plan([row for rows in by_file.values() for row in rows])
     if not changes:
         return RewriteResult(False, 0, 0, 0, 0)
@@ -134,88 +125,9 @@ def _rewrite_once(
     kept += [{**row, "job_id": job_id} for row in changes.inserts]
     # LIVE rows change again in later passes, DELETED ones never: apart, the files holding only
     # DELETED rows are never rewritten again
+    kept.sort(key=lambda r: r["path"])
     live = [r for r in kept if r["status"] == LIVE]
     done = [r for r in kept if r["status"] != LIVE]
-    written = [_write_file(storage, rows) for rows in (live, done) if rows]
-    now = int(time.time() * 1000)
-    actions = [RemoveAction(name, True, now, files[name], {"job_id": job_id}) for name in touched]
-    actions += [
-        AddAction(name, size, {"job_id": job_id}, mtime, True, json.dumps({"numRecords": n}))
-        for name, size, mtime, n in written
-    ]
     summary = f"{SUMMARY}{changed} rows of {job_id} changed, {len(changes.inserts)} added"
-    info = {"isBlindAppend": False, "readVersion": dt.version(), "userMetadata": summary}
-    commit = CommitProperties(custom_metadata=info)
-    try:
-        dt.create_write_transaction(
-            actions, mode="append", schema=dt.schema(), partition_by=["job_id"],
-            commit_properties=commit,
-        )  # fmt: skip
-    except CommitFailedError:
-        current = _job_files(open_table(root), job_id)
-        storage.delete_many(name for name, *_ in written if name not in current)
-        raise  # (the files not committed are removed: nothing refers to them)
+    replace_files(dt, storage, TABLE, job_id, {n: files[n] for n in touched}, [live, done], summary)
     return RewriteResult(True, changed, len(changes.inserts), len(touched), 0)
-
-
-def _check_protocol(dt) -> None:
-    protocol = dt.protocol()
-    if protocol.min_reader_version > 1:
-        raise RuntimeError(
-            f"{TABLE} needs reader version {protocol.min_reader_version} (features "
-            f"{protocol.reader_features}); GC's registry rewrite reads its data files as plain "
-            "Parquet, which is right only for reader version 1"
-        )
-
-
-def _job_files(dt, job_id: str) -> dict[str, int]:
-    """The data files (path in the log -> size) of the job's partition in ``dt``'s version."""
-    import pyarrow as pa
-
-    adds = pa.table(dt.get_add_actions(flatten=True))
-    names = adds.column("path").to_pylist()
-    sizes = adds.column("size_bytes").to_pylist()
-    values = adds.column("partition.job_id").to_pylist()
-    return {n: s for n, s, v in zip(names, sizes, values, strict=True) if v == job_id}
-
-
-def _read_rows(storage: DurableStorage, name: str, job_id: str) -> list[dict[str, Any]]:
-    """The rows of one data file, with the partition value the log gives it (a file may hold
-    the partition column too, as delta-spark's do: the log's value is the one that counts)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    schema = _file_schema()
-    data = pq.read_table(pa.BufferReader(storage.get_bytes(unquote(name))))
-    columns = [
-        data.column(f.name).cast(f.type)
-        if f.name in data.column_names
-        else pa.nulls(data.num_rows, f.type)
-        for f in schema
-    ]
-    rows = pa.Table.from_arrays(columns, schema=schema).to_pylist()
-    return [{"job_id": job_id, **row} for row in rows]
-
-
-def _file_schema():
-    """The columns a data file holds: the table's, less the partition column."""
-    schema = arrow_schema(TABLE)
-    return schema.remove(schema.get_field_index("job_id"))
-
-
-def _write_file(storage: DurableStorage, rows: list[dict[str, Any]]) -> tuple[str, int, int, int]:
-    """A new data file at the table's root (the log gives its partition value) holding ``rows``
-    sorted by path; returns its name, size, modification time (ms) and row count. Not part of
-    the table until committed; an uncommitted one is VACUUM's to remove."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    schema = _file_schema()
-    rows = sorted(rows, key=lambda r: r["path"])
-    data = pa.Table.from_pylist([{f.name: r.get(f.name) for f in schema} for r in rows], schema)
-    name = f"part-00000-cutline-gc-{uuid.uuid4()}.c000.snappy.parquet"
-    sink = pa.BufferOutputStream()
-    pq.write_table(data, sink, compression="snappy")
-    storage.put_bytes(name, sink.getvalue().to_pybytes())
-    info = storage.stat(name)
-    return name, info.size, int(info.modified * 1000), len(rows)
