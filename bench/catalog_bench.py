@@ -4,14 +4,17 @@ disk and on the S3 server (moto on 127.0.0.1, every request counted from its log
 in one invocation.
 
 A real run of ``clicks_per_user`` (two micro-batches, so two real checkpoints and a real catalog)
-starts each storage's history; the history then grows as a running driver grows it, one
-checkpoint at a time: the subtasks' private files uploaded under the new checkpoint's directory
-and its manifest written (copies of the real latest one's, so every checkpoint restores), the row
-committed under the attempt's fence, the checkpoint beyond the retained ones marked SUBSUMED,
-and every ten checkpoints a heartbeat and the driver's upkeep (``compact_job``). Past
-``--real-up-to`` checkpoints the rows are imported in bulk instead (``import_checkpoints``, a
-thousand a commit, SUBSUMED, their manifests not written): the tables hold the whole history,
-the log only the commits made. At each size:
+starts each storage's history; the history then grows as a running driver grows it, one checkpoint
+at a time: the subtasks' private files uploaded under the new checkpoint's directory and its
+manifest written (copies of the real latest one's, so every checkpoint restores), the row committed
+under the attempt's fence, the checkpoint beyond the retained ones marked SUBSUMED, and every ten
+checkpoints a heartbeat and the driver's upkeep (``compact_job``), every hundred a GC pass as the
+schedule makes them (the S3 server's LIST walks every key of the bucket, where S3's is indexed: 3.7
+ms with 12 keys, 12.6 ms with 11,000 more, so garbage left in the bucket would be measured as
+catalog cost; ``bucket_keys`` says how many it walks: the catalog's removed data files stay until
+the scheduled VACUUM, a week by default). Past ``--real-up-to`` checkpoints the rows are imported
+in bulk instead (``import_checkpoints``, a thousand a commit, SUBSUMED, their manifests not
+written): the tables hold the whole history, the log only the commits made. At each size:
 
 - commit: a warm catalog (a running driver's) completing ``--commits`` more checkpoints, each the
   private files' and the manifest's PUTs and the two catalog commits; the median per checkpoint;
@@ -65,6 +68,7 @@ LAYOUT = JobLayout(JOB)
 # a request line of the server's log; werkzeug colours some (ANSI codes before the method)
 REQUEST = re.compile(rb'"(?:\x1b\[[0-9;]*m)*(?:GET|PUT|POST|HEAD|DELETE) \S+ HTTP')
 IMPORT_CHUNK = 1000
+GC_EVERY = 100  # checkpoints grown between GC passes
 
 
 class Requests:
@@ -130,6 +134,8 @@ class History:
     def grow_to(self, size: int, real_up_to: int) -> None:
         while self.last < min(size, real_up_to):
             self.complete_one()
+            if self.last % GC_EVERY == 0:  # the scheduled GC: the bucket holds what is live
+                collect_garbage(JOB, self.paths, grace_s=0, log=lambda *_: None)
         if self.last < size - self.retained:  # the retained ones are about to be subsumed
             retained = range(max(1, self.last - self.retained + 1), self.last + 1)
             self.catalog.mark_subsumed(JOB, list(retained))
@@ -143,6 +149,7 @@ class History:
 
     def measure(self, commits: int, starts: int) -> dict:
         """The figures at the current size (module docstring)."""
+        keys = self.bucket_keys()
         per_commit = []
         for _ in range(commits):
             before, started = self.requests.count(), time.perf_counter()
@@ -177,7 +184,15 @@ class History:
             "gc_s": round(gc[0], 3),
             "gc_requests": gc[1],
             "gc_files_deleted": report.files_deleted,
+            "bucket_keys": keys,
         }
+
+    def bucket_keys(self) -> int | None:
+        """Keys in the S3 bucket when the commits are measured (None on local disk): the
+        server's LIST walks them all, S3's does not (module docstring)."""
+        if not self.paths.catalog.startswith("s3://"):
+            return None
+        return sum(1 for _ in open_storage("s3://" + self.paths.catalog.split("/")[2]).list())
 
 
 def first_run(home: Path, paths: RuntimePaths, env: dict[str, str]) -> None:
