@@ -30,6 +30,7 @@ from urllib.parse import unquote
 
 from spark_jobs.catalog.tables import arrow_schema
 from state.storage import DurableStorage
+from state.storage.tables import open_table
 
 PARTITION = "job_id"
 _NUMERIC = ("int", "uint", "float", "double", "bool")  # arrow type names with exact min/max stats
@@ -105,8 +106,6 @@ def replace_files(
             commit_properties=CommitProperties(custom_metadata=info),
         )  # fmt: skip
     except CommitFailedError:
-        from state.storage.tables import open_table
-
         current = job_files(open_table(dt.table_uri), job_id)
         storage.delete_many(name for name, *_ in written if name not in current)
         raise

@@ -103,10 +103,10 @@ def compact_checkpoints(catalog: DeltaCatalog, dt, job_id: str) -> None:
 
 def maintain(catalog: DeltaCatalog, vacuum_retention_hours: float = 168.0) -> dict[str, int]:
     """Compact every catalog table (the registry by GC's rewrite, the checkpoints by
-    :func:`compact_checkpoints`), remove files no version
-    within ``vacuum_retention_hours`` needs (a full VACUUM: the files no log entry within the
-    tombstone retention names are found by listing), write a log checkpoint and remove the log
-    entries it made unneeded; tables made before ``CATALOG_TABLE_PROPERTIES`` get them.
+    :func:`compact_checkpoints`), remove files no version within ``vacuum_retention_hours``
+    needs (a full VACUUM: the files no log entry within the tombstone retention names are found
+    by listing), write a log checkpoint and remove the log entries it made unneeded; tables made
+    before ``CATALOG_TABLE_PROPERTIES`` get them.
     Returns each table's data file count after."""
     counts = {}
     for name in TABLES:
