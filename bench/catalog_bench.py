@@ -9,12 +9,12 @@ at a time: the subtasks' private files uploaded under the new checkpoint's direc
 manifest written (copies of the real latest one's, so every checkpoint restores), the row committed
 under the attempt's fence, the checkpoint beyond the retained ones marked SUBSUMED, and every ten
 checkpoints a heartbeat and the driver's upkeep (``compact_job``), every hundred a GC pass as the
-schedule makes them (the S3 server's LIST walks every key of the bucket, where S3's is indexed: 3.7
-ms with 12 keys, 12.6 ms with 11,000 more, so garbage left in the bucket would be measured as
-catalog cost; ``bucket_keys`` says how many it walks: the catalog's removed data files stay until
-the scheduled VACUUM, a week by default). Past ``--real-up-to`` checkpoints the rows are imported
-in bulk instead (``import_checkpoints``, a thousand a commit, SUBSUMED, their manifests not
-written): the tables hold the whole history, the log only the commits made. At each size:
+schedule makes them (the checkpoints' garbage would otherwise fill the bucket; ``bucket_keys``
+says what it holds: the catalog's removed data files stay until the scheduled VACUUM, a week by
+default, and the log for its hour; the S3 server lists from key names, tests/moto_serving.py).
+Past ``--real-up-to`` checkpoints the rows are imported in bulk instead (``import_checkpoints``,
+a thousand a commit, SUBSUMED, their manifests not written): the tables hold the whole history,
+the log only the commits made. At each size:
 
 - commit: a warm catalog (a running driver's) completing ``--commits`` more checkpoints, each the
   private files' and the manifest's PUTs and the two catalog commits; the median per checkpoint;
