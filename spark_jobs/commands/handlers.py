@@ -190,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
     from spark_jobs.driver.attempt_start import abandon_plan, plan_start_early
     from spark_jobs.driver.run import run_job
     from spark_jobs.driver.savepoints import check_savepoint, is_location
-    from spark_jobs.driver.startup_phases import StartupTimeline
+    from spark_jobs.driver.standby import Supervisor, driver_command, stand_by
+    from spark_jobs.driver.startup_phases import StartupTimeline, warm_up_workers
     from spark_jobs.events import open_events
     from spark_jobs.job_loader import ship_user_code
 
@@ -200,7 +201,8 @@ def run(args: argparse.Namespace) -> int:
     paths = runtime_paths(args)
     hints = json.loads(Path(args.hints).read_text()) if args.hints else None
     restore = None if args.restore == "none" else args.restore
-    if args.reset_sink and restore is not None and not is_location(restore):
+    reset_sink = args.reset_sink
+    if reset_sink and restore is not None and not is_location(restore):
         raise ConfigurationError(
             "--reset-sink only goes with --restore none (a start-over) or a savepoint's location"
         )
@@ -210,7 +212,32 @@ def run(args: argparse.Namespace) -> int:
     watch = os.environ.get("CUTLINE_WATCH_PID")
     master = args.master or deployment_settings(args).spark_master
     with open_events() as events:
-        events.emit("driver", {"pid": os.getpid()})
+        if args.standby:  # a supervisor of an active driver and a standby (no JVM here)
+            watched = int(watch) if watch else None
+            return Supervisor(driver_command(args.argv), events, watch_pid=watched).run()
+
+        def session():
+            return build_spark(
+                master,
+                f"cutline-{job.name}",
+                needs=job.spark_dependencies(),
+                extra=dict(args.conf),
+                quiet=not args.verbose,
+            )
+
+        events.emit("driver", {"pid": os.getpid(), "standby": args.as_standby})
+        if args.as_standby:  # warm first; the attempt begins only at the takeover
+            spark = session()
+
+            def warm() -> None:
+                warm_up_workers(spark, job.parallelism, timeline, events.log)
+
+            warm()
+            if not stand_by(events.log, warm):
+                spark.stop()
+                return 0
+            timeline = StartupTimeline(origin=time.monotonic())  # the takeover's clock
+            restore, reset_sink = "latest", False  # whatever the first driver was started with
         # the new attempt and its checkpoint are decided while the JVM starts
         plan = plan_start_early(
             job,
@@ -218,21 +245,17 @@ def run(args: argparse.Namespace) -> int:
             restore,
             args.run_id,
             events.log,
-            reset_sink=args.reset_sink,
+            reset_sink=reset_sink,
             allow_non_restored=args.allow_non_restored_state,
         )
-        try:
-            spark = build_spark(
-                master,
-                f"cutline-{job.name}",
-                needs=job.spark_dependencies(),
-                extra=dict(args.conf),
-                quiet=not args.verbose,
-            )
-        except BaseException as e:
-            abandon_plan(plan, paths, job.name, f"the Spark session did not start: {e}", events.log)
-            raise
-        timeline.mark("spark session")
+        if not args.as_standby:
+            try:
+                spark = session()
+            except BaseException as e:
+                reason = f"the Spark session did not start: {e}"
+                abandon_plan(plan, paths, job.name, reason, events.log)
+                raise
+            timeline.mark("spark session")
         try:
             summary = run_job(
                 spark,
@@ -240,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
                 paths,
                 plan=plan,
                 restore=restore,
-                reset_sink=args.reset_sink,
+                reset_sink=reset_sink,
                 allow_non_restored=args.allow_non_restored_state,
                 hints=hints,
                 max_batches=args.max_batches,

@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     python_environment()
     arm()  # crash tests' kill points (state/faults.py); nothing without CUTLINE_FAULT_KILL
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what a supervisor's drivers run
     try:
         s3_environment()  # the file's endpoint and region, for every S3 client (no thread yet)
         return getattr(handlers, args.handler)(args)

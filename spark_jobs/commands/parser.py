@@ -155,6 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive(float),
         help="how long a restore on a cluster waits for executors on the hinted hosts (60)",
     )
+    run.add_argument(
+        "--standby",
+        action="store_true",
+        help="keep a second driver warm beside the active one, to take over when it dies "
+        "(this process supervises both and starts no JVM itself)",
+    )
+    run.add_argument("--as-standby", action="store_true", help=argparse.SUPPRESS)
     run.add_argument("--run-id", default="", help="orchestrator run id, recorded in the catalog")
     run.add_argument(
         "--conf",
