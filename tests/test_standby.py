@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -90,7 +91,7 @@ def supervise(tmp_path: Path, exits: str, monkeypatch, takeovers: int = 10) -> t
     script = tmp_path / "standin.py"
     script.write_text(STANDIN)
     runs = tmp_path / "runs"
-    runs.mkdir()
+    runs.mkdir(exist_ok=True)
     monkeypatch.setenv("STANDIN_DIR", str(runs))
     monkeypatch.setenv("STANDIN_EXITS", exits)
     events = Recorder()
@@ -151,6 +152,31 @@ def test_failed_and_killed_drivers_are_taken_over_until_one_finishes(tmp_path, m
     drivers = [p for k, p in events.events if k == "drivers"]
     assert drivers[0]["standby"] is None  # launched after the active one's first micro-batch
     assert drivers[1]["standby"] is not None and drivers[-1]["active"] == takeovers[-1]["to"]
+
+
+def test_a_paused_driver_is_not_taken_over(tmp_path, monkeypatch):
+    """A driver stopped (SIGSTOP) for longer than any heartbeat, as a long GC pause or a stalled
+    micro-batch would hold it, is not dead: no takeover, and the run ends as it does."""
+    monkeypatch.setenv("STANDIN_RUN_S", "1")
+    paused = []
+
+    def pause() -> None:
+        deadline = time.monotonic() + 30
+        while not names(tmp_path, "active") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pid = int(names(tmp_path, "active")[0].name.split("-")[1])
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(3.0)
+        os.kill(pid, signal.SIGCONT)
+        paused.append(pid)
+
+    (tmp_path / "runs").mkdir()
+    pauser = threading.Thread(target=pause)
+    pauser.start()
+    code, events = supervise(tmp_path, "0", monkeypatch)
+    pauser.join()
+    assert paused and code == 0
+    assert not [k for k, _ in events.events if k == "takeover"]
 
 
 @pytest.mark.parametrize("exit_code", [2, 3])
