@@ -32,11 +32,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from spark_jobs.events import EVENT_LINE as EVENT  # noqa: E402
 from spark_jobs.sources.generate import generate  # noqa: E402
 
 JOB = "clicks_per_user"
 RUN = ["run", JOB, "--interval-ms", "1000", "--max-records-per-partition", "2000"]
-EVENT = "CUTLINE_EVENT "
 POLL_S = 0.02
 
 

@@ -19,6 +19,8 @@ from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR, PipesContext, open_dags
 
 from state.redaction import redact
 
+EVENT_LINE = "CUTLINE_EVENT "  # what starts an event's line on stdout (``CUTLINE_EVENTS=stdout``)
+
 
 class EventChannel:
     """``emit(kind, payload)`` for structured events, ``log(message)`` for text; both redacted
@@ -33,7 +35,7 @@ class EventChannel:
         if self.pipes is not None:
             self.pipes.report_custom_message(json.loads(text))
         if self.stdout:
-            print("CUTLINE_EVENT " + text, flush=True)
+            print(EVENT_LINE + text, flush=True)
 
     def log(self, message: str) -> None:
         message = redact(message)

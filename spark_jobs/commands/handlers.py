@@ -202,6 +202,8 @@ def run(args: argparse.Namespace) -> int:
     hints = json.loads(Path(args.hints).read_text()) if args.hints else None
     restore = None if args.restore == "none" else args.restore
     reset_sink = args.reset_sink
+    if args.as_standby:  # a takeover restores the latest, whatever the first driver began with
+        restore, reset_sink = "latest", False
     if reset_sink and restore is not None and not is_location(restore):
         raise ConfigurationError(
             "--reset-sink only goes with --restore none (a start-over) or a savepoint's location"
@@ -237,7 +239,6 @@ def run(args: argparse.Namespace) -> int:
                 spark.stop()
                 return 0
             timeline = StartupTimeline(origin=time.monotonic())  # the takeover's clock
-            restore, reset_sink = "latest", False  # whatever the first driver was started with
         # the new attempt and its checkpoint are decided while the JVM starts
         plan = plan_start_early(
             job,

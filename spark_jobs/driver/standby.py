@@ -35,13 +35,12 @@ from typing import IO
 
 from spark_jobs.driver.liveness import alive
 from spark_jobs.errors import EXIT_FAILED, ConfigurationError
-from spark_jobs.events import EventChannel
+from spark_jobs.events import EVENT_LINE, EventChannel
 
 STANDBY_FLAG = "--as-standby"  # the hidden `cutline run` option of a supervisor's standby child
 TAKEOVERS = 10  # takeovers one supervisor makes; after them, its orchestrator restores the job
 WATCH_S = 0.5  # how often the supervisor looks at its own orchestrator's process
 REWARM_S = 45.0  # a standby's Python workers are used again before Spark's idle minute ends
-EVENT_PREFIX = "CUTLINE_EVENT "
 _PIPES_ENV = ("DAGSTER_PIPES_CONTEXT", "DAGSTER_PIPES_MESSAGES")
 _GATEWAY_ENV = "PYSPARK_GATEWAY_PORT"  # set for a Python driver that spark-submit launched
 
@@ -71,10 +70,10 @@ def await_order(stream: IO[str]) -> Order:
 
 def _event(line: str) -> dict | None:
     """The event a driver's output line carries (``CUTLINE_EVENTS=stdout``), or None."""
-    if not line.startswith(EVENT_PREFIX):
+    if not line.startswith(EVENT_LINE):
         return None
     try:
-        event = json.loads(line[len(EVENT_PREFIX) :])
+        event = json.loads(line[len(EVENT_LINE) :])
     except ValueError:
         return None
     return event if isinstance(event, dict) and isinstance(event.get("kind"), str) else None
@@ -87,7 +86,6 @@ class Driver:
     def __init__(self, command: list[str], standby: bool, events: EventChannel) -> None:
         env = {k: v for k, v in os.environ.items() if k not in _PIPES_ENV}
         env.update(CUTLINE_WATCH_PID=str(os.getpid()), CUTLINE_EVENTS="stdout")
-        self.standby = standby
         self.running = threading.Event()  # its attempt ran its first micro-batch ("startup")
         self.process = subprocess.Popen(
             command + ([STANDBY_FLAG] if standby else []),
