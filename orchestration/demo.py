@@ -26,6 +26,8 @@ from orchestration.partitions import (
     DRIVER_PID_TAG,
     JOB_TAG,
     RESTORE_OF_TAG,
+    STANDBY_PID_TAG,
+    SUBMIT_PID_TAG,
     WORKER_PID_TAG,
     streaming_job_partitions,
 )
@@ -156,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted(INPUT),
         help="streaming jobs to launch (each is a Spark driver: mind the cores)",
     )
+    parser.add_argument(
+        "--no-standby",
+        action="store_true",
+        help="run each job without a warm standby driver (a kill is then a restore run's)",
+    )
     args = parser.parse_args(argv)
     home = Path(args.home).resolve()
     for signum in (signal.SIGTERM, signal.SIGHUP):
@@ -169,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         register_partitions(home)
         print(f"Dagster UI: {dagster.url}  (home {home})", flush=True)
         generators = [_generator(home, INPUT[job], args.rate) for job in args.jobs]
-        runs = {job: launch_streaming_run(client, job) for job in args.jobs}
+        config = {"standby": not args.no_standby}
+        runs = {job: launch_streaming_run(client, job, config) for job in args.jobs}
         for job, run_id in runs.items():
             print(f"launched {job}: {dagster.url}/runs/{run_id}", flush=True)
         print(
@@ -201,8 +209,9 @@ def _generator(home: Path, kind: str, rate: float) -> subprocess.Popen:
 
 
 def _tell_kill_instruction(home: Path, runs: dict[str, str], told: set[str]) -> None:
-    """Once a run's driver is up, say how to kill it (to watch restore_on_failure); for a run
-    the sensor launched to restore a failed one, first what it restored."""
+    """Once a run's driver is up (and its standby warm), say how to kill it, to watch the
+    standby take over or ``restore_on_failure`` restore; for a run the sensor launched to
+    restore a failed one, first what it restored; after a takeover, which driver took over."""
     from spark_jobs.catalog.tables import CatalogReader
     from spark_jobs.deploy.settings import RuntimePaths
 
@@ -214,10 +223,15 @@ def _tell_kill_instruction(home: Path, runs: dict[str, str], told: set[str]) -> 
             run = newest[0] if newest else inst.get_run_by_id(runs[job])
             runs[job] = run.run_id
             pid = run.tags.get(DRIVER_PID_TAG)
-            if not pid or run.run_id in told:
+            standby = run.tags.get(STANDBY_PID_TAG)
+            said = f"{run.run_id}/{pid}"
+            if not pid or said in told or standby == "none":  # none: one is starting
                 continue
             failed = run.tags.get(RESTORE_OF_TAG)
-            if failed:  # said once its attempt recorded what it restored
+            earlier = any(t.startswith(f"{run.run_id}/") for t in told)
+            if earlier:
+                print(f"{job}: the standby took over in run {run.run_id[:8]}: driver pid {pid}")
+            elif failed:  # said once its attempt recorded what it restored
                 catalog = CatalogReader(RuntimePaths.under(home).catalog)
                 rows = [r for r in catalog.jobs(job) if r["run_id"] == run.run_id]
                 if not rows or rows[-1]["allocation"] is None:
@@ -228,8 +242,17 @@ def _tell_kill_instruction(home: Path, runs: dict[str, str], told: set[str]) -> 
                     f"driver pid {pid}",
                     flush=True,
                 )
-            told.add(run.run_id)
-            print(f"{job}: kill its driver to watch the automatic restore: kill -9 {pid}")
+            told.add(said)
+            if standby:
+                supervisor = run.tags.get(SUBMIT_PID_TAG)
+                print(
+                    f"{job}: kill its driver to watch its standby ({standby}) take over: kill -9 "
+                    f"{pid}; kill both (their supervisor) to watch the automatic restore: kill -9 "
+                    f"{supervisor}",
+                    flush=True,
+                )
+            else:
+                print(f"{job}: kill its driver to watch the automatic restore: kill -9 {pid}")
 
 
 def _stop_all(home: Path, dagster: DagsterProcesses, client, generators) -> None:
@@ -294,28 +317,40 @@ def _active_runs(home: Path) -> list[str]:
 
 
 def _drivers_of(home: Path, run_ids: list[str]) -> list[int]:
-    """The live drivers of these runs: a pid from a run's tags counts only while it is a process
-    its run's worker started (it names that worker in ``CUTLINE_WATCH_PID``), never a process
-    that reused the pid of a driver that died earlier."""
+    """The live driver processes of these runs (spark-submit or the standby supervisor, the
+    driver, the standby): a pid from a run's tags counts only while it is a process its run's
+    worker started (it names that worker, or a supervisor that does, in ``CUTLINE_WATCH_PID``),
+    never a process that reused the pid of a driver that died earlier."""
     with instance(home) as inst:
         runs = [inst.get_run_by_id(run_id) for run_id in run_ids]
     alive = []
     for run in runs:
         tags = run.tags if run else {}
-        if DRIVER_PID_TAG in tags and WORKER_PID_TAG in tags:
-            pid = int(tags[DRIVER_PID_TAG])
-            if started_by(pid, int(tags[WORKER_PID_TAG])):
-                alive.append(pid)
+        if WORKER_PID_TAG not in tags:
+            continue
+        # the supervisor first: killed after the active driver, it would order a takeover
+        for tag in (SUBMIT_PID_TAG, DRIVER_PID_TAG, STANDBY_PID_TAG):
+            pid = tags.get(tag, "")
+            if pid.isdigit() and started_by(int(pid), int(tags[WORKER_PID_TAG])):
+                alive.append(int(pid))
     return alive
 
 
 def started_by(pid: int, worker_pid: int) -> bool:
-    """Whether process ``pid`` is alive and is a driver that run worker ``worker_pid`` started."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:  # gone, or not ours
-        return False
-    return f"CUTLINE_WATCH_PID={worker_pid}".encode() in environ
+    """Whether process ``pid`` is alive and is a driver that run worker ``worker_pid`` started,
+    itself or through a standby supervisor (each names its parent in ``CUTLINE_WATCH_PID``)."""
+    for _ in range(2):  # the driver, then its supervisor
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:  # gone, or not ours
+            return False
+        watched = [v for v in environ if v.startswith(b"CUTLINE_WATCH_PID=")]
+        if not watched or not watched[0].split(b"=", 1)[1].isdigit():
+            return False
+        pid = int(watched[0].split(b"=", 1)[1])
+        if pid == worker_pid:
+            return True
+    return False
 
 
 if __name__ == "__main__":

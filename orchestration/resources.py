@@ -9,6 +9,7 @@ through here: boto3 finds them through its standard chain.
 
 import dataclasses
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -122,6 +123,17 @@ class SparkSubmit(ConfigurableResource):
         """``spark-submit`` of the driver, with what the job's sources ``needs`` on Spark's
         classpath."""
         return submit_command(app_args, self.master, needs=needs, extra=self.conf)
+
+    def standby_command(self, app_args: list[str]) -> SubmitCommand:
+        """``cutline run ... --standby`` with this master and conf: a supervisor of an active
+        driver and its warm standby, each of which starts its own Spark session (no
+        spark-submit; each driver puts its job's packages on Spark's classpath itself)."""
+        argv = [sys.executable, "-m", "spark_jobs.commands", *app_args, "--standby"]
+        if self.master:
+            argv += ["--master", self.master]
+        for key, value in self.conf.items():
+            argv += ["--conf", f"{key}={value}"]
+        return SubmitCommand(argv, {})
 
 
 def run_paths(run_config: dict, default: CutlinePaths) -> CutlinePaths:

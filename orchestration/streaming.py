@@ -3,8 +3,11 @@
 The op submits the Spark driver (``spark-submit ... cutline run JOB``) and talks to it through
 Dagster Pipes: the driver reports each completed checkpoint, which the op logs as a
 materialization of ``completed_checkpoints`` for the job's partition while the run goes on, and
-the start of processing as a materialization of ``streaming_jobs``. If the driver exits non-zero
-or is killed, the run fails (and ``restore_on_failure`` takes over).
+the start of processing as a materialization of ``streaming_jobs`` (orchestration/driver_events.py).
+With ``standby``, the op runs ``cutline run JOB --standby`` instead: an active driver and a warm
+standby that takes over, within the run, when the active one dies (spark_jobs/driver/standby.py).
+If the driver exits non-zero or is killed (with a standby: both drivers, or their supervisor),
+the run fails and ``restore_on_failure`` takes over.
 """
 
 import json
@@ -13,14 +16,11 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from dagster import (
-    AssetMaterialization,
     Config,
     DagsterRunStatus,
     Failure,
-    MetadataValue,
     OpExecutionContext,
     PartitionedConfig,
     PipesEnvContextInjector,
@@ -34,14 +34,14 @@ from dagster import (
 from dagster_pipes import PipesDefaultMessageWriter
 from pydantic import Field
 
+from orchestration.driver_events import DriverEvents
 from orchestration.driver_exit import (
     close_pipes_for_signalled,
     exit_description,
     record_driver_exit,
 )
-from orchestration.metadata import MIB, ident, md_table, mib
+from orchestration.metadata import ident
 from orchestration.partitions import (
-    DRIVER_PID_TAG,
     EXIT_CODE_TAG,
     JOB_TAG,
     SUBMIT_PID_TAG,
@@ -50,7 +50,6 @@ from orchestration.partitions import (
 )
 from orchestration.resources import CutlinePaths, S3Resource, SparkSubmit
 from spark_jobs.catalog import open_catalog
-from spark_jobs.executor.reports import SubtaskRestoreReport
 from spark_jobs.job_loader import get_job
 from state.redaction import redact_argv
 
@@ -80,115 +79,11 @@ class StreamingRunConfig(Config):
         description="stop, after a final checkpoint, once the job has read all its input "
         "(a backfill or a batch rerun)",
     )
-
-
-def checkpoint_metadata(event: dict[str, Any]) -> dict[str, Any]:
-    """A completed checkpoint's metadata: sizes in MiB and durations in ms (plotted by the
-    Dagster UI), its identifiers as text."""
-    return {
-        "checkpoint_id": ident(event["checkpoint_id"]),
-        "batch_id": ident(event["batch_id"]),
-        "attempt": ident(event["attempt"]),
-        "full_size_mib": mib(event["full_size"]),
-        "uploaded_mib": mib(event["incremental_size"]),
-        "file_count": int(event["file_count"]),
-        "sync_ms": float(event["sync_ms"]),
-        "async_ms": float(event["async_ms"]),
-        "duration_ms": float(event["complete_time_ms"] - event["trigger_time_ms"]),
-        "manifest": MetadataValue.path(event["metadata_path"]),
-    }
-
-
-RESTORE_COLUMNS = ["stage", "subtask", "host", "from", "local MiB", "remote MiB", "seconds"]
-
-
-def started_metadata(
-    event: dict[str, Any], first_batch_ms: int, driver_started_ms: int
-) -> dict[str, Any]:
-    """What an attempt restored: the checkpoint (and the savepoint it was imported from), each
-    subtask's host, local and remote bytes (a table), whether it was rescaled and from what,
-    the time from the driver's start to its first micro-batch."""
-    reports = [SubtaskRestoreReport.from_dict(r) for r in event.get("restore_reports", [])]
-    rows = [
-        {
-            "stage": r.stage,
-            "subtask": r.subtask,
-            "host": r.host,
-            "from": r.source,
-            "local MiB": f"{r.bytes_local / MIB:.3f}",
-            "remote MiB": f"{r.bytes_remote / MIB:.3f}",
-            "seconds": f"{r.duration_ms / 1000:.2f}",
-        }
-        for r in reports
-    ]
-    restored = event["restored_from"]
-    old = {i for r in reports for i in r.rescaled_from}  # a whole layout: every old subtask
-    now = len({r.subtask for r in reports})
-    rescaled = {"rescaled": f"from parallelism {max(old) + 1} to {now}"} if old else {}
-    return {
-        "attempt": ident(event["attempt"]),
-        "restored_from": ident(None if restored is None else f"chk-{restored}"),
-        **({"savepoint": MetadataValue.path(event["savepoint"])} if event.get("savepoint") else {}),
-        **rescaled,
-        "subtasks_restored_locally": sum(r.source == "local" for r in reports),
-        "subtasks_restored_remotely": sum(r.source == "remote" for r in reports),
-        "restored_local_mib": mib(sum(r.bytes_local for r in reports)),
-        "restored_remote_mib": mib(sum(r.bytes_remote for r in reports)),
-        "restore": md_table(rows, RESTORE_COLUMNS, limit=len(rows)),
-        "time_to_first_batch_s": MetadataValue.float(
-            round((first_batch_ms - driver_started_ms) / 1000, 2)
-        ),
-        "allocation": MetadataValue.json(event.get("allocation", {})),
-        "first_batch_at": MetadataValue.timestamp(first_batch_ms / 1000),
-    }
-
-
-class _Forwarder:
-    """Turns the driver's Pipes messages into Dagster events as they arrive."""
-
-    def __init__(self, context: OpExecutionContext, job_name: str) -> None:
-        self.context, self.job_name = context, job_name
-        self.seen = 0
-        self.driver_started_ms = int(time.time() * 1000)  # until the driver says it is up
-        self.started: dict[str, Any] | None = None
-        self.first_batch_reported = False
-        self.checkpoints = 0
-
-    def __call__(self, messages) -> None:
-        for event in messages[self.seen :]:
-            self.seen += 1
-            kind = event.get("kind") if isinstance(event, dict) else None
-            if kind == "driver":
-                self.driver_started_ms = int(time.time() * 1000)
-                self.context.instance.add_run_tags(
-                    self.context.run_id, {DRIVER_PID_TAG: str(event["pid"])}
-                )
-                self.context.log.info(f"driver pid {event['pid']} (kill -9 it to see a restore)")
-            elif kind == "started":
-                self.started = event
-            elif kind == "batch" and self.started and not self.first_batch_reported:
-                self.first_batch_reported = True
-                now_ms = int(time.time() * 1000)
-                metadata = started_metadata(self.started, now_ms, self.driver_started_ms)
-                self._materialize("streaming_jobs", metadata)
-            elif kind == "checkpoint":
-                self.checkpoints += 1
-                self._materialize("completed_checkpoints", checkpoint_metadata(event))
-            elif kind == "savepoint":
-                self.context.log.info(
-                    f"{self.job_name}: savepoint {event['status']} at {event['location']}"
-                    + (f": {event['reason']}" if event.get("reason") else "")
-                )
-            elif kind == "compacted":
-                self.context.log.info(
-                    f"{self.job_name}: state compacted at checkpoint {event['checkpoint_id']}; a "
-                    f"restore reads {event['files_after']} files (before: {event['files_before']})"
-                )
-
-    def _materialize(self, asset: str, metadata: dict[str, Any]) -> None:
-        self.context.log_event(
-            AssetMaterialization(asset_key=asset, partition=self.job_name, metadata=metadata)
-        )
+    standby: bool = Field(
+        default=False,
+        description="keep a second driver warm beside the active one: it takes over within "
+        "this run, in seconds, when the active driver dies",
+    )
 
 
 def _refuse_concurrent(context: OpExecutionContext, job_name: str) -> None:
@@ -238,8 +133,11 @@ def streaming_driver(
             args += ["--idle-timeout", str(config.idle_timeout_s)]
         if config.until_caught_up:
             args.append("--until-caught-up")
-        submit = spark_submit.command(args, needs=definition.spark_dependencies())
-        forward = _Forwarder(context, job_name)
+        if config.standby:
+            submit = spark_submit.standby_command(args)
+        else:
+            submit = spark_submit.command(args, needs=definition.spark_dependencies())
+        forward = DriverEvents(context, job_name)
         with open_pipes_session(
             context=context,
             context_injector=PipesEnvContextInjector(),

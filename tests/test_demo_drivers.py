@@ -29,6 +29,21 @@ def test_a_driver_counts_only_while_it_names_its_run_worker():
     assert not started_by(driver.pid, worker)  # gone
 
 
+def test_a_standby_supervisors_drivers_count_as_their_run_workers():
+    worker = os.getpid()
+    supervisor = subprocess.Popen(SLEEP, env={**os.environ, "CUTLINE_WATCH_PID": str(worker)})
+    other = subprocess.Popen(SLEEP, env={**os.environ, "CUTLINE_WATCH_PID": str(worker + 1)})
+    child = subprocess.Popen(SLEEP, env={**os.environ, "CUTLINE_WATCH_PID": str(supervisor.pid)})
+    strangers = subprocess.Popen(SLEEP, env={**os.environ, "CUTLINE_WATCH_PID": str(other.pid)})
+    try:
+        assert started_by(supervisor.pid, worker) and started_by(child.pid, worker)
+        assert not started_by(strangers.pid, worker)  # another run's supervisor's driver
+    finally:
+        for proc in (supervisor, other, child, strangers):
+            proc.kill()
+            proc.wait()
+
+
 def test_the_demo_says_what_each_restore_run_restored_and_its_new_driver(tmp_path, capsys):
     """The demo's terminal tells a kill's outcome: for the sensor's restore run, once its
     attempt recorded what it restored, the job, the runs, the checkpoint and the new driver."""

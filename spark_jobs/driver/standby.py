@@ -187,16 +187,16 @@ class Supervisor:
                 if standby is None or standby.process.poll() is not None:
                     self.events.log(f"supervisor: the standby is gone; exit {code} ends the run")
                     return self._end(code)
-                old = self.active.pid
+                old, new = self.active.pid, standby.pid
+                made += 1
+                # said before the order: every event of the new attempt comes after it
+                self.events.emit(
+                    "takeover", {"from": old, "to": new, "exit": code, "at_ms": int(died * 1000)}
+                )
                 standby.order(Order.TAKE_OVER)
                 with self._lock:
                     self.active, self.standby = standby, None
                     self._announce()
-                made += 1
-                new = self.active.pid
-                self.events.emit(
-                    "takeover", {"from": old, "to": new, "exit": code, "at_ms": int(died * 1000)}
-                )
                 self.events.log(
                     f"supervisor: driver {old} exited {code}; {new} takes over "
                     f"(takeover {made} of at most {self.takeovers})"
