@@ -63,6 +63,15 @@ def arm() -> None:
         os.environ.setdefault(GROUP_ENV, str(os.getpgid(0)))
 
 
+def for_driver(environ: dict[str, str], armed: bool) -> dict[str, str]:
+    """The environment of a driver that another process (a standby supervisor) launches: its
+    kill points take its own process group, not its launcher's (its :func:`arm` sets that); not
+    ``armed``, it has no kill point at all (a standby, whose takeover must not die where the
+    driver it replaces was told to)."""
+    dropped = (GROUP_ENV,) if armed else (GROUP_ENV, ENV)
+    return {k: v for k, v in environ.items() if k not in dropped}
+
+
 def kill_point(point: str) -> None:
     """Die here if ``CUTLINE_FAULT_KILL`` names this point (see the module docstring)."""
     spec = os.environ.get(ENV)

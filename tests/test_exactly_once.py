@@ -22,25 +22,34 @@ files too); after their kills a GC pass must leave exactly what the retained che
 each of which verifies, checksums included. ``sessions`` (keyed state and event-time timers)
 and ``country_clicks`` (two stages, the second re-keyed) change parallelism at every attempt
 (``RESCALED``): each restore after a kill is rescaled, the last one always (an attempt killed
-before its restore completes rescales nothing). Reproduce a run with
-``CUTLINE_TEST_SEED``; set ``CUTLINE_TEST_KILLS`` for more kills.
+before its restore completes rescales nothing). The restart after each kill is drawn from the
+seed (``TAKEOVER``): a cold start (the next ``cutline run``) or a standby's takeover (the attempt
+runs with ``--standby`` and its active driver is killed; the warm standby restores the latest
+checkpoint and runs to the end of the input; a kill before the standby was launched, at the
+first micro-batch, falls back to a cold start). Reproduce a run with ``CUTLINE_TEST_SEED``; set
+``CUTLINE_TEST_KILLS`` for more kills.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
+import json
 import os
 import random
 import re
+import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from spark_jobs.catalog.tables import CatalogReader
 from spark_jobs.deploy.settings import RuntimePaths
+from spark_jobs.errors import EXIT_FAILED
+from spark_jobs.events import EVENT_LINE
 from spark_jobs.job_loader import get_job, job_name_of
 from spark_jobs.sources.generate import generate
 from state.catalog import CheckpointStatus
@@ -114,6 +123,8 @@ IMPORTING = {"savepoint-importing", "savepoint-imported"}
 MODES = [*KILL_POINTS, *SAVEPOINT_KILL_POINTS, "random", "uploads in flight"]
 ALSO_SAVED = 0.2  # how often an attempt killed elsewhere has a savepoint request too
 ALSO_RESTORED = 0.2  # how often one starts from a savepoint taken earlier (killed after that)
+TAKEOVER = 0.5  # how often an attempt runs with a standby, which its kill's restart is
+TAKEOVER_IDLE_S = 15  # a standby's attempt killed at random waits this long for its input
 
 
 def other_than_latest(paths: RuntimePaths, job: str) -> int:
@@ -168,10 +179,15 @@ def one_attempt(
     mode: str,
     flags: list[str],
     from_savepoint: list[str],
+    append: Callable[[], None],
+    takeover: bool = False,
 ) -> str | None:
     """Start an attempt and kill it in ``mode`` (details as ``rng`` says); what killed it, or
-    None if it ended. An attempt started from a savepoint appends its mode to
-    ``from_savepoint``."""
+    None if it ended. ``append`` adds the attempt's new input, before it starts. An attempt
+    started from a savepoint appends its mode to ``from_savepoint``. With ``takeover`` the
+    attempt runs with a standby driver, which takes over after the kill (if it was launched by
+    then) and runs to the end of the input; killed at a random moment, such an attempt waits
+    for its standby to be warm (``TAKEOVER_IDLE_S`` without input) and gets its input then."""
     saved = [r["location"] for r in savepoints_of(paths, job) if r["status"] == "COMPLETED"]
     if mode in IMPORTING and not saved:
         mode = "savepoint-written"  # nothing to import yet: one is taken
@@ -180,33 +196,47 @@ def one_attempt(
         from_savepoint.append(mode)
     elif mode in WRITING or rng.random() < ALSO_SAVED:
         ask_for_savepoint(paths, job, stop=mode in WRITING and rng.random() < 0.5)
-    if mode not in ("random", "uploads in flight"):
+    standby = ["--standby"] if takeover else []
+    standby_env = {"CUTLINE_EVENTS": "stdout"} if takeover else {}  # the supervisor's events
+    timed = mode in ("random", "uploads in flight")
+    if not (timed and takeover):
+        append()
+    if not timed:
         nth = 1 if mode in ONCE else rng.randint(1, 2 if mode in IN_TASKS | PER_FILE else 3)
         if from_savepoint and from_savepoint[-1] == mode and "--restore" in flags:
             from_savepoint[-1] = f"{mode}@{nth}"
         record = home / "faults.log"  # where the kill point says it fired (state/faults.py)
         record.unlink(missing_ok=True)
-        env = {KILL_ENV: f"{mode}@{nth}", RECORD_ENV: str(record)}
-        rc = finish(cutline(home, "run", job, *RUN, *flags, env=env), timeout=300)
+        env = {KILL_ENV: f"{mode}@{nth}", RECORD_ENV: str(record), **standby_env}
+        since = log_size(home)
+        rc = finish(cutline(home, "run", job, *RUN, *flags, *standby, env=env), timeout=300)
+        fired = record.exists() and f"killed at {mode}\n" in record.read_text()
+        log = (home / "driver.log").read_text(errors="replace")
         # killed at the point: SIGKILL of the driver's process group, which can reach the driver
-        # a moment after its JVM died under it and a native thread crashed (SIGSEGV)
-        killed = rc < 0 and record.exists() and f"killed at {mode}\n" in record.read_text()
-        assert rc == 0 or killed, (
-            f"attempt exited {rc}: {(home / 'driver.log').read_text(errors='replace')[-4000:]}"
-        )
-        return f"{mode}@{nth}" if killed else None
+        # a moment after its JVM died under it and a native thread crashed (SIGSEGV); under a
+        # supervisor, the standby took over (0), or there was none yet (1: a cold start next)
+        killed = fired and (rc in (0, EXIT_FAILED) if takeover else rc < 0)
+        assert rc == 0 or killed, f"attempt exited {rc}: {log[-4000:]}"
+        if not killed:
+            return None
+        return f"{mode}@{nth}" + (restarted(log[since:], rc) if takeover else "")
     record = home / "faults.log"  # where slowed uploads note their start and end
     record.unlink(missing_ok=True)
-    env = {RECORD_ENV: str(record)}
+    env = {RECORD_ENV: str(record), **standby_env}
     if mode == "uploads in flight":
         env["CUTLINE_FAULT_UPLOAD_DELAY_S"] = "3"
     delay = rng.uniform(0.0, 4.0)
     log = home / "driver.log"
-    since = log.stat().st_size if log.exists() else 0
-    proc = cutline(home, "run", job, *RUN, *flags, env=env)
-    # timed from this attempt's first micro-batch: a kill during the JVM's start proves nothing
-    while proc.poll() is None and b"\nstartup: " not in log.read_bytes()[since:]:
+    since = log_size(home)
+    idle = ["--idle-timeout", str(TAKEOVER_IDLE_S)] if takeover else []
+    proc = cutline(home, "run", job, *RUN, *idle, *flags, *standby, env=env)
+    # timed from this attempt's first micro-batch: a kill during the JVM's start proves nothing;
+    # with a standby, from its standby's being warm and the input's arrival
+    started = b"warm, waiting" if takeover else b"\nstartup: "
+    while proc.poll() is None and started not in log.read_bytes()[since:]:
         time.sleep(0.1)
+    if takeover:
+        append()
     deadline = time.monotonic() + delay
     while proc.poll() is None and (
         time.monotonic() < deadline or (mode == "uploads in flight" and not pending(record))
@@ -215,15 +245,46 @@ def one_attempt(
     if proc.poll() is not None:  # ended before the kill: not counted
         assert proc.returncode == 0, log.read_text(errors="replace")[-4000:]
         return None
-    kill_driver(proc)
+    if takeover:
+        os.killpg(active_driver(log.read_text(errors="replace")[since:]), signal.SIGKILL)
+    else:
+        kill_driver(proc)
+    cut_off = pending(record)  # before a takeover's own uploads begin
+    if takeover:
+        rc = finish(proc, timeout=300)
+        text = log.read_text(errors="replace")
+        assert rc == 0, f"the takeover's attempt exited {rc}: {text[-4000:]}"
+        assert "takes over" in text[since:], "a warm standby took over"
+    how = " taken over" if takeover else ""
     if mode == "uploads in flight":  # counted only if an upload was cut off by the kill
-        cut_off = pending(record)
         return (
-            f"{mode} ({cut_off} pending) {delay:.1f} s after the first micro-batch"
+            f"{mode} ({cut_off} pending) {delay:.1f} s after the first micro-batch{how}"
             if cut_off
             else None
         )
-    return f"{mode} {delay:.1f} s after the first micro-batch"
+    return f"{mode} {delay:.1f} s after the first micro-batch{how}"
+
+
+def log_size(home: Path) -> int:
+    log = home / "driver.log"
+    return log.stat().st_size if log.exists() else 0
+
+
+def active_driver(log: str) -> int:
+    """The active driver's pid, from the last "drivers" event of a supervisor's ``log``."""
+    events = [json.loads(line[len(EVENT_LINE) :]) for line in log.splitlines()
+              if line.startswith(EVENT_LINE)]  # fmt: skip
+    return [e["active"] for e in events if e["kind"] == "drivers"][-1]
+
+
+def restarted(log: str, rc: int) -> str:
+    """How an attempt run with a standby was restarted after its driver's kill, from its log:
+    its standby took over (and ran to the end), or none was launched yet."""
+    if rc == 0:
+        assert "takes over" in log, log[-4000:]
+        return " taken over"
+    assert "the standby is gone" in log, log[-4000:]
+    return " (no standby yet: cold)"
 
 
 def before_the_import(mode: str, job: str) -> bool:
@@ -270,12 +331,23 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
     kills: list[str] = []
     attempts = 0
     modes = kill_modes(job)
+    takeovers = tiers.rng(f"takeovers/{job}")  # which attempts run with a standby
     from_savepoint: list[str] = []  # the modes of attempts started from a savepoint
     while len(kills) < KILLS:
         assert attempts < 4 * KILLS, f"only {len(kills)} kills in {attempts} attempts: {kills}"
-        append_input(home, job, attempts)
         mode = next(modes)
-        killed = one_attempt(home, paths, job, rng, mode, [*flags, *at(attempts)], from_savepoint)
+        standby = takeovers.random() < TAKEOVER
+        killed = one_attempt(
+            home,
+            paths,
+            job,
+            rng,
+            mode,
+            [*flags, *at(attempts)],
+            from_savepoint,
+            functools.partial(append_input, home, job, attempts),
+            standby,
+        )
         tiers.record("kill points", f"{job}: {mode}: {killed or 'ended before its kill'}")
         attempts += 1
         if killed:
@@ -293,6 +365,7 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
     read = (lambda _: read_files(os.environ[FILES_ENV])) if job == FILE_JOB else None
     summary = check(job_name_of(job), home, paths.output, read)
     report(f"{job}: {len(kills)} kills in {attempts} attempts: {kills}")
+    report(f"{job}: {sum('taken over' in k for k in kills)} of the kills' restarts were takeovers")
     report(f"{job}: output == reference ({summary})")
     if job == STATE_READ:  # its state, read out of the latest checkpoint, is the reference's
         summary = check_country_state(home, job, request.getfixturevalue("spark"))

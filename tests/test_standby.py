@@ -37,6 +37,7 @@ from spark_jobs.driver.standby import (
 from spark_jobs.errors import ConfigurationError
 from spark_jobs.events import EventChannel
 from spark_jobs.sources.generate import generate
+from state import faults
 from tests import tiers
 from tests.e2e_util import cutline, finish, report
 from tests.reference import check
@@ -51,6 +52,9 @@ STANDIN = textwrap.dedent(
     import json, os, sys, time
     from pathlib import Path
     runs = Path(os.environ["STANDIN_DIR"])
+    role = "standby" if "--as-standby" in sys.argv else "active"
+    faults = [os.environ.get(v, "-") for v in ("CUTLINE_FAULT_KILL", "CUTLINE_FAULT_KILL_GROUP")]
+    (runs / f"env-{os.getpid()}").write_text(" ".join([role, *faults]))
     def event(kind, **payload):
         print("CUTLINE_EVENT " + json.dumps({"kind": kind, **payload}), flush=True)
     if "--as-standby" in sys.argv:
@@ -177,6 +181,17 @@ def test_a_paused_driver_is_not_taken_over(tmp_path, monkeypatch):
     pauser.join()
     assert paused and code == 0
     assert not [k for k, _ in events.events if k == "takeover"]
+
+
+def test_a_kill_point_is_the_first_drivers_and_kills_its_own_process_group(tmp_path, monkeypatch):
+    """A test's kill point (state/faults.py) reaches the first driver only, and no driver
+    inherits the supervisor's process group as the one its kill takes."""
+    monkeypatch.setenv(faults.ENV, "batch-applied@2")
+    monkeypatch.setenv(faults.GROUP_ENV, str(os.getpgid(0)))
+    code, _ = supervise(tmp_path, "1,0", monkeypatch)
+    assert code == 0
+    seen = {p.read_text() for p in names(tmp_path, "env")}
+    assert seen == {"active batch-applied@2 -", "standby - -"}
 
 
 @pytest.mark.parametrize("exit_code", [2, 3])

@@ -36,6 +36,7 @@ from typing import IO
 from spark_jobs.driver.liveness import alive
 from spark_jobs.errors import EXIT_FAILED, ConfigurationError
 from spark_jobs.events import EVENT_LINE, EventChannel
+from state import faults
 
 STANDBY_FLAG = "--as-standby"  # the hidden `cutline run` option of a supervisor's standby child
 TAKEOVERS = 10  # takeovers one supervisor makes; after them, its orchestrator restores the job
@@ -85,6 +86,7 @@ class Driver:
 
     def __init__(self, command: list[str], standby: bool, events: EventChannel) -> None:
         env = {k: v for k, v in os.environ.items() if k not in _PIPES_ENV}
+        env = faults.for_driver(env, armed=not standby)  # a test's kill point: the first driver's
         env.update(CUTLINE_WATCH_PID=str(os.getpid()), CUTLINE_EVENTS="stdout")
         self.running = threading.Event()  # its attempt ran its first micro-batch ("startup")
         self.process = subprocess.Popen(
