@@ -28,6 +28,9 @@ copy of the input per system:
 3. restart: ``kill -9`` of the driver's process group, one micro-batch of new records, the same
    command again: seconds from the process start, and from Spark's first log line (the JVM is
    up: the same point in every system), to the first completed micro-batch with records.
+4. takeover (Cutline): ``cutline run --standby`` on the same state; once its standby is warm,
+   ``kill -9`` of the active driver's process group and one micro-batch of new records: seconds
+   from the kill to the standby's first completed micro-batch with records.
 
 The Python API variant runs its throughput phase for at most ``--python-minutes`` with
 micro-batches of ``--python-batch-records`` and skips the sustained phase (it cannot keep up).
@@ -183,7 +186,9 @@ class Driver:
     batches: list[Batch] = field(default_factory=list)
     jvm_up: float | None = None  # when Spark's first log line came (the same in every system)
     last_event: dict = field(default_factory=dict)
-    startup: dict = field(default_factory=dict)  # Cutline's startup phases (s), first batch
+    startup: dict = field(default_factory=dict)  # Cutline's startup phases (s), latest attempt
+    active: int | None = None  # under a standby supervisor: the active driver's pid
+    warm: threading.Event = field(default_factory=threading.Event)  # a standby is warm
 
     def records(self) -> int:
         return sum(b.records for b in self.batches)
@@ -194,13 +199,14 @@ class Driver:
         self.proc.wait(timeout=60)
 
 
-def start_driver(system: str, home: Path, batch_records: int) -> Driver:
-    """Starts one driver of ``system`` on ``home`` in its own process group."""
+def start_driver(system: str, home: Path, batch_records: int, *more: str) -> Driver:
+    """Starts one driver of ``system`` on ``home`` in its own process group (Cutline: with
+    ``more`` arguments of ``cutline run``)."""
     env = {**os.environ, "CUTLINE_EVENTS": "stdout", "PYTHONUNBUFFERED": "1"}
     if system == "cutline":
         cmd = [sys.executable, "-m", "spark_jobs.commands", "--home", str(home), "run", JOB,
                "--master", "local[2]",
-               "--max-records-per-partition", str(batch_records)]  # fmt: skip
+               "--max-records-per-partition", str(batch_records), *more]  # fmt: skip
     else:
         cmd = [sys.executable, str(Path(__file__).resolve()), "worker", system, str(home),
                "--batch-records", str(batch_records)]  # fmt: skip
@@ -221,11 +227,15 @@ def start_driver(system: str, home: Path, batch_records: int) -> Driver:
             log.write(b"%8.2f " % (time.monotonic() - driver.started) + raw)
             if driver.jvm_up is None and JVM_UP in line:
                 driver.jvm_up = time.monotonic()
+            if "warm, waiting" in line:  # a standby driver's
+                driver.warm.set()
             event = None
             if line.startswith("CUTLINE_EVENT "):
                 event = json.loads(line[len("CUTLINE_EVENT ") :])
                 if event.get("kind") == "startup":
                     driver.startup = {k: v for k, v in event.items() if k != "kind"}
+                if event.get("kind") == "drivers":
+                    driver.active = event["active"]
                 event = event if event.get("kind") == "batch" else None
             elif line.startswith(EVENT):
                 event = json.loads(line[len(EVENT) :])
@@ -369,6 +379,10 @@ def bench_system(system: str, home: Path, keys: int, backlog: int, ts: int, args
         after = throughput(list(restarted.batches), 0)
         out["after_restart_batch_ms_p50"] = after.get("batch_ms_p50")
         restarted.kill()
+        if system == "cutline":  # 4. the same restart as a warm standby's takeover
+            restarted = start_driver(system, home, batch_records, "--standby")
+            out.update(takeover(restarted, appender, batch_records))
+            restarted.kill()
     finally:
         appender.stopped.set()
         watch.stopped.set()
@@ -376,6 +390,31 @@ def bench_system(system: str, home: Path, keys: int, backlog: int, ts: int, args
             if d is not None and d.proc.poll() is None:
                 d.kill()
     return out
+
+
+def takeover(run: Driver, appender: Appender, batch_records: int) -> dict:
+    """``cutline run --standby`` (started): once its standby is warm, ``kill -9`` of the active
+    driver's process group and one micro-batch of new records; seconds from the kill to the
+    replacing attempt's first completed micro-batch with records, and that attempt's phases."""
+    deadline = run.started + 600
+    wait_until(lambda: run.warm.is_set() and run.active, deadline, run, "a warm standby")
+    time.sleep(2.0)
+    seen, before = len(run.batches), run.startup
+    killed = time.monotonic()
+    os.killpg(run.active, signal.SIGKILL)
+    appender.append(batch_records * PARTITIONS)
+    got = wait_until(
+        lambda: any(b.records for b in run.batches[seen:]),
+        killed + 600,
+        run,
+        "the takeover's first micro-batch",
+    )
+    first = next((b for b in run.batches[seen:] if b.records), None)
+    wait_until(lambda: run.startup is not before, time.monotonic() + 30, run, "its phases")
+    return {
+        "takeover_to_first_batch_s": round(first.end - killed, 2) if got else None,
+        "takeover_phases_s": run.startup,
+    }
 
 
 def cutline_state_bytes(home: Path) -> int | None:
@@ -507,8 +546,9 @@ def write_report(results: dict, out: Path) -> None:
     sizes = results["sizes"]
     rows = [
         "| state | system | records/s | batch p50 / p99 ms | written MiB/min | storage at the "
-        "end MiB | restart to 1st batch s: from process start / after JVM up |",
-        "|---|---|---|---|---|---|---|",
+        "end MiB | restart to 1st batch s: from process start / after JVM up | standby "
+        "takeover: kill to 1st batch s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for size in sizes:
         for system in SYSTEMS:
@@ -523,7 +563,8 @@ def write_report(results: dict, out: Path) -> None:
                 f"{_fmt(r.get('bytes_written_per_min'), mib)} | "
                 f"{_fmt(r.get('storage_bytes_end'), mib)} | "
                 f"{_fmt(r.get('restart_to_first_batch_s'))} / "
-                f"{_fmt(r.get('restart_after_jvm_up_s'))} |"
+                f"{_fmt(r.get('restart_after_jvm_up_s'))} | "
+                f"{_fmt(r.get('takeover_to_first_batch_s'))} |"
             )
     ratios = ["", "Ratios (Cutline / peer; restart: peer / Cutline):", ""]
     for size in sizes:
@@ -534,9 +575,10 @@ def write_report(results: dict, out: Path) -> None:
             tput = _ratio(c.get("records_per_s"), p.get("records_per_s"))
             restart = _ratio(p.get("restart_to_first_batch_s"), c.get("restart_to_first_batch_s"))
             warm = _ratio(p.get("restart_after_jvm_up_s"), c.get("restart_after_jvm_up_s"))
+            standby = _ratio(p.get("restart_to_first_batch_s"), c.get("takeover_to_first_batch_s"))
             ratios.append(
                 f"- {size['size_mib']} MiB, vs {peer}: throughput {tput}x; restart {restart}x "
-                f"faster ({warm}x after JVM up)"
+                f"faster ({warm}x after JVM up); a standby's takeover {standby}x faster"
             )
     when = sorted(
         {f"{system}: {r['measured_at']}" for size in sizes for system, r in size["systems"].items()
@@ -550,6 +592,12 @@ def write_report(results: dict, out: Path) -> None:
         if timeline:
             parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in timeline.items())
             phases.append(f"- {size['size_mib']} MiB: {parts}")
+        timeline = size["systems"].get("cutline", {}).get("takeover_phases_s")
+        if timeline:
+            parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in timeline.items())
+            phases.append(
+                f"- {size['size_mib']} MiB, a standby's takeover (from the order): {parts}"
+            )
     (out / "peer.md").write_text(
         "# Peer benchmark (bench/peer_bench.py)\n\n"
         + results["setup"]

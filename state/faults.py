@@ -1,7 +1,9 @@
 """Kill points for crash tests: a process dies by SIGKILL at a named point of the protocol.
 
 ``CUTLINE_FAULT_KILL=<point>`` kills the driver's process group the first time one of its processes
-reaches ``<point>``; ``<point>@<n>`` the ``n``-th time that process reaches it. The points, in
+reaches ``<point>``; ``<point>@<n>`` the ``n``-th time that process reaches it. With
+``CUTLINE_FAULT_KILL_AFTER=<file>`` only the times after that file exists count (a test arms the
+point when it is ready: a standby warm, say). The points, in
 protocol order, are :data:`KILL_POINTS`, and a savepoint's :data:`SAVEPOINT_KILL_POINTS`. Some are
 reached in Spark's Python workers, which PySpark runs in process groups of their own:
 :func:`arm`, called by the driver before it starts Spark, puts its own process group into the
@@ -28,6 +30,7 @@ from collections import Counter
 from concurrent.futures import Executor, Future
 
 ENV = "CUTLINE_FAULT_KILL"
+AFTER_ENV = "CUTLINE_FAULT_KILL_AFTER"  # a file: the point counts only once it exists
 GROUP_ENV = "CUTLINE_FAULT_KILL_GROUP"  # the driver's process group, set by arm()
 RECORD_ENV = "CUTLINE_FAULT_RECORD"  # a file each kill appends its line to before dying
 UPLOAD_DELAY_ENV = "CUTLINE_FAULT_UPLOAD_DELAY_S"  # seconds every snapshot upload starts late
@@ -79,6 +82,9 @@ def kill_point(point: str) -> None:
         return
     name, _, nth = spec.partition("@")
     if name != point:
+        return
+    after = os.environ.get(AFTER_ENV)
+    if after and not os.path.exists(after):  # not armed yet: this time does not count
         return
     with _lock:
         _hits[point] += 1

@@ -16,6 +16,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from spark_jobs.catalog.tables import read_delta
+from spark_jobs.events import EVENT_LINE
 from tests import findings
 from tests.startup_report import driver_started
 
@@ -59,6 +60,14 @@ def kill_driver(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):  # it may have died on its own meanwhile
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
+
+
+def active_driver(log: str) -> int:
+    """The active driver's pid, from the last "drivers" event in a standby supervisor's ``log``
+    (``CUTLINE_EVENTS=stdout``)."""
+    events = [json.loads(line[len(EVENT_LINE) :]) for line in log.splitlines()
+              if line.startswith(EVENT_LINE)]  # fmt: skip
+    return [e["active"] for e in events if e["kind"] == "drivers"][-1]
 
 
 def finish(proc: subprocess.Popen, timeout: float = 600) -> int:

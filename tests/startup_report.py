@@ -82,7 +82,7 @@ def startup_lines(started: list[tuple[Path, int]]) -> list[str]:
 
 def phases(line: str) -> dict[str, float]:
     """One startup line's seconds per report column (phases beside the path not counted)."""
-    path = line.split(" from the process start: ", 1)[-1].split(" (beside them:")[0]
+    path = re.split(r" s from [^:]+: ", line, maxsplit=1)[-1].split(" (beside them:")[0]
     out = dict.fromkeys(COLUMNS, 0.0)
     for name, seconds in PHASE.findall(path):
         column = GROUPS.get(name.strip())

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,7 +40,9 @@ from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.deploy.standalone import StandaloneCluster, can_hide
 from state.storage.tables import table_uri
 from tests.e2e_util import (
+    active_driver,
     cutline,
+    finish,
     kill_driver,
     report,
     run_to_end,
@@ -251,4 +255,37 @@ def test_rescaled_2_3_1_4_across_hosts_then_a_kill_restores_every_subtask_locall
         for subtask, host in json.loads(attempt["allocation"] or "{}").items():
             ran[host].add(int(subtask))
     nothing_crossed_a_disk(d, ran, only=True)
+    output_is_exact(d)
+
+
+def test_a_standby_takes_over_on_the_cluster_and_restores_every_subtask_locally(deployment):
+    """``--standby`` on the cluster: the active driver's application holds the workers' cores,
+    so the standby's session waits with no executor (it warms none). The active driver is
+    killed (its JVM too): the workers stop its executors, the master gives the freed cores on
+    the same hosts to the standby's application, and the takeover, placed as the lost attempt
+    was, restores every subtask from its local copy, reads a file added after it and runs to
+    its end. The output is exact; no process read or wrote another's disk."""
+    d = deployment
+    env = {**d.driver["env"], "CUTLINE_EVENTS": "stdout"}  # the supervisor's events
+    args = run_args(d, SPREAD, "--idle-timeout", "20", "--standby")
+    driver = cutline(d.home, *args, env=env, view=d.driver["view"])
+    log = d.home / "driver.log"
+    wait_for(lambda: len(checkpoints(d)) >= 2, 400, "checkpoints", driver)
+    wait_for(lambda: "warm, waiting" in log.read_text(errors="replace"), 300, "a standby", driver)
+    allocation = latest_allocation(d)
+    killed = time.monotonic()
+    os.killpg(active_driver(log.read_text(errors="replace")), signal.SIGKILL)
+    read_a_file_added_while_it_runs(d, driver, "later/after-takeover.json", seed=300)
+    seconds = time.monotonic() - killed
+    report(f"standby on the cluster: kill -9 -> a checkpoint past a new file: {seconds:.1f} s")
+    assert finish(driver, timeout=600) == 0, log.read_text(errors="replace")[-4000:]
+
+    attempts = sorted(catalog(d, "streaming_jobs"), key=lambda r: r["attempt"])
+    assert [(a["attempt"], a["status"]) for a in attempts] == [(1, "LOST"), (2, "FINISHED")]
+    (recovery,) = [r for r in catalog(d, "recoveries") if r["attempt"] == 2]
+    placement = json.loads(recovery["placement"])
+    report(f"standby on the cluster: takeover placement {placement}")
+    assert recovery["subtasks_local"] == 4 and recovery["bytes_remote"] == 0
+    assert all(p["host"] == allocation[str(p["subtask"])] for p in placement)
+    nothing_crossed_a_disk(d, {h: {s for s in range(4) if SPREAD[str(s)] == h} for h in HOSTS})
     output_is_exact(d)

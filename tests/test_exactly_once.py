@@ -25,8 +25,10 @@ and ``country_clicks`` (two stages, the second re-keyed) change parallelism at e
 before its restore completes rescales nothing). The restart after each kill is drawn from the
 seed (``TAKEOVER``): a cold start (the next ``cutline run``) or a standby's takeover (the attempt
 runs with ``--standby`` and its active driver is killed; the warm standby restores the latest
-checkpoint and runs to the end of the input; a kill before the standby was launched, at the
-first micro-batch, falls back to a cold start). Reproduce a run with ``CUTLINE_TEST_SEED``; set
+checkpoint and runs to the end of the input). Such an attempt gets its input once its standby is
+warm, and a point it reaches at every micro-batch or checkpoint counts only from then; a point
+reached once, at the start, comes before any standby (launched after the first micro-batch), and
+its restart is cold. Reproduce a run with ``CUTLINE_TEST_SEED``; set
 ``CUTLINE_TEST_KILLS`` for more kills.
 """
 
@@ -35,11 +37,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import json
 import os
 import random
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -49,12 +51,11 @@ import pytest
 from spark_jobs.catalog.tables import CatalogReader
 from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.errors import EXIT_FAILED
-from spark_jobs.events import EVENT_LINE
 from spark_jobs.job_loader import get_job, job_name_of
 from spark_jobs.sources.generate import generate
 from state.catalog import CheckpointStatus
+from state.faults import AFTER_ENV, KILL_POINTS, RECORD_ENV, SAVEPOINT_KILL_POINTS
 from state.faults import ENV as KILL_ENV
-from state.faults import KILL_POINTS, RECORD_ENV, SAVEPOINT_KILL_POINTS
 from state.paths import JobLayout, SavepointLayout
 from state.restore import read_manifest
 from state.savepoint import SavepointRequest, read_request, read_savepoint, write_request
@@ -62,6 +63,7 @@ from state.storage import open_storage
 from state.storage.tables import join_url
 from tests import tiers
 from tests.e2e_util import (
+    active_driver,
     cutline,
     finish,
     gc_left_only_what_is_needed,
@@ -114,6 +116,9 @@ RESCALED = {
 STATE_READ = "cutline_sessions.pipelines:country_clicks"  # its state read out after the kills
 IN_TASKS = {"subtask-restored", "batch-applied", "snapshot-taken"}  # counted per Python worker
 PER_FILE = {"savepoint-copying", "savepoint-importing"}  # once per file copied
+# reached at every micro-batch or checkpoint
+REPEATED = {"batch-applied", "snapshot-taken", "metadata-written", "catalog-committed",
+            "sink-committing", "sink-committed"}  # fmt: skip
 ONCE = {"restore-started", "sink-recovered", "savepoint-written", "savepoint-recorded",
         "savepoint-imported"}  # reached once per attempt  # fmt: skip
 # an attempt killed while a savepoint is written has a request stored before it starts (a stop
@@ -199,17 +204,36 @@ def one_attempt(
     standby = ["--standby"] if takeover else []
     standby_env = {"CUTLINE_EVENTS": "stdout"} if takeover else {}  # the supervisor's events
     timed = mode in ("random", "uploads in flight")
-    if not (timed and takeover):
+    # with a standby, a point reached at every micro-batch or checkpoint is armed once the
+    # standby is warm, and the attempt's input arrives then: its kill's restart is a takeover
+    armed_later = takeover and mode in REPEATED
+    if not (takeover and (timed or armed_later)):
         append()
     if not timed:
-        nth = 1 if mode in ONCE else rng.randint(1, 2 if mode in IN_TASKS | PER_FILE else 3)
+        # armed later: the first time after that (one micro-batch of input, one checkpoint)
+        nth = (
+            1
+            if mode in ONCE or armed_later
+            else rng.randint(1, 2 if mode in IN_TASKS | PER_FILE else 3)
+        )
         if from_savepoint and from_savepoint[-1] == mode and "--restore" in flags:
             from_savepoint[-1] = f"{mode}@{nth}"
         record = home / "faults.log"  # where the kill point says it fired (state/faults.py)
         record.unlink(missing_ok=True)
         env = {KILL_ENV: f"{mode}@{nth}", RECORD_ENV: str(record), **standby_env}
+        gate = home / "faults.armed"
+        gate.unlink(missing_ok=True)
+        idle = []
+        if armed_later:
+            env[AFTER_ENV] = str(gate)
+            idle = ["--idle-timeout", str(TAKEOVER_IDLE_S)]
         since = log_size(home)
-        rc = finish(cutline(home, "run", job, *RUN, *flags, *standby, env=env), timeout=300)
+        proc = cutline(home, "run", job, *RUN, *idle, *flags, *standby, env=env)
+        if armed_later:
+            if standby_warm(proc, home, since):
+                gate.touch()
+            append()
+        rc = finish(proc, timeout=300)
         fired = record.exists() and f"killed at {mode}\n" in record.read_text()
         log = (home / "driver.log").read_text(errors="replace")
         # killed at the point: SIGKILL of the driver's process group, which can reach the driver
@@ -232,11 +256,11 @@ def one_attempt(
     proc = cutline(home, "run", job, *RUN, *idle, *flags, *standby, env=env)
     # timed from this attempt's first micro-batch: a kill during the JVM's start proves nothing;
     # with a standby, from its standby's being warm and the input's arrival
-    started = b"warm, waiting" if takeover else b"\nstartup: "
-    while proc.poll() is None and started not in log.read_bytes()[since:]:
-        time.sleep(0.1)
     if takeover:
+        standby_warm(proc, home, since)
         append()
+    while proc.poll() is None and b"\nstartup: " not in log.read_bytes()[since:]:
+        time.sleep(0.1)
     deadline = time.monotonic() + delay
     while proc.poll() is None and (
         time.monotonic() < deadline or (mode == "uploads in flight" and not pending(record))
@@ -270,11 +294,13 @@ def log_size(home: Path) -> int:
     return log.stat().st_size if log.exists() else 0
 
 
-def active_driver(log: str) -> int:
-    """The active driver's pid, from the last "drivers" event of a supervisor's ``log``."""
-    events = [json.loads(line[len(EVENT_LINE) :]) for line in log.splitlines()
-              if line.startswith(EVENT_LINE)]  # fmt: skip
-    return [e["active"] for e in events if e["kind"] == "drivers"][-1]
+def standby_warm(proc: subprocess.Popen, home: Path, since: int) -> bool:
+    """Wait until the attempt's standby is warm (its line in the log after ``since``); whether
+    the attempt is still running."""
+    log = home / "driver.log"
+    while proc.poll() is None and b"warm, waiting" not in log.read_bytes()[since:]:
+        time.sleep(0.1)
+    return proc.poll() is None
 
 
 def restarted(log: str, rc: int) -> str:

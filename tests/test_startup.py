@@ -31,3 +31,15 @@ def test_phases_follow_each_other_and_overlapped_work_stands_apart():
     line = timeline.summary()
     assert line.startswith(f"{timeline.total_s():.1f} s from the process start: spark session ")
     assert line.endswith("(beside them: attempt and checkpoint 0.7 s)")
+
+
+def test_a_takeovers_timeline_says_its_origin_and_the_suites_report_reads_it():
+    from tests.startup_report import phases
+
+    timeline = StartupTimeline(time.monotonic() - 0.5, "the takeover's order")
+    timeline.mark("waiting for the plan")
+    timeline.mark("query started")
+    line = "startup: " + timeline.summary()
+    assert line.startswith("startup: 0.5 s from the takeover's order: waiting for the plan 0.5 s")
+    counted = phases(line)  # the phases, not the total
+    assert counted["query start"] >= 0.5 and counted["session"] == counted["restore"] == 0

@@ -1,7 +1,6 @@
 """``restore_on_failure``: a failed streaming run is followed by a restore-from-latest run of the
 same streaming job, placed where the failed attempt's state lives (executor hints)."""
 
-import json
 from datetime import datetime, timedelta, timezone
 
 from dagster import (
@@ -26,14 +25,6 @@ from orchestration.restart import RestartStrategy, decide
 from orchestration.streaming import streaming_job
 
 STRATEGY = RestartStrategy()
-
-
-def failed_attempt_hints(cutline_paths: CutlinePaths, job_name: str, run_id: str) -> dict:
-    """The subtask -> host allocation of the failed run's attempt (or, if its driver died
-    before recording one, of the latest attempt that did)."""
-    attempts = [r for r in cutline_paths.catalog().jobs(job_name) if r["allocation"]]
-    mine = [r for r in attempts if r["run_id"] == run_id] or attempts[-1:]
-    return json.loads(mine[-1]["allocation"]) if mine else {}
 
 
 def restores_in_window(context: RunFailureSensorContext, job_name: str) -> int:
@@ -87,9 +78,10 @@ def restore_on_failure(context: RunFailureSensorContext, cutline_paths: CutlineP
     config = {
         **previous,
         "restore": "latest",
-        "hints": failed_attempt_hints(
-            run_paths(failed.run_config, cutline_paths), job_name, failed.run_id
-        ),
+        # where the failed run's attempt (or the latest that recorded one) placed its subtasks
+        "hints": run_paths(failed.run_config, cutline_paths)
+        .catalog()
+        .allocation(job_name, failed.run_id),
         "delay_s": decision.delay_s,
     }
     run_config = {**failed.run_config, "ops": {**ops, "streaming_driver": {"config": config}}}

@@ -183,6 +183,14 @@ class CatalogReader:
     def jobs(self, job_id: str) -> list[dict[str, Any]]:
         return sorted(self._read("streaming_jobs", job_id), key=lambda r: r["attempt"])
 
+    def allocation(self, job_id: str, run_id: str | None = None) -> dict[str, str]:
+        """The subtask -> host allocation of the newest attempt that recorded one (of the
+        orchestrator's run ``run_id``, if one of its attempts did): where a restore finds each
+        subtask's local copy. Empty if no attempt recorded one."""
+        attempts = [r for r in self.jobs(job_id) if r["allocation"]]
+        mine = [r for r in attempts if r["run_id"] == run_id] or attempts[-1:]
+        return json.loads(mine[-1]["allocation"]) if mine else {}
+
     def shared_files(self, job_id: str) -> list[dict[str, Any]]:
         return sorted(self._read("shared_state_files", job_id), key=lambda r: r["path"])
 

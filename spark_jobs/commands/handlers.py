@@ -185,9 +185,11 @@ def job_for_run(args: argparse.Namespace) -> JobDefinition:
 
 
 def run(args: argparse.Namespace) -> int:
+    from spark_jobs.catalog.tables import CatalogReader
     from spark_jobs.deploy.session import build_spark
     from spark_jobs.deploy.settings import check_roles
     from spark_jobs.driver.attempt_start import abandon_plan, plan_start_early
+    from spark_jobs.driver.placement import executor_hosts
     from spark_jobs.driver.run import run_job
     from spark_jobs.driver.savepoints import check_savepoint, is_location
     from spark_jobs.driver.standby import Supervisor, driver_command, stand_by
@@ -231,14 +233,17 @@ def run(args: argparse.Namespace) -> int:
         if args.as_standby:  # warm first; the attempt begins only at the takeover
             spark = session()
 
-            def warm() -> None:
-                warm_up_workers(spark, job.parallelism, timeline, events.log)
+            def warm() -> None:  # on a cluster, only while it has executors (their workers)
+                if executor_hosts(spark.sparkContext):
+                    warm_up_workers(spark, job.parallelism, timeline, events.log)
 
             warm()
             if not stand_by(events.log, warm):
                 spark.stop()
                 return 0
-            timeline = StartupTimeline(origin=time.monotonic())  # the takeover's clock
+            timeline = StartupTimeline(time.monotonic(), "the takeover's order")
+            if not spark.sparkContext.master.startswith("local"):  # each subtask where its copy is
+                hints = CatalogReader(paths.catalog).allocation(job.name, args.run_id) or hints
         # the new attempt and its checkpoint are decided while the JVM starts
         plan = plan_start_early(
             job,

@@ -29,10 +29,11 @@ def process_started_monotonic() -> float:
 
 class StartupTimeline:
     """Phases of a start, each timed from the end of the one before (the first from ``origin``,
-    by default the process start)."""
+    by default the process start; ``since`` names it)."""
 
-    def __init__(self, origin: float | None = None) -> None:
+    def __init__(self, origin: float | None = None, since: str = "the process start") -> None:
         self.origin = process_started_monotonic() if origin is None else origin
+        self.since = since  # what the origin is, in the summary line
         self._last = self.origin
         self.phases: list[tuple[str, float]] = []
         self.overlapped: list[tuple[str, float]] = []  # work done beside the phases, off the path
@@ -60,7 +61,7 @@ class StartupTimeline:
     def summary(self) -> str:
         parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.phases)
         beside = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.overlapped)
-        return f"{self.total_s():.1f} s from the process start: {parts}" + (
+        return f"{self.total_s():.1f} s from {self.since}: {parts}" + (
             f" (beside them: {beside})" if beside else ""
         )
 
