@@ -80,7 +80,7 @@ def started_metadata(
 
 def takeover_metadata(takeover: dict[str, Any], first_batch_ms: int, number: int) -> dict:
     """A standby's takeover: the driver it replaced, how that one ended, and the seconds from
-    the supervisor seeing it end to the new attempt's first micro-batch (plotted)."""
+    the supervisor seeing it end to the end of the new attempt's first micro-batch (plotted)."""
     return {
         "takeover": ident(number),
         "replaced_driver": ident(takeover["from"]),
@@ -127,10 +127,10 @@ class DriverEvents:
                 self.started = event
             elif kind == "batch" and self.started and not self.first_batch_reported:
                 self.first_batch_reported = True
-                now_ms = int(time.time() * 1000)
-                metadata = started_metadata(self.started, now_ms, self.driver_started_ms)
+                ended_ms = int(event.get("at_ms") or time.time() * 1000)  # the driver's clock
+                metadata = started_metadata(self.started, ended_ms, self.driver_started_ms)
                 if self.takeover is not None:
-                    metadata.update(takeover_metadata(self.takeover, now_ms, self.takeovers))
+                    metadata.update(takeover_metadata(self.takeover, ended_ms, self.takeovers))
                 self._materialize("streaming_jobs", metadata)
             elif kind == "checkpoint":
                 self.checkpoints += 1

@@ -362,7 +362,8 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
     while len(kills) < KILLS:
         assert attempts < 4 * KILLS, f"only {len(kills)} kills in {attempts} attempts: {kills}"
         mode = next(modes)
-        standby = takeovers.random() < TAKEOVER
+        # the first attempt never: its input must be there before it starts
+        standby = takeovers.random() < TAKEOVER and attempts > 0
         killed = one_attempt(
             home,
             paths,

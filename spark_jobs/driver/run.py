@@ -391,9 +391,10 @@ class StreamingRun:
         epoch, cid, records, in_flight = self.batches.run(df)
         ms = (time.perf_counter() - started) * 1000
         self.state.time_batch(ms, in_flight)
-        self.events.emit(
-            "batch", {"epoch": epoch, "records": records, "checkpoint": cid, "ms": round(ms, 1)}
-        )
+        self.events.emit("batch", {
+            "epoch": epoch, "records": records, "checkpoint": cid, "ms": round(ms, 1),
+            "at_ms": int(time.time() * 1000),  # when it ended, on the wall clock
+        })  # fmt: skip
         if first:
             self.timeline.mark("first micro-batch")
             self.log(f"startup: {self.timeline.summary()}")
