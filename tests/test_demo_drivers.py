@@ -83,3 +83,34 @@ def test_the_demo_says_what_each_restore_run_restored_and_its_new_driver(tmp_pat
         f"{job}: kill its driver to watch the automatic restore: kill -9 22",
     ]
     assert runs == {job: second}
+
+
+def test_the_demo_says_how_to_kill_a_driver_with_a_standby_and_who_took_over(tmp_path, capsys):
+    """With a standby: nothing until it is there, then the active driver's and the supervisor's
+    pids; after a takeover, once the next standby is there, the driver that took over."""
+    from dagster import DagsterRun
+
+    from orchestration.demo import _tell_kill_instruction, dagster_env, instance
+    from orchestration.partitions import DRIVER_PID_TAG, JOB_TAG, STANDBY_PID_TAG, SUBMIT_PID_TAG
+
+    home = tmp_path / "home"
+    dagster_env(home)
+    run_id, job = "c" * 32, "clicks_per_user"
+    tags = {JOB_TAG: job, SUBMIT_PID_TAG: "10", DRIVER_PID_TAG: "11", STANDBY_PID_TAG: "none"}
+    with instance(home) as inst:
+        inst.add_run(DagsterRun("streaming_job", run_id, tags=tags))
+    runs, told = {job: run_id}, set()
+    _tell_kill_instruction(home, runs, told)
+    assert capsys.readouterr().out == "", "not before the standby is there"
+    for tags in ({STANDBY_PID_TAG: "12"}, {DRIVER_PID_TAG: "12", STANDBY_PID_TAG: "none"},
+                 {STANDBY_PID_TAG: "13"}):  # fmt: skip
+        with instance(home) as inst:
+            inst.add_run_tags(run_id, tags)
+        _tell_kill_instruction(home, runs, told)
+    assert capsys.readouterr().out.splitlines() == [
+        f"{job}: kill its driver to watch its standby (12) take over: kill -9 11; kill both "
+        "(their supervisor) to watch the automatic restore: kill -9 10",
+        f"{job}: the standby took over in run cccccccc: driver pid 12",
+        f"{job}: kill its driver to watch its standby (13) take over: kill -9 12; kill both "
+        "(their supervisor) to watch the automatic restore: kill -9 10",
+    ]
