@@ -3,8 +3,8 @@
 ``CUTLINE_FAULT_KILL=<point>`` kills the driver's process group the first time one of its processes
 reaches ``<point>``; ``<point>@<n>`` the ``n``-th time that process reaches it. With
 ``CUTLINE_FAULT_KILL_AFTER=<file>`` only the times after that file exists count (a test arms the
-point when it is ready: a standby warm, say). The points, in
-protocol order, are :data:`KILL_POINTS`, and a savepoint's :data:`SAVEPOINT_KILL_POINTS`. Some are
+point when it is ready: a standby warm, say). The points, in protocol order, are
+:data:`KILL_POINTS`, and a savepoint's :data:`SAVEPOINT_KILL_POINTS`. Some are
 reached in Spark's Python workers, which PySpark runs in process groups of their own:
 :func:`arm`, called by the driver before it starts Spark, puts its own process group into the
 environment they inherit, so a kill anywhere takes the whole driver down, as a crash of its host
