@@ -60,6 +60,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.peer_report import write_report  # noqa: E402
 from cutline.sources.log_format import append_records  # noqa: E402
 from spark_jobs.sources.generate import PAYLOAD_BYTES, event_lines  # noqa: E402
 
@@ -533,112 +534,6 @@ def _latest_per_user(key, frames, state):
     )  # fmt: skip
 
 
-# ---------------------------------------------------------------- report
-
-
-def write_report(results: dict, out: Path) -> None:
-    """peer.md with the table and ratios, and the two PNG plots."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sizes = results["sizes"]
-    rows = [
-        "| state | system | records/s | batch p50 / p99 ms | written MiB/min | storage at the "
-        "end MiB | restart to 1st batch s: from process start / after JVM up | standby "
-        "takeover: kill to 1st batch s |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for size in sizes:
-        for system in SYSTEMS:
-            r = size["systems"].get(system)
-            if not r:
-                continue
-            mib = 2**20
-            rows.append(
-                f"| {size['size_mib']} MiB ({size['keys']:,} keys) | {system} | "
-                f"{_fmt(r.get('records_per_s'))} | {_fmt(r.get('batch_ms_p50'))} / "
-                f"{_fmt(r.get('batch_ms_p99'))} | "
-                f"{_fmt(r.get('bytes_written_per_min'), mib)} | "
-                f"{_fmt(r.get('storage_bytes_end'), mib)} | "
-                f"{_fmt(r.get('restart_to_first_batch_s'))} / "
-                f"{_fmt(r.get('restart_after_jvm_up_s'))} | "
-                f"{_fmt(r.get('takeover_to_first_batch_s'))} |"
-            )
-    ratios = ["", "Ratios (Cutline / peer; restart: peer / Cutline):", ""]
-    for size in sizes:
-        s = size["systems"]
-        c = s.get("cutline", {})
-        for peer in ("spark_python", "spark_sql"):
-            p = s.get(peer, {})
-            tput = _ratio(c.get("records_per_s"), p.get("records_per_s"))
-            restart = _ratio(p.get("restart_to_first_batch_s"), c.get("restart_to_first_batch_s"))
-            warm = _ratio(p.get("restart_after_jvm_up_s"), c.get("restart_after_jvm_up_s"))
-            standby = _ratio(p.get("restart_to_first_batch_s"), c.get("takeover_to_first_batch_s"))
-            ratios.append(
-                f"- {size['size_mib']} MiB, vs {peer}: throughput {tput}x; restart {restart}x "
-                f"faster ({warm}x after JVM up); a standby's takeover {standby}x faster"
-            )
-    when = sorted(
-        {f"{system}: {r['measured_at']}" for size in sizes for system, r in size["systems"].items()
-         if r.get("measured_at")}
-    )  # fmt: skip
-    if when:
-        ratios += ["", "Measured (per system, the invocation's end): " + "; ".join(when) + "."]
-    phases = ["", "Where Cutline's restart goes (s, from the driver's startup line):", ""]
-    for size in sizes:
-        timeline = size["systems"].get("cutline", {}).get("restart_phases_s")
-        if timeline:
-            parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in timeline.items())
-            phases.append(f"- {size['size_mib']} MiB: {parts}")
-        timeline = size["systems"].get("cutline", {}).get("takeover_phases_s")
-        if timeline:
-            parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in timeline.items())
-            phases.append(
-                f"- {size['size_mib']} MiB, a standby's takeover (from the order): {parts}"
-            )
-    (out / "peer.md").write_text(
-        "# Peer benchmark (bench/peer_bench.py)\n\n"
-        + results["setup"]
-        + "\n\n"
-        + "\n".join(rows + ratios + (phases if len(phases) > 3 else []))
-        + "\n\n![throughput](peer_throughput.png) ![restart](peer_restart.png)\n"
-    )
-    for metric, name, label in (
-        ("records_per_s", "peer_throughput.png", "records/s (steady state)"),
-        ("restart_to_first_batch_s", "peer_restart.png", "restart to first micro-batch (s)"),
-    ):
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        for system in SYSTEMS:
-            points = [
-                (size["size_mib"], size["systems"][system][metric])
-                for size in sizes
-                if size["systems"].get(system, {}).get(metric) is not None
-            ]
-            if points:
-                ax.plot(*zip(*points, strict=True), marker="o", label=system)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("state size (MiB: keys x 150 B of key and value)")
-        ax.set_ylabel(label)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
-
-
-def _fmt(value, unit: float = 1) -> str:
-    if value is None:
-        return "n/a"
-    v = value / unit
-    return f"{v:,.0f}" if v >= 100 else f"{v:,.1f}"
-
-
-def _ratio(a, b) -> str:
-    return f"{a / b:.1f}" if a and b else "n/a"
-
-
 # ---------------------------------------------------------------- main
 
 
@@ -723,7 +618,7 @@ def main() -> None:
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
-    write_report(results, args.out)
+    write_report(results, args.out, SYSTEMS)
     print(json.dumps(results))
 
 
