@@ -18,7 +18,6 @@ database is rebuilt from a checkpoint after any failure.
 from __future__ import annotations
 
 import shutil
-import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,10 +38,7 @@ from state.backend import (
 )
 from state.errors import BadInputError
 from state.keygroups import KeyGroupRange
-
-_TS_OFFSET = 1 << 63
-_U32 = struct.Struct(">I")
-_U64 = struct.Struct(">Q")
+from state.store_encoding import U32 as _U32
 
 
 @dataclass(frozen=True)
@@ -339,18 +335,3 @@ class RocksDBTransaction(Transaction):
     def abort(self) -> None:
         self._check_open()
         self.state = TransactionState.ABORTED
-
-
-def encode_list(items: Sequence[bytes]) -> bytes:
-    """Length-prefixed concatenation of list-state items."""
-    return b"".join(_U32.pack(len(i)) + i for i in items)
-
-
-def decode_list(blob: bytes | None) -> list[bytes]:
-    out: list[bytes] = []
-    pos = 0
-    while blob and pos < len(blob):
-        (n,) = _U32.unpack_from(blob, pos)
-        out.append(blob[pos + 4 : pos + 4 + n])
-        pos += 4 + n
-    return out

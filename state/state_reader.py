@@ -28,9 +28,10 @@ from state.errors import BadInputError
 from state.manifest import CheckpointManifest
 from state.paths import JobLayout
 from state.restore import restore_subtask
-from state.rocksdb_store import RocksDBStore, decode_list
+from state.rocksdb_store import RocksDBStore
 from state.state_types import KeyCodec, StateSpec, decode_values
 from state.storage import DurableStorage
+from state.store_encoding import decode_list
 from state.user_state import EXPIRY
 
 _U32 = struct.Struct(">I")

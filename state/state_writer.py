@@ -22,8 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from state.errors import BadInputError
-from state.rocksdb_store import RocksDBStore, encode_list
+from state.rocksdb_store import RocksDBStore
 from state.state_types import KeyCodec, StateAccessError, StateSpec, encode_values
+from state.store_encoding import encode_list
 from state.user_state import EXPIRY, TTL_TIMERS, ttl_timer_key
 from state.write_buffer import BufferedTransaction
 

@@ -21,7 +21,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from state.rocksdb_store import decode_list, encode_list
 from state.state_types import (
     TTL_CLOCKS,
     KeyCodec,
@@ -31,6 +30,7 @@ from state.state_types import (
     decode_values,
     encode_values,
 )
+from state.store_encoding import decode_list, encode_list
 from state.write_buffer import BufferedTransaction
 
 TTL_TIMERS = "__ttl__"

@@ -13,11 +13,14 @@ Reads stay vectorised: the keys the buffer does not hold are read with one multi
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import rocksdict as rd
+from typing import TYPE_CHECKING
 
 from state.backend import KeyGroups, Keys, Transaction, TransactionError, TransactionState
-from state.rocksdb_store import _TS_OFFSET, _U64, RocksDBStore
+from state.store_encoding import TS_OFFSET as _TS_OFFSET
+from state.store_encoding import U64 as _U64
+
+if TYPE_CHECKING:  # the store itself is imported where one is opened (no rocksdict here)
+    from state.rocksdb_store import RocksDBStore
 
 _DELETED = None
 
@@ -149,6 +152,8 @@ class BufferedTransaction(Transaction):
     def commit(self) -> None:
         """Apply every write in one RocksDB write batch."""
         self._check_open()
+        import rocksdict as rd  # loaded already: this transaction's store is open
+
         batch = rd.WriteBatch(raw_mode=True)
         for k, v in self._writes.items():
             if v is _DELETED:
