@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dagster import AssetKey, DagsterRunStatus, RunsFilter  # noqa: E402
+from deltalake.exceptions import TableNotFoundError  # noqa: E402
 
 from orchestration.demo import (  # noqa: E402
     DagsterProcesses,
@@ -47,22 +47,17 @@ from orchestration.demo import (  # noqa: E402
 )
 from orchestration.partitions import DRIVER_PID_TAG, JOB_TAG  # noqa: E402
 from spark_jobs.catalog.tables import read_delta  # noqa: E402
+from spark_jobs.deploy.standalone import free_port  # noqa: E402
 
 JOB = "clicks_per_user"
 RATE = 2_000.0  # the demo's
 POLL_S = 0.1
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def checkpoints(home: Path) -> list[dict]:
     try:
         return read_delta(home / "warehouse" / "catalog" / "completed_checkpoints", JOB).to_pylist()
-    except Exception:  # no commit yet
+    except TableNotFoundError:  # no commit yet
         return []
 
 

@@ -39,7 +39,7 @@ from orchestration.partitions import (
     WORKER_PID_TAG,
 )
 from spark_jobs.catalog.tables import CatalogReader, read_delta
-from spark_jobs.deploy.standalone import parent_pid
+from spark_jobs.deploy.standalone import free_port, parent_pid
 from state.restore import read_manifest
 from state.storage import open_storage
 from tests.e2e_util import ROOT, checkpoints_so_far, completed_checkpoints, report, wait_for
@@ -56,12 +56,6 @@ HOST = socket.gethostname()
 CLICKS = 440_000
 RATE = 2_400.0
 UPLOAD_DELAY_S = "3"  # every snapshot's asynchronous part starts this late
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def runs(home: Path) -> list:

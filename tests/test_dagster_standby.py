@@ -31,9 +31,10 @@ from orchestration.demo import DagsterProcesses, instance, launch_streaming_run,
 from orchestration.partitions import DRIVER_PID_TAG, RESTORE_OF_TAG, STANDBY_PID_TAG
 from spark_jobs.catalog.tables import CatalogReader
 from spark_jobs.deploy.settings import RuntimePaths
+from spark_jobs.deploy.standalone import free_port
 from tests.e2e_util import ROOT, completed_checkpoints, report, wait_for
 from tests.reference import check
-from tests.test_dagster_e2e import free_port, run_where, status
+from tests.test_dagster_e2e import run_where, status
 
 pytestmark = [pytest.mark.slow, pytest.mark.landing, pytest.mark.spark]
 
