@@ -130,6 +130,7 @@ ALSO_SAVED = 0.2  # how often an attempt killed elsewhere has a savepoint reques
 ALSO_RESTORED = 0.2  # how often one starts from a savepoint taken earlier (killed after that)
 TAKEOVER = 0.5  # how often an attempt runs with a standby, which its kill's restart is
 TAKEOVER_IDLE_S = 15  # a standby's attempt killed at random waits this long for its input
+INTERRUPTED = 130  # a takeover's attempt, interrupted once the new driver read the whole input
 
 
 def other_than_latest(paths: RuntimePaths, job: str) -> int:
@@ -233,13 +234,14 @@ def one_attempt(
             if standby_warm(proc, home, since):
                 gate.touch()
             append()
-        rc = finish(proc, timeout=300)
+        rc = end_of_takeover(proc, home, since) if takeover else finish(proc, timeout=300)
         fired = record.exists() and f"killed at {mode}\n" in record.read_text()
         log = (home / "driver.log").read_text(errors="replace")
         # killed at the point: SIGKILL of the driver's process group, which can reach the driver
         # a moment after its JVM died under it and a native thread crashed (SIGSEGV); under a
-        # supervisor, the standby took over (0), or there was none yet (1: a cold start next)
-        killed = fired and (rc in (0, EXIT_FAILED) if takeover else rc < 0)
+        # supervisor, the standby took over (interrupted once it read everything: 130), or there
+        # was none yet (1: a cold start next)
+        killed = fired and (rc in (INTERRUPTED, EXIT_FAILED) if takeover else rc < 0)
         assert rc == 0 or killed, f"attempt exited {rc}: {log[-4000:]}"
         if not killed:
             return None
@@ -275,9 +277,9 @@ def one_attempt(
         kill_driver(proc)
     cut_off = pending(record)  # before a takeover's own uploads begin
     if takeover:
-        rc = finish(proc, timeout=300)
+        rc = end_of_takeover(proc, home, since)
         text = log.read_text(errors="replace")
-        assert rc == 0, f"the takeover's attempt exited {rc}: {text[-4000:]}"
+        assert rc == INTERRUPTED, f"the takeover's attempt exited {rc}: {text[-4000:]}"
         assert "takes over" in text[since:], "a warm standby took over"
     how = " taken over" if takeover else ""
     if mode == "uploads in flight":  # counted only if an upload was cut off by the kill
@@ -303,10 +305,32 @@ def standby_warm(proc: subprocess.Popen, home: Path, since: int) -> bool:
     return proc.poll() is None
 
 
+def end_of_takeover(proc: subprocess.Popen, home: Path, since: int) -> int:
+    """The exit code of an attempt run with a standby (its log from ``since``): once its
+    standby took over and read the whole input (the new driver says it waits for input), the
+    attempt is interrupted (130: the idle timeout would only add waiting); it ends by itself
+    when its standby was gone at the kill (1) or no kill came (0)."""
+    log = home / "driver.log"
+    deadline = time.monotonic() + 300
+    while proc.poll() is None:
+        text = log.read_bytes()[since:]
+        # after the new driver's startup line: a late line of the killed one is not its own
+        taken = text.find(b" takes over (takeover ")
+        started = text.find(b"from the takeover's order", taken) if taken >= 0 else -1
+        if started >= 0 and b"waiting for new input" in text[started:]:
+            proc.send_signal(signal.SIGINT)  # the supervisor passes it to its drivers
+            break
+        if time.monotonic() > deadline:
+            kill_driver(proc)
+            raise AssertionError(f"the takeover did not read its input in 300 s: {text[-4000:]}")
+        time.sleep(0.2)
+    return finish(proc, timeout=120)
+
+
 def restarted(log: str, rc: int) -> str:
     """How an attempt run with a standby was restarted after its driver's kill, from its log:
     its standby took over (and ran to the end), or none was launched yet."""
-    if rc == 0:
+    if rc == INTERRUPTED:
         assert "takes over" in log, log[-4000:]
         return " taken over"
     assert "the standby is gone" in log, log[-4000:]
