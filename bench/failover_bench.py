@@ -95,7 +95,16 @@ def kill_group(pid: int) -> float:
     return at
 
 
-def cold(home: Path, repeat: int) -> list[float]:
+def startup_phases(run: Run) -> dict[str, float]:
+    """The phases of the start whose first micro-batch was just read (its ``startup`` event,
+    which follows that micro-batch's ``batch`` event)."""
+    found = event(run.next_line(lambda line: event(line, "startup") is not None), "startup")
+    assert found is not None
+    found.pop("kind")
+    return found
+
+
+def cold(home: Path, repeat: int, phases: list[dict]) -> list[float]:
     seconds = []
     run = Run(home, "cold-0", *RUN)
     for i in range(repeat):
@@ -106,13 +115,14 @@ def cold(home: Path, repeat: int) -> list[float]:
         run = Run(home, f"cold-{i + 1}", *RUN)
         run.next_line(lambda line: event(line, "batch") is not None)
         seconds.append(time.monotonic() - killed)
-        print(f"cold restart {i + 1}: {seconds[-1]:.2f} s from the kill to a micro-batch",
-              flush=True)  # fmt: skip
+        phases.append(startup_phases(run))
+        print(f"cold restart {i + 1}: {seconds[-1]:.2f} s from the kill to a micro-batch "
+              f"({phases[-1]})", flush=True)  # fmt: skip
     run.stop()
     return seconds
 
 
-def standby(home: Path, repeat: int) -> list[float]:
+def standby(home: Path, repeat: int, phases: list[dict]) -> list[float]:
     seconds = []
     run = Run(home, "standby", *RUN, "--standby")
     drivers = {"active": None}  # the supervisor's latest word on who is active
@@ -134,8 +144,9 @@ def standby(home: Path, repeat: int) -> list[float]:
         run.next_line(seen(lambda line: event(line, "takeover") is not None))
         run.next_line(seen(lambda line: event(line, "batch") is not None))
         seconds.append(time.monotonic() - killed)
-        print(f"standby takeover {i + 1}: {seconds[-1]:.2f} s from the kill to a micro-batch",
-              flush=True)  # fmt: skip
+        phases.append(startup_phases(run))
+        print(f"standby takeover {i + 1}: {seconds[-1]:.2f} s from the kill to a micro-batch "
+              f"({phases[-1]})", flush=True)  # fmt: skip
     run.stop()
     return seconds
 
@@ -146,12 +157,13 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=300_000, help="per partition")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "failover.json"))
     args = parser.parse_args()
-    results = {}
+    results, phases = {}, {}
     with tempfile.TemporaryDirectory(prefix="cutline-failover-") as scratch:
         for name, measure in (("cold", cold), ("standby", standby)):
             home = Path(scratch) / name
             generate(home / "log", "clicks", "clicks", count=args.records, seed=7, users=50_000)
-            results[name] = [round(s, 2) for s in measure(home, args.repeat)]
+            phases[name] = []
+            results[name] = [round(s, 2) for s in measure(home, args.repeat, phases[name])]
     summary = {name: statistics.median(s) for name, s in results.items()}
     print(", ".join(f"{name}: median {s:.2f} s" for name, s in summary.items()))
     Path(args.out).write_text(json.dumps({
@@ -160,6 +172,7 @@ def main() -> None:
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "seconds": results,
         "median_s": summary,
+        "startup_phases_s": phases,  # each restart's own timeline (seconds per phase)
     }, indent=1) + "\n")  # fmt: skip
 
 

@@ -264,8 +264,8 @@ def test_the_standby_takes_over_from_killed_drivers_exactly_once(tmp_path):
     seed, rng = tiers.SEED, tiers.rng("standby kills")
     home = tmp_path / "home"
     kills = 2 if tiers.landing() else 5
-    count = 20_000 * (kills + 1)  # per partition: each kill waits for a warm standby
-    generate(home / "log", "clicks", "clicks", count=count, seed=7, users=3_000)
+    # per partition, and as much again after each kill: each kill waits for a warm standby
+    generate(home / "log", "clicks", "clicks", count=40_000, seed=7, users=3_000)
     env = {"CUTLINE_EVENTS": "stdout"}
     proc = cutline(home, "run", JOB, "--standby", *RUN, env=env)
     log = home / "driver.log"
@@ -275,6 +275,7 @@ def test_the_standby_takes_over_from_killed_drivers_exactly_once(tmp_path):
             time.sleep(rng.uniform(0.0, 3.0))
             os.killpg(pid, signal.SIGKILL)
             report(f"seed {seed}: kill -9 of active driver {pid} (its JVM too), kill {number}")
+            generate(home / "log", "clicks", "clicks", count=20_000, seed=7, users=3_000)
         code = finish(proc, timeout=600)
     finally:
         if proc.poll() is None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from cutline.sources.base import PositionedSource, Source
+from cutline.sources.base import PositionedSource
 from cutline.sources.log_format import (
     complete_size,
     offset_after_records,
@@ -27,6 +27,9 @@ from cutline.sources.log_format import (
 )
 from cutline.validation import JobDefinitionError, check_name
 from state.errors import BadInputError
+
+if TYPE_CHECKING:
+    from cutline.job import JobDefinition
 
 
 @dataclass(frozen=True)
@@ -73,10 +76,11 @@ class LogSource(PositionedSource):
         return reader.format("cutline_log").option("path", self._root()).option("topic", self.topic)
 
 
-def with_log_root(sources: Iterable[Source], root: str) -> tuple[Source, ...]:
-    """``sources``, each local log among them reading under ``root`` unless it names its own
-    (the runtime's log root: ``--log-root``, ``CUTLINE_LOG_ROOT``, ``<home>/log``)."""
-    return tuple(s.rooted(root) if isinstance(s, LogSource) else s for s in sources)
+def with_log_root(job: JobDefinition, root: str) -> JobDefinition:
+    """``job`` with each local log among its sources reading under ``root`` unless it names its
+    own (the runtime's log root: ``--log-root``, ``CUTLINE_LOG_ROOT``, ``<home>/log``)."""
+    sources = tuple(s.rooted(root) if isinstance(s, LogSource) else s for s in job.sources)
+    return dataclasses.replace(job, sources=sources)
 
 
 def register_data_source(spark) -> None:

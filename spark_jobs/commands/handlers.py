@@ -185,6 +185,7 @@ def job_for_run(args: argparse.Namespace) -> JobDefinition:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cutline.sources.log import with_log_root
     from spark_jobs.catalog.tables import CatalogReader
     from spark_jobs.deploy.session import build_spark
     from spark_jobs.deploy.settings import check_roles
@@ -193,7 +194,8 @@ def run(args: argparse.Namespace) -> int:
     from spark_jobs.driver.run import run_job
     from spark_jobs.driver.savepoints import check_savepoint, is_location
     from spark_jobs.driver.standby import Supervisor, driver_command, stand_by
-    from spark_jobs.driver.startup_phases import StartupTimeline, warm_up_workers
+    from spark_jobs.driver.startup_phases import StartupTimeline
+    from spark_jobs.driver.warm_up import warm_up_query, warm_up_workers
     from spark_jobs.events import open_events
     from spark_jobs.job_loader import ship_user_code
 
@@ -238,6 +240,8 @@ def run(args: argparse.Namespace) -> int:
                     warm_up_workers(spark, job.parallelism, timeline, events.log)
 
             warm()
+            if executor_hosts(spark.sparkContext):
+                warm_up_query(spark, with_log_root(job, paths.log_root), events.log)
             if not stand_by(events.log, warm):
                 spark.stop()
                 return 0
@@ -279,6 +283,7 @@ def run(args: argparse.Namespace) -> int:
                 events=events,
                 watch_pid=int(watch) if watch else None,
                 timeline=timeline,
+                workers_warm=args.as_standby,
                 **({"executor_wait_s": args.executor_wait_s} if args.executor_wait_s else {}),
             )
         finally:

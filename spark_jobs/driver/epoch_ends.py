@@ -110,6 +110,17 @@ class EpochEnds:
         return known
 
 
+def source_starts(job: JobDefinition, base: Positions) -> Positions:
+    """Every partition each source has now, from its position in ``base`` or, if it has none
+    there, from its beginning."""
+    positions: Positions = {}
+    for name in job.source_inputs:
+        parts, unread = job.source(name).current_partitions()
+        start = base.get(name, {})
+        positions[name] = {str(p): int(start.get(str(p), unread)) for p in parts}
+    return positions
+
+
 def starting_point(
     job: JobDefinition,
     manifest: CheckpointManifest | None,
@@ -122,12 +133,7 @@ def starting_point(
     the checkpoint's (partitions it does not name: from their start), or, exactly once when the
     sinks committed epochs after it (``committed``), where the last committed epoch ended,
     which the restore reaches by replaying those epochs."""
-    base = manifest.source_positions if manifest else {}
-    positions: Positions = {}
-    for name in job.source_inputs:
-        parts, unread = job.source(name).current_partitions()
-        start = base.get(name, {})
-        positions[name] = {str(p): int(start.get(str(p), unread)) for p in parts}
+    positions = source_starts(job, manifest.source_positions if manifest else {})
     if manifest is None:
         return committed, positions  # epochs continue above the sinks' committed ones
     if not exactly_once:

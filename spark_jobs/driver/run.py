@@ -33,7 +33,6 @@ error with its clean message, so the run exits 2.
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import threading
 import time
@@ -58,7 +57,8 @@ from spark_jobs.driver.restore_step import AttemptRestore
 from spark_jobs.driver.run_state import RunState, RunSummary
 from spark_jobs.driver.savepoints import SavepointRequests, is_location
 from spark_jobs.driver.scratch import query_scratch
-from spark_jobs.driver.startup_phases import StartupTimeline, warm_up_workers
+from spark_jobs.driver.startup_phases import StartupTimeline
+from spark_jobs.driver.warm_up import warm_up_workers
 from spark_jobs.driver.watch import QueryWatch
 from spark_jobs.errors import AttemptFailedError
 from spark_jobs.events import EventChannel
@@ -100,9 +100,10 @@ class StreamingRun:
         executor_wait_s: float = EXECUTOR_WAIT_S,
         timeline: StartupTimeline | None = None,
         plan: Future[StartPlan] | None = None,
+        workers_warm: bool = False,
     ) -> None:
         self.spark = spark
-        job = dataclasses.replace(job, sources=with_log_root(job.sources, paths.log_root))
+        job = with_log_root(job, paths.log_root)
         self.job = job
         self.paths = paths
         self.restore = restore
@@ -119,6 +120,7 @@ class StreamingRun:
         self.executor_wait_s = executor_wait_s
         self.timeline = timeline or StartupTimeline()
         self._early_plan = plan  # the attempt and checkpoint, decided while the session started
+        self.workers_warm = workers_warm  # a standby's takeover: its Python workers are started
         self.storage = open_storage(paths.checkpoint_root)
         self.catalog = open_catalog(paths.catalog)
         self.layout = JobLayout(job.name)
@@ -231,12 +233,13 @@ class StreamingRun:
                     self.timeline,
                 )
                 restoring = pool.submit(restore, manifest, plan.fallbacks)
-                threading.Thread(
-                    target=warm_up_workers,
-                    args=(self.spark, job.parallelism, self.timeline, self.log),
-                    name="cutline-warm-up",
-                    daemon=True,
-                ).start()
+                if not self.workers_warm:
+                    threading.Thread(
+                        target=warm_up_workers,
+                        args=(self.spark, job.parallelism, self.timeline, self.log),
+                        name="cutline-warm-up",
+                        daemon=True,
+                    ).start()
                 try:
                     query = self._start_query(spark_checkpoint, positions)
                     self.timeline.mark("query started")

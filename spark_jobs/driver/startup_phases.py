@@ -64,24 +64,3 @@ class StartupTimeline:
         return f"{self.total_s():.1f} s from {self.since}: {parts}" + (
             f" (beside them: {beside})" if beside else ""
         )
-
-
-def warm_up_workers(spark, parallelism: int, timeline: StartupTimeline, log) -> None:
-    """Start the Python workers of Spark's SQL side (they are not the restore's) and load what
-    they run, with a tiny job of the first micro-batch's shape, beside the restore: a cold start
-    of them made the first micro-batch take about twice as long as the next ones. Best effort:
-    a failure only costs the first micro-batch that time."""
-    from spark_jobs.executor.subtask import warm_up_worker
-
-    started = time.perf_counter()
-    try:
-        (
-            spark.range(parallelism, numPartitions=parallelism)
-            .mapInArrow(warm_up_worker, "id long")
-            .mapInArrow(warm_up_worker, "id long")
-            .collect()
-        )
-    except Exception as e:
-        log(f"warming up Python workers failed (the first micro-batch does it): {e}")
-        return
-    timeline.note_overlapped("Python workers warmed", time.perf_counter() - started)

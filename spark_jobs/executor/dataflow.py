@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutline.job import Operator
+from cutline.job import JobDefinition, Operator
 from cutline.keyed_process import SOURCE_COLUMN, key_columns
 from cutline.routing import (
     KEY_COLUMN,
@@ -70,23 +70,32 @@ class Forwarded(NamedTuple):
 def execute(df, plan: BatchPlan, anchor) -> list[SubtaskStats]:
     """Run one micro-batch of ``df`` (every source's tagged records) through every stage;
     returns every subtask's statistics, all stages'."""
-    from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import to_arrow_schema
 
     job = plan.ctx.job
-    p, m = job.parallelism, job.max_parallelism
-    keyed = df.withColumn(KEY_GROUP_COLUMN, F.expr(spark_key_group_sql(KEY_COLUMN, m)))
-    keyed = keyed.withColumn(
-        SUBTASK_COLUMN, F.expr(f"CAST({KEY_GROUP_COLUMN} * {p} DIV {m} AS INT)")
-    )
+    p = job.parallelism
+    keyed, routed = map_side(df, job)
     plan = replace(plan, schema=to_arrow_schema(keyed.schema))
-    routed = keyed.mapInArrow(split_by_subtask, CHUNKS_SCHEMA).rdd.map(_routed)
     for stage in range(len(job.stages)):
         routed = pin_to_anchor(routed.partitionBy(p, subtask_partition), anchor)
         routed = routed.mapPartitionsWithIndex(
             lambda i, items, stage=stage: run_stage(plan, stage, i, items)
         )
     return routed.collect()
+
+
+def map_side(df, job: JobDefinition):
+    """A micro-batch's map side: ``df`` with each record's key group and first subtask, and
+    the RDD of its chunks (``(subtask, chunk)`` items, :func:`split_by_subtask`'s cuts) for the
+    subtask shuffle."""
+    from pyspark.sql import functions as F
+
+    p, m = job.parallelism, job.max_parallelism
+    keyed = df.withColumn(KEY_GROUP_COLUMN, F.expr(spark_key_group_sql(KEY_COLUMN, m)))
+    keyed = keyed.withColumn(
+        SUBTASK_COLUMN, F.expr(f"CAST({KEY_GROUP_COLUMN} * {p} DIV {m} AS INT)")
+    )
+    return keyed, keyed.mapInArrow(split_by_subtask, CHUNKS_SCHEMA).rdd.map(_routed)
 
 
 def _routed(row) -> tuple:

@@ -1,0 +1,43 @@
+"""A standby's warm-up query (spark_jobs/driver/warm_up.py): it runs one micro-batch over the
+job's own sources and stops, reads without writing, and a failure of it is only logged."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from cutline.sources.log import with_log_root
+from spark_jobs.driver.warm_up import warm_up_query
+from spark_jobs.job_loader import get_job
+from spark_jobs.sources.generate import generate
+
+pytestmark = pytest.mark.spark
+
+
+def files_under(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+
+
+def test_the_warm_up_query_runs_a_micro_batch_of_the_job_and_leaves_nothing(spark, tmp_path):
+    log = tmp_path / "log"
+    generate(log, "clicks", "clicks", count=500, seed=3, users=50)
+    before = files_under(tmp_path)
+    job = get_job("clicks_per_user")
+    lines: list[str] = []
+    seconds = warm_up_query(spark, with_log_root(job, str(log)), lines.append)
+    assert seconds is not None and seconds > 0, lines
+    assert any("warm-up query over the job's sources ran a micro-batch" in x for x in lines)
+    assert not spark.streams.active, "stopped"
+    assert files_under(tmp_path) == before, "it only read"
+    left = list(Path(tempfile.gettempdir()).glob(f"cutline-{job.name}-warm-up-*"))
+    assert not left, f"its scratch checkpoint is removed: {left}"
+
+
+def test_a_failed_warm_up_query_is_logged_and_stops(spark, tmp_path):
+    job = with_log_root(get_job("clicks_per_user"), str(tmp_path / "empty"))
+    lines: list[str] = []
+    assert warm_up_query(spark, job, lines.append) is None
+    assert any("warm-up query failed" in x and "no partitions" in x for x in lines), lines
+    assert not spark.streams.active
