@@ -4,11 +4,13 @@ job's own sources and stops, reads without writing, and a failure of it is only 
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
 from cutline.sources.log import with_log_root
+from cutline.sources.log_format import partition_path
 from spark_jobs.driver.warm_up import warm_up_query
 from spark_jobs.job_loader import get_job
 from spark_jobs.sources.generate import generate
@@ -40,4 +42,21 @@ def test_a_failed_warm_up_query_is_logged_and_stops(spark, tmp_path):
     lines: list[str] = []
     assert warm_up_query(spark, job, lines.append) is None
     assert any("warm-up query failed" in x and "no partitions" in x for x in lines), lines
+    assert not spark.streams.active
+
+
+def test_a_warm_up_query_over_sources_without_records_gives_up_at_once(spark, tmp_path):
+    log = tmp_path / "log"
+    for partition in (0, 1):  # partitions, no records
+        path = partition_path(log, "clicks", partition)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    lines: list[str] = []
+    started = time.monotonic()
+    assert (
+        warm_up_query(spark, with_log_root(get_job("clicks_per_user"), str(log)), lines.append)
+        is None
+    )
+    assert time.monotonic() - started < 30, "not the whole timeout"
+    assert any("no records yet" in x for x in lines), lines
     assert not spark.streams.active

@@ -59,6 +59,7 @@ def warm_up_query(
     (the active application holds the cores) does without it."""
     from spark_jobs.driver.epoch_ends import source_starts
     from spark_jobs.driver.placement import subtask_partition
+    from spark_jobs.driver.watch import caught_up
     from spark_jobs.executor.dataflow import map_side
     from spark_jobs.sources.frames import stream_frame, tag_and_union
 
@@ -70,12 +71,12 @@ def warm_up_query(
             map_side(df, job)[1].partitionBy(job.parallelism, subtask_partition).count()
             ran.set()
 
-    few = dataclasses.replace(job, sources=tuple(
-        dataclasses.replace(s, max_records_per_partition=WARM_RECORDS) for s in job.sources
-    ))  # fmt: skip
     scratch = tempfile.mkdtemp(prefix=f"cutline-{job.name}-warm-up-")
     query = None
-    try:
+    try:  # a source of the user's own kind may not be a dataclass: then no warm-up
+        few = dataclasses.replace(job, sources=tuple(
+            dataclasses.replace(s, max_records_per_partition=WARM_RECORDS) for s in job.sources
+        ))  # fmt: skip
         starts = source_starts(few, {})
         frames = {name: stream_frame(spark, few, name, starts[name]) for name in few.source_inputs}
         query = (
@@ -89,6 +90,8 @@ def warm_up_query(
         while not ran.wait(0.1):
             if query.exception() is not None or not query.isActive:
                 raise RuntimeError(str(query.exception() or "the query stopped"))
+            if caught_up(query.status) and not ran.is_set():  # no micro-batch would come
+                raise RuntimeError("its sources have no records yet")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no micro-batch in {timeout_s:.0f} s")
         seconds = time.perf_counter() - started
