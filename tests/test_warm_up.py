@@ -45,18 +45,17 @@ def test_a_failed_warm_up_query_is_logged_and_stops(spark, tmp_path):
     assert not spark.streams.active
 
 
-def test_a_warm_up_query_over_sources_without_records_gives_up_at_once(spark, tmp_path):
+def test_a_warm_up_query_over_sources_without_records_ends_at_once(spark, tmp_path):
+    """Spark runs a first micro-batch even when it reads nothing (its offsets are new): the
+    warm-up ends with it, not at its timeout."""
     log = tmp_path / "log"
     for partition in (0, 1):  # partitions, no records
         path = partition_path(log, "clicks", partition)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
+    job = with_log_root(get_job("clicks_per_user"), str(log))
     lines: list[str] = []
     started = time.monotonic()
-    assert (
-        warm_up_query(spark, with_log_root(get_job("clicks_per_user"), str(log)), lines.append)
-        is None
-    )
-    assert time.monotonic() - started < 30, "not the whole timeout"
-    assert any("no records yet" in x for x in lines), lines
+    warm_up_query(spark, job, lines.append, timeout_s=60)
+    assert time.monotonic() - started < 30, lines
     assert not spark.streams.active
