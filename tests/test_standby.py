@@ -61,6 +61,8 @@ STANDIN = textwrap.dedent(
         (runs / f"standby-{os.getpid()}").write_text("")
         if os.environ.get("STANDIN_STANDBY_DIES"):
             sys.exit(1)
+        if os.environ.get("STANDIN_FIRST_STANDBY_DIES") and len(list(runs.glob("standby-*"))) == 1:
+            os.kill(os.getpid(), 9)  # killed while it waits
         order = sys.stdin.readline().strip()
         if order != "take-over":
             (runs / f"stopped-{os.getpid()}").write_text(order or "eof")
@@ -91,7 +93,9 @@ class Recorder(EventChannel):
         self.lines.append(message)
 
 
-def supervise(tmp_path: Path, exits: str, monkeypatch, takeovers: int = 10) -> tuple[int, Recorder]:
+def supervise(
+    tmp_path: Path, exits: str, monkeypatch, takeovers: int = 10, standby_retry_s: float = 5.0
+) -> tuple[int, Recorder]:
     script = tmp_path / "standin.py"
     script.write_text(STANDIN)
     runs = tmp_path / "runs"
@@ -99,7 +103,8 @@ def supervise(tmp_path: Path, exits: str, monkeypatch, takeovers: int = 10) -> t
     monkeypatch.setenv("STANDIN_DIR", str(runs))
     monkeypatch.setenv("STANDIN_EXITS", exits)
     events = Recorder()
-    code = Supervisor([sys.executable, str(script)], events, takeovers=takeovers).run()
+    command = [sys.executable, str(script)]
+    code = Supervisor(command, events, takeovers=takeovers, standby_retry_s=standby_retry_s).run()
     return code, events
 
 
@@ -156,6 +161,21 @@ def test_failed_and_killed_drivers_are_taken_over_until_one_finishes(tmp_path, m
     drivers = [p for k, p in events.events if k == "drivers"]
     assert drivers[0]["standby"] is None  # launched after the active one's first micro-batch
     assert drivers[1]["standby"] is not None and drivers[-1]["active"] == takeovers[-1]["to"]
+
+
+def test_a_standby_that_dies_while_it_waits_is_replaced(tmp_path, monkeypatch):
+    """The first standby is killed while it waits: the supervisor launches another after its
+    pause, and that one takes over when the active driver fails."""
+    monkeypatch.setenv("STANDIN_FIRST_STANDBY_DIES", "1")
+    monkeypatch.setenv("STANDIN_RUN_S", "2")
+    code, events = supervise(tmp_path, "1,0", monkeypatch, standby_retry_s=0.2)
+    assert code == 0
+    assert [t["exit"] for k, t in events.events if k == "takeover"] == [1]
+    assert any("exited -9 while it waited; a new one in 0 s" in x for x in events.lines)
+    # the one killed, its replacement (which took over), and the next one (stopped at the end)
+    assert len(names(tmp_path, "standby")) == 3
+    drivers = [p["standby"] for k, p in events.events if k == "drivers"]
+    assert None in drivers[1:-1], "the dead standby was announced gone before its replacement"
 
 
 def test_a_paused_driver_is_not_taken_over(tmp_path, monkeypatch):

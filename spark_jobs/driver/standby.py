@@ -7,8 +7,9 @@ is the one sign of death that a slow micro-batch or a long GC pause never gives,
 false takeover to guard against. When the active driver exits as a failed attempt (exit 1, or
 killed by a signal: what an orchestrator would restore), the supervisor orders the standby to
 take over. A standby is launched once the active driver has run its first micro-batch, so that
-two JVMs never start side by side on the same cores. When the active driver exits 0, 2 or 3
-(finished, refused, superseded) the standby is stopped and the supervisor exits with that code.
+two JVMs never start side by side on the same cores; one that dies while it waits is replaced.
+When the active driver exits 0, 2 or 3 (finished, refused, superseded) the standby is stopped and
+the supervisor exits with that code.
 A takeover begins a new attempt, which fences every older one (section 3): a driver that only
 looked dead is stopped at its next commit, so a takeover never needs the old driver's help.
 
@@ -42,6 +43,8 @@ STANDBY_FLAG = "--as-standby"  # the hidden `cutline run` option of a supervisor
 TAKEOVERS = 10  # takeovers one supervisor makes; after them, its orchestrator restores the job
 WATCH_S = 0.5  # how often the supervisor looks at its own orchestrator's process
 REWARM_S = 45.0  # a standby's Python workers are used again before Spark's idle minute ends
+STANDBY_RETRY_S = 5.0  # a standby that died waiting is replaced after this, doubled per death
+STANDBY_RETRY_MAX_S = 300.0  # in a row (one that dies at once is not relaunched in a loop)
 _PIPES_ENV = ("DAGSTER_PIPES_CONTEXT", "DAGSTER_PIPES_MESSAGES")
 _GATEWAY_ENV = "PYSPARK_GATEWAY_PORT"  # set for a Python driver that spark-submit launched
 
@@ -160,11 +163,14 @@ class Supervisor:
         events: EventChannel,
         takeovers: int = TAKEOVERS,
         watch_pid: int | None = None,
+        standby_retry_s: float = STANDBY_RETRY_S,
     ) -> None:
         self.command = command
         self.events = _Serialized(events)
         self.takeovers = takeovers
         self.watch_pid = watch_pid
+        self.standby_retry_s = standby_retry_s
+        self._standby_deaths = 0  # standbys that died waiting, since the last takeover
         self._stopping = threading.Event()
         self._lock = threading.Lock()  # who the standby is: the run's thread and the launcher's
         self.active: Driver | None = None
@@ -199,6 +205,7 @@ class Supervisor:
                 with self._lock:
                     self.active, self.standby = standby, None
                     self._announce()
+                self._standby_deaths = 0
                 self.events.log(
                     f"supervisor: driver {old} exited {code}; {new} takes over "
                     f"(takeover {made} of at most {self.takeovers})"
@@ -220,17 +227,38 @@ class Supervisor:
                 return self.active.process.wait(timeout=WATCH_S)
             except subprocess.TimeoutExpired:
                 pass
+            self._replace_dead_standby()
             if self.watch_pid is not None and not alive(self.watch_pid):
                 self.events.log(f"supervisor: the orchestrator process {self.watch_pid} is gone")
                 self._stopping.set()
                 self.active.signal(signal.SIGTERM)
 
-    def _replace_standby_when_running(self) -> None:
+    def _replace_dead_standby(self) -> None:
+        """A standby that died while it waited (a crash, the OOM killer) is replaced, after a
+        pause that doubles with each such death in a row: the run keeps its failover."""
+        with self._lock:
+            standby = self.standby
+            if standby is None or standby.process.poll() is None or self._stopping.is_set():
+                return
+            self.standby = None
+            self._announce()
+        self._standby_deaths += 1
+        delay = min(STANDBY_RETRY_MAX_S, self.standby_retry_s * 2 ** (self._standby_deaths - 1))
+        self.events.log(
+            f"supervisor: the standby {standby.pid} exited {standby.process.returncode} while "
+            f"it waited; a new one in {delay:.0f} s"
+        )
+        self._replace_standby_when_running(delay)
+
+    def _replace_standby_when_running(self, delay_s: float = 0.0) -> None:
         """A new standby, launched once the active driver has run its first micro-batch (so two
-        JVMs' starts do not share the cores), on a thread of its own."""
+        JVMs' starts do not share the cores) and ``delay_s`` has passed, on a thread of its
+        own; none if the active driver changed meanwhile (its takeover launches its own)."""
         active = self.active
 
         def launch() -> None:
+            if self._stopping.wait(delay_s):
+                return
             while active is self.active and not active.running.wait(WATCH_S):
                 if active.process.poll() is not None or self._stopping.is_set():
                     return
