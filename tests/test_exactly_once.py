@@ -28,8 +28,9 @@ runs with ``--standby`` and its active driver is killed; the warm standby restor
 checkpoint and runs to the end of the input). Such an attempt gets its input once its standby is
 warm, and a point it reaches at every micro-batch or checkpoint counts only from then; a point
 reached once, at the start, comes before any standby (launched after the first micro-batch), and
-its restart is cold. Reproduce a run with ``CUTLINE_TEST_SEED``; set
-``CUTLINE_TEST_KILLS`` for more kills.
+its restart is cold. After the attempts, the Delta logs of the catalog and of every sink's table,
+read commit by commit, show no commit from a fenced attempt (tests/fence_check.py). Reproduce a
+run with ``CUTLINE_TEST_SEED``; set ``CUTLINE_TEST_KILLS`` for more kills.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ from tests.e2e_util import (
     report,
     run_to_end,
 )
+from tests.fence_check import fenced_commits
 from tests.file_input import clicks, put_file, read_files
 from tests.file_jobs import FILES_ENV
 from tests.reference import check, output, read_log
@@ -441,6 +443,10 @@ def test_kills_at_random_points_of_the_protocol_lose_and_duplicate_nothing(job, 
         if restores >= 2:  # the schedule makes a restore at the checkpoint's parallelism rare
             assert rescaled >= 1, f"none of the kills' {restores} restores was rescaled"
     report(f"{job}: {check_savepoints(home, paths, job)}")
+    late, checked = fenced_commits(paths.catalog, paths.output, get_job(job))
+    assert not late, f"commits from fenced attempts: {late}"
+    begun = len(CatalogReader(paths.catalog).jobs(job_name_of(job)))
+    report(f"{job}: no commit from a fenced attempt among {begun} attempts ({checked})")
     # an attempt started from a savepoint imports it while its start is planned: before any
     # kill but one at the import's own points or before it (the sinks' fences, each a sink
     # commit, then restore-started)
