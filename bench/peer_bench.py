@@ -11,8 +11,9 @@ source (``cutline_log``), with parallelism 2 on ``local[2]``:
 - ``spark_python``: Spark's built-in Python stateful API (``applyInPandasWithState``);
 - ``spark_sql``: native ``groupBy().agg(count, sum, max_by(payload, ts), max(ts))``.
 
-Both Spark variants use the RocksDB state store provider with changelog checkpointing, and write
-their updates to Delta through ``foreachBatch`` (idempotent by ``txnVersion``).
+Both Spark variants (bench/peer_spark.py) use the RocksDB state store provider with changelog
+checkpointing, and write their updates to Delta through ``foreachBatch`` (idempotent by
+``txnVersion``). The input is bench/peer_input.py's; the report, bench/peer_report.py's.
 
 For each state size (``--sizes``, MiB of logical state: keys times ``--bytes-per-key``, the key
 and value bytes of one user; checkpoints are larger by RocksDB's space amplification), in a fresh
@@ -60,70 +61,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.peer_input import PARTITIONS, Appender, build_input  # noqa: E402
 from bench.peer_report import write_report  # noqa: E402
-from cutline.sources.log_format import append_records  # noqa: E402
-from spark_jobs.sources.generate import PAYLOAD_BYTES, event_lines  # noqa: E402
+from bench.peer_spark import EVENT  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 JOB = "user_activity"
-TOPIC = "events"
-PARTITIONS = 2
-SCHEMA = "user string, amount double, payload string, ts long"
 SYSTEMS = ("cutline", "spark_sql", "spark_python")
-EVENT = "PEER_BATCH "  # a Spark worker's progress line
 JVM_UP = "To adjust logging level use sc.setLogLevel"  # Spark's first log line, in every system
-CHUNK = 100_000  # records per append while writing the input
-
-
-# ---------------------------------------------------------------- input
-
-
-def write_events(log: Path, users: np.ndarray, rng: np.random.Generator, start_ts: int) -> int:
-    """Append one record per element of ``users`` (split round-robin over the partitions);
-    returns the next event time."""
-    for lo in range(0, len(users), CHUNK * PARTITIONS):
-        part = users[lo : lo + CHUNK * PARTITIONS]
-        ts = start_ts + np.arange(len(part))
-        cents = rng.integers(0, 10_000, len(part))
-        payload = rng.bytes(PAYLOAD_BYTES // 2 * len(part)).hex().encode()
-        lines = event_lines(part, cents, ts, payload)
-        for p in range(PARTITIONS):
-            append_records(log, TOPIC, p, lines[p::PARTITIONS])
-        start_ts += len(part)
-    return start_ts
-
-
-def build_input(log: Path, keys: int, steady: float, seed: int) -> tuple[int, int]:
-    """Every key once in random order, then ``steady`` x keys uniform records; returns the
-    record count and the next event time."""
-    rng = np.random.default_rng(seed)
-    ts = write_events(log, rng.permutation(keys), rng, 1_767_225_600_000)
-    extra = int(keys * steady)
-    ts = write_events(log, rng.integers(0, keys, extra), rng, ts)
-    return keys + extra, ts
-
-
-class Appender(threading.Thread):
-    """Appends uniformly random records at ``rate`` per second until stopped."""
-
-    def __init__(self, log: Path, keys: int, rate: int, ts: int, seed: int) -> None:
-        super().__init__(daemon=True)
-        self.log, self.keys, self.rate, self.ts = log, keys, rate, ts
-        self.rng = np.random.default_rng(seed)
-        self.stopped = threading.Event()
-        self.appended = 0
-
-    def append(self, n: int) -> None:
-        self.ts = write_events(self.log, self.rng.integers(0, self.keys, n), self.rng, self.ts)
-        self.appended += n
-
-    def run(self) -> None:
-        started = time.monotonic()
-        while not self.stopped.is_set():
-            due = int((time.monotonic() - started) * self.rate) - self.appended
-            if due > 0:
-                self.append(due)
-            self.stopped.wait(0.5)
 
 
 # ---------------------------------------------------------------- storage
@@ -209,7 +154,7 @@ def start_driver(system: str, home: Path, batch_records: int, *more: str) -> Dri
                "--master", "local[2]",
                "--max-records-per-partition", str(batch_records), *more]  # fmt: skip
     else:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "worker", system, str(home),
+        cmd = [sys.executable, str(ROOT / "bench" / "peer_spark.py"), system, str(home),
                "--batch-records", str(batch_records)]  # fmt: skip
     log = open(home / "driver.log", "ab")  # noqa: SIM115 - owned by the reader thread
     proc = subprocess.Popen(
@@ -426,126 +371,10 @@ def cutline_state_bytes(home: Path) -> int | None:
     return max((r.full_size for r in rows), default=None)
 
 
-# ---------------------------------------------------------------- Spark workers
-
-
-def spark_worker(system: str, home: Path, batch_records: int) -> None:
-    """A Spark driver running ``system``'s query until killed; prints one line per batch."""
-    from pyspark.sql import functions as F
-
-    from cutline.sources.log import register_data_source
-    from spark_jobs.deploy.session import build_spark
-
-    spark = build_spark(
-        "local[2]",
-        f"peer-{system}",
-        shuffle_partitions=2,
-        delta=True,  # the peer writes its output with delta-spark
-        extra={
-            "spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution."
-            "streaming.state.RocksDBStateStoreProvider",
-            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-        },
-    )
-    register_data_source(spark)
-    events = (
-        spark.readStream.format("cutline_log")
-        .schema(f"{SCHEMA}, _partition int, _next_offset long")
-        .option("path", str(home / "log"))
-        .option("topic", TOPIC)
-        .option("partitions", json.dumps(list(range(PARTITIONS))))
-        .option("maxRecordsPerPartition", str(batch_records))
-        .load()
-        .select("user", "amount", "payload", "ts")
-    )
-    if system == "spark_sql":
-        updates = events.groupBy("user").agg(
-            F.count(F.lit(1)).alias("events"),
-            F.sum("amount").alias("amount"),
-            F.max_by("payload", "ts").alias("payload"),
-            F.max("ts").alias("last_ts"),
-        )
-    else:
-        from pyspark.sql.streaming.state import GroupStateTimeout
-
-        updates = events.groupBy("user").applyInPandasWithState(
-            _latest_per_user,
-            "user string, events long, amount double, payload string, last_ts long",
-            "events long, amount double, last_ts long, payload string",
-            "Update",
-            GroupStateTimeout.NoTimeout,
-        )
-    table = str(home / "warehouse" / "tables" / system)
-
-    def write(batch, batch_id: int) -> None:
-        # Delta skips an append whose txnVersion it has seen (a batch replayed after a restart),
-        # and Spark 4.2 then fails the batch because its state stores were never evaluated
-        # (STATE_STORE_COMMIT_VALIDATION_FAILED): materialise the batch first.
-        batch = batch.persist()
-        batch.count()
-        (
-            batch.write.format("delta")
-            .mode("append")
-            .option("txnAppId", system)
-            .option("txnVersion", batch_id)
-            .save(table)
-        )
-        batch.unpersist()
-
-    query = (
-        updates.writeStream.outputMode("update")
-        .foreachBatch(write)
-        .option("checkpointLocation", str(home / "checkpoints"))
-        .start()
-    )
-    reported = -1
-    while query.isActive:
-        for p in query.recentProgress:
-            if p["batchId"] > reported:
-                reported = p["batchId"]
-                state = (p.get("stateOperators") or [{}])[0]
-                line = {
-                    "batch": p["batchId"],
-                    "records": p["numInputRows"],
-                    "ms": p["durationMs"].get("triggerExecution"),
-                    "state_rows": state.get("numRowsTotal"),
-                    "state_memory_bytes": state.get("memoryUsedBytes"),
-                }
-                print(EVENT + json.dumps(line), flush=True)
-        time.sleep(0.1)
-    raise SystemExit(f"the query stopped: {query.exception()}")
-
-
-def _latest_per_user(key, frames, state):
-    """applyInPandasWithState: count, sum and the latest payload by event time."""
-    import pandas as pd
-
-    events, amount, last_ts, payload = state.get if state.exists else (0, 0.0, -(2**63), None)
-    for pdf in frames:
-        events += len(pdf)
-        amount += float(pdf["amount"].sum())
-        i = int(pdf["ts"].to_numpy().argmax())
-        if int(pdf["ts"].iat[i]) >= last_ts:
-            last_ts, payload = int(pdf["ts"].iat[i]), pdf["payload"].iat[i]
-    state.update((events, amount, last_ts, payload))
-    yield pd.DataFrame(
-        {"user": [key[0]], "events": [events], "amount": [amount], "payload": [payload],
-         "last_ts": [last_ts]}
-    )  # fmt: skip
-
-
 # ---------------------------------------------------------------- main
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "worker":
-        parser = argparse.ArgumentParser(prog="peer_bench.py worker")
-        parser.add_argument("system", choices=["spark_sql", "spark_python"])
-        parser.add_argument("home", type=Path)
-        parser.add_argument("--batch-records", type=int, required=True)
-        a = parser.parse_args(sys.argv[2:])
-        spark_worker(a.system, a.home, a.batch_records)
-        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1024], help="MiB")
     parser.add_argument(

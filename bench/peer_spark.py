@@ -1,0 +1,145 @@
+"""The Spark peers of the peer benchmark (bench/peer_bench.py): the same per-user aggregation
+as Cutline's ``user_activity`` job, as a Spark Structured Streaming query that runs until killed.
+
+- ``spark_sql``: ``groupBy().agg(count, sum, max_by(payload, ts), max(ts))``;
+- ``spark_python``: Spark's Python stateful API (``applyInPandasWithState``).
+
+Both read the benchmark's log through ``cutline_log``, keep their state in the RocksDB state store
+with changelog checkpointing, write their updates to Delta through ``foreachBatch`` (idempotent
+by ``txnVersion``) and print one ``PEER_BATCH`` line per micro-batch.
+
+    python bench/peer_spark.py spark_sql HOME --batch-records 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.peer_input import PARTITIONS, SCHEMA, TOPIC  # noqa: E402
+
+EVENT = "PEER_BATCH "  # a Spark peer's progress line
+
+
+def spark_worker(system: str, home: Path, batch_records: int) -> None:
+    """A Spark driver running ``system``'s query until killed; prints one line per batch."""
+    from pyspark.sql import functions as F
+
+    from cutline.sources.log import register_data_source
+    from spark_jobs.deploy.session import build_spark
+
+    spark = build_spark(
+        "local[2]",
+        f"peer-{system}",
+        shuffle_partitions=2,
+        delta=True,  # the peer writes its output with delta-spark
+        extra={
+            "spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution."
+            "streaming.state.RocksDBStateStoreProvider",
+            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        },
+    )
+    register_data_source(spark)
+    events = (
+        spark.readStream.format("cutline_log")
+        .schema(f"{SCHEMA}, _partition int, _next_offset long")
+        .option("path", str(home / "log"))
+        .option("topic", TOPIC)
+        .option("partitions", json.dumps(list(range(PARTITIONS))))
+        .option("maxRecordsPerPartition", str(batch_records))
+        .load()
+        .select("user", "amount", "payload", "ts")
+    )
+    if system == "spark_sql":
+        updates = events.groupBy("user").agg(
+            F.count(F.lit(1)).alias("events"),
+            F.sum("amount").alias("amount"),
+            F.max_by("payload", "ts").alias("payload"),
+            F.max("ts").alias("last_ts"),
+        )
+    else:
+        from pyspark.sql.streaming.state import GroupStateTimeout
+
+        updates = events.groupBy("user").applyInPandasWithState(
+            _latest_per_user,
+            "user string, events long, amount double, payload string, last_ts long",
+            "events long, amount double, last_ts long, payload string",
+            "Update",
+            GroupStateTimeout.NoTimeout,
+        )
+    table = str(home / "warehouse" / "tables" / system)
+
+    def write(batch, batch_id: int) -> None:
+        # Delta skips an append whose txnVersion it has seen (a batch replayed after a restart),
+        # and Spark 4.2 then fails the batch because its state stores were never evaluated
+        # (STATE_STORE_COMMIT_VALIDATION_FAILED): materialise the batch first.
+        batch = batch.persist()
+        batch.count()
+        (
+            batch.write.format("delta")
+            .mode("append")
+            .option("txnAppId", system)
+            .option("txnVersion", batch_id)
+            .save(table)
+        )
+        batch.unpersist()
+
+    query = (
+        updates.writeStream.outputMode("update")
+        .foreachBatch(write)
+        .option("checkpointLocation", str(home / "checkpoints"))
+        .start()
+    )
+    reported = -1
+    while query.isActive:
+        for p in query.recentProgress:
+            if p["batchId"] > reported:
+                reported = p["batchId"]
+                state = (p.get("stateOperators") or [{}])[0]
+                line = {
+                    "batch": p["batchId"],
+                    "records": p["numInputRows"],
+                    "ms": p["durationMs"].get("triggerExecution"),
+                    "state_rows": state.get("numRowsTotal"),
+                    "state_memory_bytes": state.get("memoryUsedBytes"),
+                }
+                print(EVENT + json.dumps(line), flush=True)
+        time.sleep(0.1)
+    raise SystemExit(f"the query stopped: {query.exception()}")
+
+
+def _latest_per_user(key, frames, state):
+    """applyInPandasWithState: count, sum and the latest payload by event time."""
+    import pandas as pd
+
+    events, amount, last_ts, payload = state.get if state.exists else (0, 0.0, -(2**63), None)
+    for pdf in frames:
+        events += len(pdf)
+        amount += float(pdf["amount"].sum())
+        i = int(pdf["ts"].to_numpy().argmax())
+        if int(pdf["ts"].iat[i]) >= last_ts:
+            last_ts, payload = int(pdf["ts"].iat[i]), pdf["payload"].iat[i]
+    state.update((events, amount, last_ts, payload))
+    yield pd.DataFrame(
+        {"user": [key[0]], "events": [events], "amount": [amount], "payload": [payload],
+         "last_ts": [last_ts]}
+    )  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("system", choices=["spark_sql", "spark_python"])
+    parser.add_argument("home", type=Path)
+    parser.add_argument("--batch-records", type=int, required=True)
+    args = parser.parse_args()
+    spark_worker(args.system, args.home, args.batch_records)
+
+
+if __name__ == "__main__":
+    main()
