@@ -40,9 +40,10 @@ def _fences(actions: list[dict], app: str) -> list[int]:
 
 
 def _appended_attempts(actions: list[dict], job: str) -> list[int]:
-    """The attempts of the job's rows an append adds (none for a fence or a status rewrite)."""
+    """The attempts of the job's rows an append adds: none for a fence, and none for a rewrite
+    of rows already there (a status update, the catalog's compaction: they remove files)."""
     info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-    if info.get("operation") != "WRITE":
+    if info.get("operation") != "WRITE" or any("remove" in a for a in actions):
         return []
     out = []
     for add in (a["add"] for a in actions if "add" in a):

@@ -9,6 +9,7 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 
 from cutline.sinks.delta import DeltaSinkWriter
 from spark_jobs.catalog.delta_catalog import DeltaCatalog
+from spark_jobs.catalog.upkeep import compact_checkpoints
 from state.storage.tables import table_uri
 from tests.fence_check import fenced_checkpoint_commits, fenced_sink_commits
 from tests.test_delta_catalog import row
@@ -24,6 +25,8 @@ def test_checkpoint_commits_below_a_fence_are_named(tmp_path):
     second = catalog.begin_attempt("clicks")
     catalog.commit_checkpoint(row(2, second))
     catalog.mark_subsumed("clicks", [1])  # attempt 1's row rewritten after the fence: allowed
+    with catalog.latest("completed_checkpoints") as dt:  # and the rows' compaction too
+        compact_checkpoints(catalog, dt, "clicks")
     assert fenced_checkpoint_commits(root, "clicks") == ([], 2)
     catalog.import_checkpoints([row(3, first)])  # unfenced: as a fenced attempt's commit would
     late, checked = fenced_checkpoint_commits(root, "clicks")
