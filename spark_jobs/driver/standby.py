@@ -45,6 +45,7 @@ WATCH_S = 0.5  # how often the supervisor looks at its own orchestrator's proces
 REWARM_S = 45.0  # a standby's Python workers are used again before Spark's idle minute ends
 STANDBY_RETRY_S = 5.0  # a standby that died waiting is replaced after this, doubled per death
 STANDBY_RETRY_MAX_S = 300.0  # in a row (one that dies at once is not relaunched in a loop)
+STOP_GRACE_S = 30.0  # a driver told to stop that has not ended by then is killed
 _PIPES_ENV = ("DAGSTER_PIPES_CONTEXT", "DAGSTER_PIPES_MESSAGES")
 _GATEWAY_ENV = "PYSPARK_GATEWAY_PORT"  # set for a Python driver that spark-submit launched
 
@@ -131,8 +132,17 @@ class Driver:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, sig)
 
-    def wait(self) -> int:
-        code = self.process.wait()
+    def wait(self, grace_s: float = STOP_GRACE_S) -> int:
+        """Its exit code; its process group is killed if it has not ended after ``grace_s``,
+        and whatever of the group outlives it (its JVM, which ignores SIGINT: a standby
+        interrupted while its JVM starts leaves it behind) is killed once it ended, so its
+        output reaches its end."""
+        try:
+            code = self.process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            code = self.process.wait()
+        self.signal(signal.SIGKILL)
         self._relay.join()
         return code
 
