@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -59,6 +58,7 @@ def warm_up_query(
     (the active application holds the cores) does without it."""
     from spark_jobs.driver.epoch_ends import source_starts
     from spark_jobs.driver.placement import subtask_partition
+    from spark_jobs.driver.scratch import query_scratch
     from spark_jobs.driver.watch import caught_up
     from spark_jobs.executor.dataflow import map_side
     from spark_jobs.sources.frames import stream_frame, tag_and_union
@@ -71,7 +71,7 @@ def warm_up_query(
             map_side(df, job)[1].partitionBy(job.parallelism, subtask_partition).count()
             ran.set()
 
-    scratch = tempfile.mkdtemp(prefix=f"cutline-{job.name}-warm-up-")
+    scratch = query_scratch(f"{job.name}-warm-up")  # a killed standby's is removed later
     query = None
     try:  # a source of the user's own kind may not be a dataclass: then no warm-up
         few = dataclasses.replace(job, sources=tuple(
