@@ -11,6 +11,7 @@ takeover in the catalog.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import re
@@ -277,6 +278,23 @@ def active_after(log: Path, number: int, proc: subprocess.Popen, timeout: float 
     raise AssertionError(f"no {number}th driver ran a micro-batch beside a standby in {timeout} s")
 
 
+def feeding(home: Path, stop: threading.Event) -> threading.Thread:
+    """A thread appending 750 clicks per partition every 0.5 s on the wall clock until ``stop``:
+    as fast as ``RUN``'s read limit lets a driver consume (1,500 per partition a second), so a
+    driver running ``--until-caught-up`` never catches up while the kills go on."""
+
+    def feed() -> None:
+        began = time.monotonic()
+        for n in itertools.count(1):
+            if stop.wait(max(0.0, began + n * 0.5 - time.monotonic())):
+                return
+            generate(home / "log", "clicks", "clicks", count=750, seed=7, users=3_000)
+
+    thread = threading.Thread(target=feed, daemon=True)
+    thread.start()
+    return thread
+
+
 @pytest.mark.slow
 @pytest.mark.landing
 @pytest.mark.spark
@@ -284,8 +302,11 @@ def test_the_standby_takes_over_from_killed_drivers_exactly_once(tmp_path):
     seed, rng = tiers.SEED, tiers.rng("standby kills")
     home = tmp_path / "home"
     kills = 2 if tiers.landing() else 5
-    # per partition, and as much again after each kill: each kill waits for a warm standby
-    generate(home / "log", "clicks", "clicks", count=40_000, seed=7, users=3_000)
+    # a backlog of 13 micro-batches, and input arriving as fast as it is read until the last
+    # kill: the driver killed is never one that already ended
+    generate(home / "log", "clicks", "clicks", count=20_000, seed=7, users=3_000)
+    stop = threading.Event()
+    feeder = feeding(home, stop)
     env = {"CUTLINE_EVENTS": "stdout"}
     proc = cutline(home, "run", JOB, "--standby", *RUN, env=env)
     log = home / "driver.log"
@@ -295,9 +316,14 @@ def test_the_standby_takes_over_from_killed_drivers_exactly_once(tmp_path):
             time.sleep(rng.uniform(0.0, 3.0))
             os.killpg(pid, signal.SIGKILL)
             report(f"seed {seed}: kill -9 of active driver {pid} (its JVM too), kill {number}")
-            generate(home / "log", "clicks", "clicks", count=20_000, seed=7, users=3_000)
+        stop.set()
+        feeder.join()
         code = finish(proc, timeout=600)
+    except BaseException:
+        print(log.read_text(errors="replace")[-8000:] if log.exists() else "no log")
+        raise
     finally:
+        stop.set()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     text = log.read_text(errors="replace")
