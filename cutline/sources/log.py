@@ -84,8 +84,15 @@ def with_log_root(job: JobDefinition, root: str) -> JobDefinition:
 
 
 def register_data_source(spark) -> None:
-    """Register ``cutline_log`` with a Spark session (idempotent)."""
+    """Register ``cutline_log`` with a Spark session, once per session (a standby's warm-up
+    query registers it before the query of its takeover)."""
+    if getattr(spark, _REGISTERED, False):
+        return
     spark.dataSource.register(_data_source_class())
+    setattr(spark, _REGISTERED, True)
+
+
+_REGISTERED = "_cutline_log_registered"  # set on a session once it has the data source
 
 
 def _data_source_class():
