@@ -187,3 +187,22 @@ def test_one_process_at_a_time_resolves_packages_into_a_cache(tmp_path):
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released at the end
     with one_resolution_at_a_time({"spark.jars.ivy": str(tmp_path / "none")}):
         assert not (tmp_path / "none").exists(), "nothing to resolve: no lock"
+
+
+def test_a_callers_driver_java_options_come_after_cutlines_instead_of_replacing_them(
+    monkeypatch, tmp_path
+):
+    """``--conf spark.driver.extraJavaOptions=...`` (a user's JIT or GC flags) keeps the class
+    archive and the quiet logging; the JVM takes the last of two conflicting options."""
+    monkeypatch.setenv("CUTLINE_CLASS_ARCHIVE_DIR", str(tmp_path))
+    monkeypatch.delenv("CUTLINE_CLASS_ARCHIVE", raising=False)
+    monkeypatch.delenv(class_archive.DUMP_TO, raising=False)
+    class_archive.archive_path().write_bytes(b"archive")
+    own = "-XX:TieredStopAtLevel=1 -Xshare:off"
+    conf = session_conf(quiet=True, extra={"spark.driver.extraJavaOptions": own})
+    options = conf["spark.driver.extraJavaOptions"].split()
+    assert options[-2:] == own.split()
+    assert f"-Dlog4j2.configurationFile={QUIET_LOG4J}" in options and "-Xshare:auto" in options
+    monkeypatch.setenv("CUTLINE_CLASS_ARCHIVE", "off")
+    conf = session_conf(extra={"spark.driver.extraJavaOptions": own})
+    assert conf["spark.driver.extraJavaOptions"] == own

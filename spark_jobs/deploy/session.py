@@ -65,7 +65,9 @@ def session_conf(
     """The configuration :func:`build_spark` applies: what the job's sources ``needs`` on the
     classpath, and with ``delta`` Delta Lake's package and SQL extension, for reading the
     output or the catalog with Spark (the runtime needs neither: every Delta table it writes
-    is written through delta-rs). ``extra`` wins."""
+    is written through delta-rs). ``extra`` wins, but for the driver's JVM options: its own
+    come after Cutline's (the class archive, the quiet logging), which they override one by one
+    instead of dropping them all."""
     packages = [*([delta_package()] if delta else []), *needs.packages]
     conf = {
         "spark.master": master or os.environ.get("CUTLINE_SPARK_MASTER", "local[*]"),
@@ -121,9 +123,11 @@ def session_conf(
     java_options = driver_java_options()
     if quiet:
         java_options.append(f"-Dlog4j2.configurationFile={QUIET_LOG4J}")
-    if java_options:
-        conf["spark.driver.extraJavaOptions"] = " ".join(java_options)
-    conf.update(extra or {})
+    extra = dict(extra or {})
+    own = extra.pop(DRIVER_JAVA_OPTIONS, "").strip()
+    if java_options or own:  # the caller's own options after Cutline's: the JVM's last one wins
+        conf[DRIVER_JAVA_OPTIONS] = " ".join([*java_options, *([own] if own else [])])
+    conf.update(extra)
     jars = resolved_jars(conf)
     if jars:  # resolved before: the same jars, without Ivy's resolution at every start
         for key in RESOLUTION_KEYS:
@@ -132,6 +136,7 @@ def session_conf(
     return conf
 
 
+DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 WORKER_SITE = Path(__file__).with_name("worker_site")  # its sitecustomize.py
 QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
 
