@@ -10,6 +10,7 @@ import pytest
 
 from spark_jobs.deploy import class_archive
 from spark_jobs.deploy.session import (
+    LATE_C2,
     QUIET_LOG4J,
     delta_package,
     jvm_start_output_held,
@@ -72,8 +73,9 @@ def test_a_configuration_with_jars_of_its_own_always_resolves(tmp_path, monkeypa
 def test_quiet_sessions_log_through_cutlines_log4j_configuration(monkeypatch):
     monkeypatch.setenv("CUTLINE_CLASS_ARCHIVE", "off")
     conf = session_conf("local[1]", quiet=True)
-    assert conf["spark.driver.extraJavaOptions"] == f"-Dlog4j2.configurationFile={QUIET_LOG4J}"
-    assert QUIET_LOG4J.is_file() and "spark.driver.extraJavaOptions" not in session_conf()
+    options = conf["spark.driver.extraJavaOptions"].split()
+    assert options[-1] == f"-Dlog4j2.configurationFile={QUIET_LOG4J}" and QUIET_LOG4J.is_file()
+    assert "-Dlog4j2" not in session_conf()["spark.driver.extraJavaOptions"]
 
 
 def test_a_local_sessions_executor_is_never_removed_for_a_pause_of_the_machine():
@@ -89,7 +91,7 @@ def test_drivers_use_the_class_archive_made_for_their_java_and_spark(monkeypatch
     monkeypatch.setenv("CUTLINE_CLASS_ARCHIVE_DIR", str(tmp_path))
     monkeypatch.delenv("CUTLINE_CLASS_ARCHIVE", raising=False)
     monkeypatch.delenv(class_archive.DUMP_TO, raising=False)
-    assert "spark.driver.extraJavaOptions" not in session_conf(), "no archive yet"
+    assert "SharedArchiveFile" not in session_conf()["spark.driver.extraJavaOptions"], "none yet"
     path = class_archive.archive_path()
     assert path is not None and path.parent == tmp_path
     path.write_bytes(b"archive")
@@ -97,14 +99,15 @@ def test_drivers_use_the_class_archive_made_for_their_java_and_spark(monkeypatch
     assert options == [
         "-Xshare:auto",
         f"-XX:SharedArchiveFile={path}",
+        *LATE_C2,
         f"-Dlog4j2.configurationFile={QUIET_LOG4J}",
     ]
     monkeypatch.setenv("CUTLINE_CLASS_ARCHIVE", "off")
-    assert "spark.driver.extraJavaOptions" not in session_conf()
+    assert session_conf()["spark.driver.extraJavaOptions"].split() == list(LATE_C2)
     # the process making the archive dumps it instead
     monkeypatch.setenv(class_archive.DUMP_TO, str(tmp_path / "new.jsa"))
     options = session_conf()["spark.driver.extraJavaOptions"].split()
-    assert options == [f"-XX:ArchiveClassesAtExit={tmp_path / 'new.jsa'}"]
+    assert options == [f"-XX:ArchiveClassesAtExit={tmp_path / 'new.jsa'}", *LATE_C2]
 
 
 def test_two_environments_with_the_same_spark_never_share_an_archive(monkeypatch, tmp_path):
@@ -205,4 +208,4 @@ def test_a_callers_driver_java_options_come_after_cutlines_instead_of_replacing_
     assert f"-Dlog4j2.configurationFile={QUIET_LOG4J}" in options and "-Xshare:auto" in options
     monkeypatch.setenv("CUTLINE_CLASS_ARCHIVE", "off")
     conf = session_conf(extra={"spark.driver.extraJavaOptions": own})
-    assert conf["spark.driver.extraJavaOptions"] == own
+    assert conf["spark.driver.extraJavaOptions"].split() == [*LATE_C2, *own.split()]

@@ -1,0 +1,116 @@
+"""Cold restart at the peer benchmark's state size: from a new driver process's start to its
+first completed micro-batch, and what the driver JVM's options cost the steady micro-batches.
+
+The peer benchmark's job and input (bench/peer_bench.py: ``user_activity``, 150 bytes per key,
+every key once then as many uniform updates, 100,000 records per partition and micro-batch,
+``local[2]``) run once to build the state; then each variant restores it ``--repeat`` times with
+``cutline run --max-batches N`` after N micro-batches of input were appended, in turn, so that
+the variants share the machine's drift. Per run: the process start to the first micro-batch, the
+driver's phases (its ``startup`` event) and the median of its later micro-batches' intervals.
+
+    .venv/bin/python bench/cold_restart_bench.py --repeat 3
+
+Prints each run and the medians; writes bench/results/cold_restart.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from peer_bench import start_driver, wait_until  # noqa: E402
+from peer_input import Appender, build_input  # noqa: E402
+
+BATCH = 100_000  # records per partition and micro-batch, the peer benchmark's
+# the JVM's own C2 thresholds, after Cutline's later ones (session.LATE_C2): the last one wins
+DEFAULT_C2 = "-XX:Tier4InvocationThreshold=5000 -XX:Tier4MinInvocationThreshold=600 " + (
+    "-XX:Tier4CompileThreshold=15000 -XX:Tier4BackEdgeThreshold=40000"
+)
+JAVA = "spark.driver.extraJavaOptions"
+# name -> extra arguments of ``cutline run``
+VARIANTS: dict[str, list[str]] = {
+    "as shipped (late C2)": [],
+    "the JVM's default JIT": ["--conf", f"{JAVA}={DEFAULT_C2}"],
+    "C1 JIT only": ["--conf", f"{JAVA}=-XX:TieredStopAtLevel=1"],
+}
+
+
+def build_state(home: Path, mib: int) -> tuple[int, int]:
+    """The peer benchmark's input for ``mib`` MiB of state, read once to its end by a driver
+    killed after that; returns the keys and the next event time."""
+    keys = mib * 2**20 // 150
+    backlog, ts = build_input(home / "log", keys, 1.0, seed=mib)
+    driver = start_driver("cutline", home, BATCH)
+    if not wait_until(lambda: driver.records() >= backlog, time.monotonic() + 1800, driver, "it"):
+        raise RuntimeError("the state was not built in 30 minutes")
+    time.sleep(4)  # a checkpoint after the last micro-batch
+    driver.kill()
+    return keys, ts
+
+
+def restart(home: Path, appender: Appender, batches: int, more: list[str]) -> dict:
+    appender.append(BATCH * 2 * batches)
+    driver = start_driver("cutline", home, BATCH, "--max-batches", str(batches), *more)
+    code = driver.proc.wait(timeout=600)
+    time.sleep(0.5)  # the reader thread's last lines
+    if code != 0 or len(driver.batches) < batches:
+        raise RuntimeError(f"the restart exited {code} after {len(driver.batches)} micro-batches")
+    ends = [b.end for b in driver.batches]
+    later = [b - a for a, b in itertools.pairwise(ends[1:])]  # from the second one's end
+    return {
+        "to_first_batch_s": round(ends[0] - driver.started, 2),
+        "steady_batch_s": round(statistics.median(later), 2),
+        "phases_s": driver.startup,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--mib", type=int, default=100)
+    parser.add_argument("--batches", type=int, default=8, help="micro-batches per restart")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "cold_restart.json"))
+    args = parser.parse_args()
+    runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
+    with tempfile.TemporaryDirectory(prefix="cutline-cold-restart-") as tmp:
+        home = Path(tmp)
+        keys, ts = build_state(home, args.mib)
+        appender = Appender(home / "log", keys, 1, ts, seed=3)
+        for i in range(args.repeat):
+            for name, more in VARIANTS.items():
+                run = restart(home, appender, args.batches, more)
+                runs[name].append(run)
+                print(f"{name} {i + 1}: {json.dumps(run)}", flush=True)
+    medians = {
+        name: {
+            "to_first_batch_s": statistics.median(r["to_first_batch_s"] for r in rs),
+            "steady_batch_s": statistics.median(r["steady_batch_s"] for r in rs),
+        }
+        for name, rs in runs.items()
+    }
+    for name, m in medians.items():
+        print(f"{name}: first micro-batch {m['to_first_batch_s']} s after the process start, "
+              f"steady micro-batch {m['steady_batch_s']} s (medians)")  # fmt: skip
+    result = {
+        "what": f"cold restart of the peer benchmark's job at {args.mib} MiB of state: process "
+        f"start to the first micro-batch, and the later micro-batches' median interval "
+        f"({BATCH:,} records per partition, local[2])",
+        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "runs": runs,
+        "medians": medians,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
