@@ -83,6 +83,9 @@ def with_log_root(job: JobDefinition, root: str) -> JobDefinition:
     return dataclasses.replace(job, sources=sources)
 
 
+_REGISTERED = "_cutline_log_registered"  # set on a session once it has the data source
+
+
 def register_data_source(spark) -> None:
     """Register ``cutline_log`` with a Spark session, once per session (a standby's warm-up
     query registers it before the query of its takeover)."""
@@ -90,9 +93,6 @@ def register_data_source(spark) -> None:
         return
     spark.dataSource.register(_data_source_class())
     setattr(spark, _REGISTERED, True)
-
-
-_REGISTERED = "_cutline_log_registered"  # set on a session once it has the data source
 
 
 def _data_source_class():

@@ -125,8 +125,8 @@ def session_conf(
         java_options.append(f"-Dlog4j2.configurationFile={QUIET_LOG4J}")
     extra = dict(extra or {})
     own = extra.pop(DRIVER_JAVA_OPTIONS, "").strip()
-    if java_options or own:  # the caller's own options after Cutline's: the JVM's last one wins
-        conf[DRIVER_JAVA_OPTIONS] = " ".join([*java_options, *([own] if own else [])])
+    # the caller's own options after Cutline's: of two conflicting ones, the JVM takes the last
+    conf[DRIVER_JAVA_OPTIONS] = " ".join(filter(None, [*java_options, own]))
     conf.update(extra)
     jars = resolved_jars(conf)
     if jars:  # resolved before: the same jars, without Ivy's resolution at every start
@@ -139,7 +139,7 @@ def session_conf(
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 # The driver JVM's optimising compiler (C2) takes only methods ten times hotter than by default:
 # a new driver's first seconds on two cores went to compiling what its start ran once, beside
-# the start itself. A cold restart of the peer benchmark's job at 100 MiB took 0.6 to 1.1 s less
+# the start itself. A cold restart of the peer benchmark's job at 100 MiB took 0.6 to 1.3 s less
 # (medians of 2 and 3 runs), its later micro-batches none longer (bench/cold_restart_bench.py).
 # The hot paths (per record, per batch) pass these counts within a micro-batch or two.
 LATE_C2 = (
