@@ -18,6 +18,7 @@ database is rebuilt from a checkpoint after any failure.
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +49,9 @@ class StoreOptions:
     With keys updated uniformly, every L0→base-level compaction rewrites nearly all files, so a
     high L0 compaction trigger lets many checkpoints share their older files (small increments)
     at the cost of read amplification, which bloom filters keep cheap. A requested compaction
-    (:meth:`RocksDBStore.compact`) bounds the chain.
+    (:meth:`RocksDBStore.compact`) bounds the chain. Every task's close flushes its memtable
+    (the WAL is off), so level 0 gains a file per task and a compaction comes every
+    ``l0_compaction_trigger`` tasks; each uploads the rewritten state with the next checkpoint.
 
     Small memtables flush in the background while a micro-batch runs, so the flush left for the
     synchronous part of a snapshot is at most one small memtable, whatever the state size.
@@ -274,6 +277,19 @@ class RocksDBStore(KeyedStateBackend):
     def compact(self) -> None:
         """Compact the whole database into few files (bounds the files a restore must read)."""
         self.db.compact_range(None, None)
+
+    def finish_compactions(self, poll_s: float = 0.005) -> float:
+        """Wait until no background compaction runs; returns the seconds waited.
+
+        Closing the database cancels a running compaction and discards its work. RocksDB starts
+        a level-0 compaction when a task opens the store; a task shorter than that compaction
+        would cancel it at every close, so it would never complete and level 0 would grow until
+        writes stall. A task calls this once its own work is done, before :meth:`close`.
+        """
+        started = time.perf_counter()
+        while self.db.property_int_value("rocksdb.num-running-compactions"):
+            time.sleep(poll_s)
+        return time.perf_counter() - started
 
     # -- snapshots ---------------------------------------------------------------------------
 

@@ -120,3 +120,38 @@ def test_state_survives_close_and_snapshot_is_openable(tmp_path):
             s.snapshot_to(tmp_path / "chk-1")
     with RocksDBStore(tmp_path / "chk-1", r) as snap:
         assert snap.get_many("v", kgs, keys) == keys
+
+
+def _random_values(rng: np.random.Generator, n: int, size: int = 100) -> list[bytes]:
+    raw = rng.bytes(size * n)
+    return [raw[i : i + size] for i in range(0, size * n, size)]
+
+
+def test_a_compaction_a_task_starts_completes_before_it_closes(tmp_path):
+    """RocksDB starts a level-0 compaction when a task opens the store, and closing cancels it:
+    with tasks shorter than the compaction, none would ever finish and level 0 would grow by a
+    file per task. finish_compactions() keeps level 0 at its trigger."""
+    path, r = tmp_path / "db", KeyGroupRange(0, 127)
+    options = StoreOptions(l0_compaction_trigger=4)
+    rng = np.random.default_rng(7)
+    n = 200_000  # about 20 MB at the bottom level, which every compaction rewrites (~0.1 s)
+    keys = [b"k%07d" % i for i in range(n)]
+    with RocksDBStore(path, r, options) as s:
+        txn = s.begin()
+        txn.put("v", np.arange(n) % 128, keys, _random_values(rng, n))
+        txn.commit()
+        s.compact()
+    waited = 0.0
+    for task in range(10):  # each writes 1 MB over the whole key range: one level-0 file
+        s = RocksDBStore(path, r, options)
+        try:
+            level0 = s.db.property_int_value("rocksdb.num-files-at-level0")
+            assert level0 <= options.l0_compaction_trigger, f"task {task}: {level0} files in L0"
+            some = rng.integers(0, n, 10_000)
+            txn = s.begin()
+            txn.put("v", some % 128, [keys[i] for i in some], _random_values(rng, len(some)))
+            txn.commit()
+            waited += s.finish_compactions()
+        finally:
+            s.close()
+    assert waited > 0, "no compaction ran: the test no longer exercises one"

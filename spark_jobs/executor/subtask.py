@@ -265,6 +265,7 @@ def run_subtask(
             future.add_done_callback(lambda f: _send_ack(ctx, cid, uid, subtask, f))
             sync_ms = (time.perf_counter() - started) * 1000
             kill_point("snapshot-taken")
+        store.finish_compactions()  # beside the upload: closing would cancel them
     finally:
         store.close()
     from_sources = _from(table, sources, len(op.inputs))
