@@ -10,7 +10,11 @@ driver's phases (its ``startup`` event) and the median of its later micro-batche
 
     .venv/bin/python bench/cold_restart_bench.py --repeat 3
 
-Prints each run and the medians; writes bench/results/cold_restart.json.
+Prints each run and the medians; writes bench/results/cold_restart.json. With ``--after-kill S``
+the state is instead left by a driver killed with ``kill -9`` after S seconds of the peer
+benchmark's sustained input (20,000 records/s), as the peer benchmark's restart finds it, and
+every run restarts the shipped driver from a copy of that same state
+(bench/results/cold_restart_after_kill.json).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -58,6 +63,35 @@ def build_state(home: Path, mib: int) -> tuple[int, int]:
     return keys, ts
 
 
+def kill_mid_stream(home: Path, keys: int, ts: int, seconds: float) -> int:
+    """A driver on ``home`` reading the peer benchmark's sustained input for ``seconds``, then
+    ``kill -9``; returns the next event time."""
+    appender = Appender(home / "log", keys, 20_000, ts, seed=11)
+    driver = start_driver("cutline", home, BATCH)
+    appender.start()
+    time.sleep(seconds)
+    driver.kill()
+    appender.stopped.set()
+    appender.join()
+    return appender.ts
+
+
+def after_kill(home: Path, args: argparse.Namespace) -> list[dict]:
+    """``--repeat`` restarts, each from a copy of one state a killed driver left."""
+    keys, ts = build_state(home, args.mib)
+    ts = kill_mid_stream(home, keys, ts, args.after_kill)
+    killed = home.with_name(home.name + "-killed")
+    shutil.copytree(home, killed, symlinks=True)  # the local copies' hard links become files
+    runs = []
+    for i in range(args.repeat):
+        shutil.rmtree(home)
+        shutil.copytree(killed, home, symlinks=True)  # the same path: the roots are checked
+        run = restart(home, Appender(home / "log", keys, 1, ts, seed=3), args.batches, [])
+        runs.append(run)
+        print(f"after kill {i + 1}: {json.dumps(run)}", flush=True)
+    return runs
+
+
 def restart(home: Path, appender: Appender, batches: int, more: list[str]) -> dict:
     appender.append(BATCH * 2 * batches)
     driver = start_driver("cutline", home, BATCH, "--max-batches", str(batches), *more)
@@ -79,8 +113,26 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--mib", type=int, default=100)
     parser.add_argument("--batches", type=int, default=8, help="micro-batches per restart")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "cold_restart.json"))
+    parser.add_argument("--after-kill", type=float, metavar="S", help="see the module's doc")
+    parser.add_argument("--out", help="default: bench/results/cold_restart[_after_kill].json")
     args = parser.parse_args()
+    name = "cold_restart_after_kill" if args.after_kill else "cold_restart"
+    out = Path(args.out or ROOT / "bench" / "results" / f"{name}.json")
+    if args.after_kill:
+        with tempfile.TemporaryDirectory(prefix="cutline-cold-restart-") as tmp:
+            runs = after_kill(Path(tmp) / "home", args)
+        first = statistics.median(r["to_first_batch_s"] for r in runs)
+        print(f"after a kill: first micro-batch {first} s after the process start (median)")
+        result = {
+            "what": f"cold restart of the peer benchmark's job at {args.mib} MiB of state from "
+            f"what a driver killed after {args.after_kill:.0f} s of sustained input left: process "
+            f"start to the first micro-batch ({BATCH:,} records per partition, local[2])",
+            "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "runs": runs,
+            "median_to_first_batch_s": first,
+        }
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        return
     runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="cutline-cold-restart-") as tmp:
         home = Path(tmp)
@@ -109,7 +161,7 @@ def main() -> None:
         "runs": runs,
         "medians": medians,
     }
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
