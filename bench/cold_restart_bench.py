@@ -114,13 +114,14 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=100)
     parser.add_argument("--batches", type=int, default=8, help="micro-batches per restart")
     parser.add_argument("--after-kill", type=float, metavar="S", help="see the module's doc")
+    parser.add_argument("--work", type=Path, help="--after-kill: keep the state here")
     parser.add_argument("--out", help="default: bench/results/cold_restart[_after_kill].json")
     args = parser.parse_args()
     name = "cold_restart_after_kill" if args.after_kill else "cold_restart"
     out = Path(args.out or ROOT / "bench" / "results" / f"{name}.json")
     if args.after_kill:
         with tempfile.TemporaryDirectory(prefix="cutline-cold-restart-") as tmp:
-            runs = after_kill(Path(tmp) / "home", args)
+            runs = after_kill((args.work or Path(tmp)) / "home", args)
         first = statistics.median(r["to_first_batch_s"] for r in runs)
         print(f"after a kill: first micro-batch {first} s after the process start (median)")
         result = {
