@@ -1,4 +1,4 @@
-"""Peer benchmark: one stateful workload run three ways on the same input and machine.
+"""Peer benchmark: one stateful workload run four ways on the same input and machine.
 
 The workload keeps, per user, the event count, the amount sum and the latest 100-byte payload
 (by event time), over a log of JSON events that all three read through the same Python data
@@ -8,10 +8,12 @@ source (``cutline_log``), with parallelism 2 on ``local[2]``:
   checkpoints every 3 s with task-local recovery, output to Delta exactly once; retention GC
   (``cutline gc --grace-s G``) runs every ``--gc-every-s`` during the sustained phase, as its
   schedule would;
-- ``spark_python``: Spark's built-in Python stateful API (``applyInPandasWithState``);
+- ``spark_python``: Spark's first Python stateful API (``applyInPandasWithState``);
+- ``spark_tws``: Spark 4's Python stateful API (``transformWithStateInPandas``, one value state
+  per user);
 - ``spark_sql``: native ``groupBy().agg(count, sum, max_by(payload, ts), max(ts))``.
 
-Both Spark variants (bench/peer_spark.py) use the RocksDB state store provider with changelog
+The Spark variants (bench/peer_spark.py) use the RocksDB state store provider with changelog
 checkpointing, and write their updates to Delta through ``foreachBatch`` (idempotent by
 ``txnVersion``). The input is bench/peer_input.py's; the report, bench/peer_report.py's.
 
@@ -33,8 +35,8 @@ copy of the input per system:
    ``kill -9`` of the active driver's process group and one micro-batch of new records: seconds
    from the kill to the standby's first completed micro-batch with records.
 
-The Python API variant runs its throughput phase for at most ``--python-minutes`` with
-micro-batches of ``--python-batch-records`` and skips the sustained phase (it cannot keep up).
+The Python API variants run their throughput phase for at most ``--python-minutes`` with
+micro-batches of ``--python-batch-records`` and skip the sustained phase (they cannot keep up).
 
     .venv/bin/python bench/peer_bench.py --sizes 100 1024
 Writes bench/results/peer.json, peer.md and the PNG plots.
@@ -67,7 +69,8 @@ from bench.peer_spark import EVENT  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 JOB = "user_activity"
-SYSTEMS = ("cutline", "spark_sql", "spark_python")
+SYSTEMS = ("cutline", "spark_sql", "spark_python", "spark_tws")
+PYTHON_APIS = ("spark_python", "spark_tws")  # Spark's Python stateful APIs: short runs
 JVM_UP = "To adjust logging level use sc.setLogLevel"  # Spark's first log line, in every system
 
 
@@ -241,7 +244,7 @@ def throughput(batches: list[Batch], after_records: int) -> dict:
 
 
 def bench_system(system: str, home: Path, keys: int, backlog: int, ts: int, args) -> dict:
-    python_api = system == "spark_python"
+    python_api = system in PYTHON_APIS
     batch_records = args.python_batch_records if python_api else args.batch_records
     watch_roots = [home / "checkpoints"] + (
         [home / "warehouse" / "catalog"] * (system == "cutline")

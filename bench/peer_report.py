@@ -40,7 +40,7 @@ def write_report(results: dict, out: Path, systems: tuple[str, ...]) -> None:
     for size in sizes:
         s = size["systems"]
         c = s.get("cutline", {})
-        for peer in ("spark_python", "spark_sql"):
+        for peer in ("spark_python", "spark_tws", "spark_sql"):
             p = s.get(peer, {})
             tput = _ratio(c.get("records_per_s"), p.get("records_per_s"))
             restart = _ratio(p.get("restart_to_first_batch_s"), c.get("restart_to_first_batch_s"))

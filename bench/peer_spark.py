@@ -2,7 +2,9 @@
 as Cutline's ``user_activity`` job, as a Spark Structured Streaming query that runs until killed.
 
 - ``spark_sql``: ``groupBy().agg(count, sum, max_by(payload, ts), max(ts))``;
-- ``spark_python``: Spark's Python stateful API (``applyInPandasWithState``).
+- ``spark_python``: Spark's first Python stateful API (``applyInPandasWithState``);
+- ``spark_tws``: Spark 4's Python stateful API (``transformWithStateInPandas``, a
+  ``StatefulProcessor`` with one value state per user).
 
 Both read the benchmark's log through ``cutline_log``, keep their state in the RocksDB state store
 with changelog checkpointing, write their updates to Delta through ``foreachBatch`` (idempotent
@@ -56,6 +58,8 @@ def spark_worker(system: str, home: Path, batch_records: int) -> None:
         .load()
         .select("user", "amount", "payload", "ts")
     )
+    state_schema = "events long, amount double, last_ts long, payload string"
+    out_schema = "user string, events long, amount double, payload string, last_ts long"
     if system == "spark_sql":
         updates = events.groupBy("user").agg(
             F.count(F.lit(1)).alias("events"),
@@ -63,15 +67,15 @@ def spark_worker(system: str, home: Path, batch_records: int) -> None:
             F.max_by("payload", "ts").alias("payload"),
             F.max("ts").alias("last_ts"),
         )
+    elif system == "spark_tws":
+        updates = events.groupBy("user").transformWithStateInPandas(
+            LatestPerUser(state_schema), out_schema, "Update", "None"
+        )
     else:
         from pyspark.sql.streaming.state import GroupStateTimeout
 
         updates = events.groupBy("user").applyInPandasWithState(
-            _latest_per_user,
-            "user string, events long, amount double, payload string, last_ts long",
-            "events long, amount double, last_ts long, payload string",
-            "Update",
-            GroupStateTimeout.NoTimeout,
+            _latest_per_user, out_schema, state_schema, "Update", GroupStateTimeout.NoTimeout
         )
     table = str(home / "warehouse" / "tables" / system)
 
@@ -114,27 +118,66 @@ def spark_worker(system: str, home: Path, batch_records: int) -> None:
     raise SystemExit(f"the query stopped: {query.exception()}")
 
 
-def _latest_per_user(key, frames, state):
-    """applyInPandasWithState: count, sum and the latest payload by event time."""
-    import pandas as pd
-
-    events, amount, last_ts, payload = state.get if state.exists else (0, 0.0, -(2**63), None)
+def _fold(start: tuple, frames) -> tuple:
+    """A user's (events, amount, last_ts, payload) after ``frames``: count, sum and the latest
+    payload by event time."""
+    events, amount, last_ts, payload = start
     for pdf in frames:
         events += len(pdf)
         amount += float(pdf["amount"].sum())
         i = int(pdf["ts"].to_numpy().argmax())
         if int(pdf["ts"].iat[i]) >= last_ts:
             last_ts, payload = int(pdf["ts"].iat[i]), pdf["payload"].iat[i]
-    state.update((events, amount, last_ts, payload))
-    yield pd.DataFrame(
-        {"user": [key[0]], "events": [events], "amount": [amount], "payload": [payload],
+    return events, amount, last_ts, payload
+
+
+def _row(user: str, folded: tuple):
+    import pandas as pd
+
+    events, amount, last_ts, payload = folded
+    return pd.DataFrame(
+        {"user": [user], "events": [events], "amount": [amount], "payload": [payload],
          "last_ts": [last_ts]}
     )  # fmt: skip
 
 
+EMPTY = (0, 0.0, -(2**63), None)
+
+
+def _latest_per_user(key, frames, state):
+    """applyInPandasWithState's function."""
+    folded = _fold(state.get if state.exists else EMPTY, frames)
+    state.update(folded)
+    yield _row(key[0], folded)
+
+
+try:  # Spark 4: transformWithStateInPandas
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+except ImportError:  # pragma: no cover - Spark 3
+    StatefulProcessor = object
+
+
+class LatestPerUser(StatefulProcessor):
+    """transformWithStateInPandas's processor: one value state per user."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+
+    def init(self, handle) -> None:
+        self.state = handle.getValueState("latest", self.schema)
+
+    def handleInputRows(self, key, rows, timerValues):
+        folded = _fold(tuple(self.state.get()) if self.state.exists() else EMPTY, rows)
+        self.state.update(folded)
+        yield _row(key[0], folded)
+
+    def close(self) -> None:
+        pass
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("system", choices=["spark_sql", "spark_python"])
+    parser.add_argument("system", choices=["spark_sql", "spark_python", "spark_tws"])
     parser.add_argument("home", type=Path)
     parser.add_argument("--batch-records", type=int, required=True)
     args = parser.parse_args()
