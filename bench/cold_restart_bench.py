@@ -108,32 +108,23 @@ def restart(home: Path, appender: Appender, batches: int, more: list[str]) -> di
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--mib", type=int, default=100)
-    parser.add_argument("--batches", type=int, default=8, help="micro-batches per restart")
-    parser.add_argument("--after-kill", type=float, metavar="S", help="see the module's doc")
-    parser.add_argument("--work", type=Path, help="--after-kill: keep the state here")
-    parser.add_argument("--out", help="default: bench/results/cold_restart[_after_kill].json")
-    args = parser.parse_args()
-    name = "cold_restart_after_kill" if args.after_kill else "cold_restart"
-    out = Path(args.out or ROOT / "bench" / "results" / f"{name}.json")
-    if args.after_kill:
-        with tempfile.TemporaryDirectory(prefix="cutline-cold-restart-") as tmp:
-            runs = after_kill((args.work or Path(tmp)) / "home", args)
-        first = statistics.median(r["to_first_batch_s"] for r in runs)
-        print(f"after a kill: first micro-batch {first} s after the process start (median)")
-        result = {
-            "what": f"cold restart of the peer benchmark's job at {args.mib} MiB of state from "
-            f"what a driver killed after {args.after_kill:.0f} s of sustained input left: process "
-            f"start to the first micro-batch ({BATCH:,} records per partition, local[2])",
-            "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "runs": runs,
-            "median_to_first_batch_s": first,
-        }
-        out.write_text(json.dumps(result, indent=1) + "\n")
-        return
+def after_kill_result(args: argparse.Namespace) -> dict:
+    """``--after-kill``: the restarts from one killed driver's state."""
+    with tempfile.TemporaryDirectory(prefix="cutline-cold-restart-") as tmp:
+        runs = after_kill((args.work or Path(tmp)) / "home", args)
+    first = statistics.median(r["to_first_batch_s"] for r in runs)
+    print(f"after a kill: first micro-batch {first} s after the process start (median)")
+    return {
+        "what": f"cold restart of the peer benchmark's job at {args.mib} MiB of state from what "
+        f"a driver killed after {args.after_kill:.0f} s of sustained input left: process start "
+        f"to the first micro-batch ({BATCH:,} records per partition, local[2])",
+        "runs": runs,
+        "median_to_first_batch_s": first,
+    }
+
+
+def variants_result(args: argparse.Namespace) -> dict:
+    """The JIT variants in turn, each restarted ``--repeat`` times on one cleanly stopped state."""
     runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="cutline-cold-restart-") as tmp:
         home = Path(tmp)
@@ -154,14 +145,28 @@ def main() -> None:
     for name, m in medians.items():
         print(f"{name}: first micro-batch {m['to_first_batch_s']} s after the process start, "
               f"steady micro-batch {m['steady_batch_s']} s (medians)")  # fmt: skip
-    result = {
+    return {
         "what": f"cold restart of the peer benchmark's job at {args.mib} MiB of state: process "
         f"start to the first micro-batch, and the later micro-batches' median interval "
         f"({BATCH:,} records per partition, local[2])",
-        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "runs": runs,
         "medians": medians,
     }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--mib", type=int, default=100)
+    parser.add_argument("--batches", type=int, default=8, help="micro-batches per restart")
+    parser.add_argument("--after-kill", type=float, metavar="S", help="see the module's doc")
+    parser.add_argument("--work", type=Path, help="--after-kill: keep the state here")
+    parser.add_argument("--out", help="default: bench/results/cold_restart[_after_kill].json")
+    args = parser.parse_args()
+    name = "cold_restart_after_kill" if args.after_kill else "cold_restart"
+    result = after_kill_result(args) if args.after_kill else variants_result(args)
+    result["measured"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    out = Path(args.out or ROOT / "bench" / "results" / f"{name}.json")
     out.write_text(json.dumps(result, indent=1) + "\n")
 
 
