@@ -36,12 +36,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 from peer_bench import start_driver, wait_until  # noqa: E402
 from peer_input import Appender, build_input  # noqa: E402
 
+from spark_jobs.deploy.session import DRIVER_JAVA_OPTIONS as JAVA  # noqa: E402
+
 BATCH = 100_000  # records per partition and micro-batch, the peer benchmark's
 # the JVM's own C2 thresholds, after Cutline's later ones (session.LATE_C2): the last one wins
 DEFAULT_C2 = "-XX:Tier4InvocationThreshold=5000 -XX:Tier4MinInvocationThreshold=600 " + (
     "-XX:Tier4CompileThreshold=15000 -XX:Tier4BackEdgeThreshold=40000"
 )
-JAVA = "spark.driver.extraJavaOptions"
 # name -> extra arguments of ``cutline run``
 VARIANTS: dict[str, list[str]] = {
     "as shipped (late C2)": [],

@@ -24,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor  # noqa: E402
+
 from bench.peer_input import PARTITIONS, SCHEMA, TOPIC  # noqa: E402
 
 EVENT = "PEER_BATCH "  # a Spark peer's progress line
@@ -151,12 +153,6 @@ def _latest_per_user(key, frames, state):
     yield _row(key[0], folded)
 
 
-try:  # Spark 4: transformWithStateInPandas
-    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
-except ImportError:  # pragma: no cover - Spark 3
-    StatefulProcessor = object
-
-
 class LatestPerUser(StatefulProcessor):
     """transformWithStateInPandas's processor: one value state per user."""
 
@@ -170,9 +166,6 @@ class LatestPerUser(StatefulProcessor):
         folded = _fold(tuple(self.state.get()) if self.state.exists() else EMPTY, rows)
         self.state.update(folded)
         yield _row(key[0], folded)
-
-    def close(self) -> None:
-        pass
 
 
 def main() -> None:
