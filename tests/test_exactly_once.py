@@ -204,7 +204,8 @@ def one_attempt(
         from_savepoint.append(mode)
     elif mode in WRITING or rng.random() < ALSO_SAVED:
         ask_for_savepoint(paths, job, stop=mode in WRITING and rng.random() < 0.5)
-    standby = ["--standby"] if takeover else []
+    # one takeover: a standby launched after it would only be stopped with the attempt
+    standby = ["--standby", "--takeovers", "1"] if takeover else []
     standby_env = {"CUTLINE_EVENTS": "stdout"} if takeover else {}  # the supervisor's events
     timed = mode in ("random", "uploads in flight")
     # with a standby, a point reached at every micro-batch or checkpoint is armed once the

@@ -185,3 +185,5 @@ def test_bad_options_are_refused_not_ignored(tmp_path):
             )
     assert finish(cutline(tmp_path, "run", JOB, "--reset-sink"), timeout=60) == BAD
     assert "--reset-sink only goes with --restore none" in last_line(tmp_path)
+    assert finish(cutline(tmp_path, "run", JOB, "--takeovers", "1"), timeout=60) == BAD
+    assert "--takeovers counts a supervisor's takeovers: it needs --standby" in last_line(tmp_path)

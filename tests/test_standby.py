@@ -127,8 +127,11 @@ def test_the_order_is_read_and_the_supervisors_end_means_stop() -> None:
 
 
 def test_the_drivers_run_this_command_without_standby_and_never_under_spark_submit(monkeypatch):
-    command = driver_command(["--home", "h", "run", "job", "--standby", "--until-caught-up"])
+    command = driver_command(
+        ["--home", "h", "run", "job", "--standby", "--takeovers", "2", "--until-caught-up"]
+    )
     assert command[3:] == ["--home", "h", "run", "job", "--until-caught-up"]
+    assert driver_command(["run", "job", "--takeovers=1", "--standby"])[3:] == ["run", "job"]
     monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "4321")  # what spark-submit gives its driver
     with pytest.raises(ConfigurationError, match="not through spark-submit"):
         driver_command(["run", "job", "--standby"])
@@ -232,6 +235,9 @@ def test_after_its_takeovers_the_supervisor_leaves_the_restore_to_its_orchestrat
     assert code == 1  # killed: what an orchestrator restores
     assert len([k for k, _ in events.events if k == "takeover"]) == 2
     assert len(names(tmp_path, "active")) == 3
+    # no standby after the last takeover: it could never take over
+    assert len(names(tmp_path, "standby")) == 2
+    assert [p["standby"] for k, p in events.events if k == "drivers"][-1] is None
 
 
 def test_without_a_live_standby_the_supervisor_leaves_the_restore_to_its_orchestrator(

@@ -193,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     from spark_jobs.driver.placement import executor_hosts
     from spark_jobs.driver.run import run_job
     from spark_jobs.driver.savepoints import check_savepoint, is_location
-    from spark_jobs.driver.standby import Supervisor, driver_command, stand_by
+    from spark_jobs.driver.standby import TAKEOVERS, Supervisor, driver_command, stand_by
     from spark_jobs.driver.startup_phases import StartupTimeline
     from spark_jobs.driver.warm_up import warm_up_query, warm_up_workers
     from spark_jobs.events import open_events
@@ -208,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
     reset_sink = args.reset_sink
     if args.as_standby:  # a takeover restores the latest, whatever the first driver began with
         restore, reset_sink = "latest", False
+    if args.takeovers and not args.standby:
+        raise ConfigurationError("--takeovers counts a supervisor's takeovers: it needs --standby")
     if reset_sink and restore is not None and not is_location(restore):
         raise ConfigurationError(
             "--reset-sink only goes with --restore none (a start-over) or a savepoint's location"
@@ -220,7 +222,9 @@ def run(args: argparse.Namespace) -> int:
     with open_events() as events:
         if args.standby:  # a supervisor of an active driver and a standby (no JVM here)
             watched = int(watch) if watch else None
-            return Supervisor(driver_command(args.argv), events, watch_pid=watched).run()
+            takeovers = args.takeovers or TAKEOVERS
+            command = driver_command(args.argv)
+            return Supervisor(command, events, takeovers, watch_pid=watched).run()
 
         def session():
             return build_spark(

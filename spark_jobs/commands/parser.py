@@ -161,6 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep a second driver warm beside the active one, to take over when it dies "
         "(this process supervises both and starts no JVM itself)",
     )
+    run.add_argument(
+        "--takeovers",
+        type=_positive(int),
+        help="with --standby: takeovers before a death ends the run for the orchestrator's "
+        "restore (10)",
+    )
     run.add_argument("--as-standby", action="store_true", help=argparse.SUPPRESS)
     run.add_argument("--run-id", default="", help="orchestrator run id, recorded in the catalog")
     run.add_argument(

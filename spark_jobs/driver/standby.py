@@ -10,6 +10,8 @@ take over. A standby is launched once the active driver has run its first micro-
 two JVMs never start side by side on the same cores; one that dies while it waits is replaced.
 When the active driver exits 0, 2 or 3 (finished, refused, superseded) the standby is stopped and
 the supervisor exits with that code.
+A supervisor makes at most ``--takeovers`` takeovers (10); after the last it launches no standby,
+and the next death ends the run as a failed attempt, for its orchestrator to restore.
 A takeover begins a new attempt, which fences every older one (section 3): a driver that only
 looked dead is stopped at its next commit, so a takeover never needs the old driver's help.
 
@@ -40,6 +42,7 @@ from spark_jobs.events import EVENT_LINE, EventChannel
 from state import faults
 
 STANDBY_FLAG = "--as-standby"  # the hidden `cutline run` option of a supervisor's standby child
+TAKEOVERS_FLAG = "--takeovers"  # `cutline run --standby`'s, the supervisor's alone
 TAKEOVERS = 10  # takeovers one supervisor makes; after them, its orchestrator restores the job
 WATCH_S = 0.5  # how often the supervisor looks at its own orchestrator's process
 REWARM_S = 45.0  # a standby's Python workers are used again before Spark's idle minute ends
@@ -220,7 +223,8 @@ class Supervisor:
                     f"supervisor: driver {old} exited {code}; {new} takes over "
                     f"(takeover {made} of at most {self.takeovers})"
                 )
-                self._replace_standby_when_running()
+                if made < self.takeovers:  # a standby after the last takeover would idle
+                    self._replace_standby_when_running()
         finally:
             for driver in (self.active, self.standby):
                 if driver is not None and driver.process.poll() is None:
@@ -312,7 +316,8 @@ class Supervisor:
 
 
 def driver_command(argv: list[str]) -> list[str]:
-    """The children's command line: this ``cutline`` invocation's, without ``--standby``.
+    """The children's command line: this ``cutline`` invocation's, without ``--standby`` and
+    ``--takeovers``.
     Refused under ``spark-submit``: its JVM's settings would not reach the drivers, which each
     start their own, and its gateway must not be theirs."""
     if _GATEWAY_ENV in os.environ:
@@ -321,7 +326,14 @@ def driver_command(argv: list[str]) -> list[str]:
             "run` or `python -m spark_jobs.commands run` (with --conf for Spark settings), not "
             "through spark-submit"
         )
-    return [sys.executable, "-m", "spark_jobs.commands", *(a for a in argv if a != "--standby")]
+    drivers = []
+    args = iter(argv)
+    for a in args:
+        if a == TAKEOVERS_FLAG:
+            next(args, None)  # and its value: the supervisor's alone
+        elif a != "--standby" and not a.startswith(f"{TAKEOVERS_FLAG}="):
+            drivers.append(a)
+    return [sys.executable, "-m", "spark_jobs.commands", *drivers]
 
 
 def stand_by(
