@@ -26,10 +26,6 @@ _NULL_LEN = 0xFFFF_FFFF  # the stored length of a null ``last`` value
 _NO_TIME = -(2**63)  # a table record without an event time: older than any with one
 
 
-def _split(raw: bytes, size: int) -> list[bytes]:
-    return [raw[i : i + size] for i in range(0, len(raw), size)]
-
-
 def _check_aggregates(
     where: str, aggregates: dict[str, tuple[str, str | None]], event_time: str | None = None
 ) -> None:
@@ -118,23 +114,26 @@ class _Aggregates:
             types[out] = schema.field(col).type if schema is not None else pa.binary()
         return [pa.field(out, types[out]) for out in self.outputs]
 
-    def unpack(self, stored: list[bytes]) -> np.ndarray:
-        """The fixed-width records of stored values (``last`` values' bytes left out)."""
-        size = self.dtype.itemsize
-        fixed = b"".join(v[:size] for v in stored) if self.last else b"".join(stored)
-        return np.frombuffer(fixed, self.dtype)
+    def unpack(self, stored: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """The fixed-width records of stored values (a binary array, null where a key has
+        none: zeros), and which keys have one."""
+        stored = _binary(stored)
+        present = np.asarray(stored.is_valid())
+        state = np.zeros(len(stored), self.dtype)
+        if present.any():  # each value's first bytes, laid end to end (nulls take none)
+            heads = pc.binary_slice(stored, 0, self.dtype.itemsize)
+            starts, data = _starts(heads)
+            first, size = int(starts[0]), int(present.sum()) * self.dtype.itemsize
+            state[present] = data[first : first + size].view(self.dtype)
+        return state, present
 
     def merge(
-        self, old: list[bytes | None], grouped: pa.Table
-    ) -> tuple[list[bytes], dict[str, pa.Array], np.ndarray]:
-        """The new stored values, the new aggregates as output columns, and which keys had
-        state before."""
+        self, old: pa.Array, grouped: pa.Table
+    ) -> tuple[pa.Array, dict[str, pa.Array], np.ndarray]:
+        """The new stored values (a binary array), the new aggregates as output columns, and
+        which keys had state before. ``old``: the stored values, null where a key has none."""
         n, size = len(old), self.dtype.itemsize
-        present = np.fromiter((v is not None for v in old), bool, n)
-        stored = [v for v in old if v is not None]
-        state = np.zeros(n, self.dtype)
-        if stored:
-            state[present] = self.unpack(stored)
+        state, present = self.unpack(old)
         new = np.empty(n, self.dtype)
         for c, f, out in self.numeric:
             batch = grouped.column(f"{c}_{f}" if c else f).to_numpy().astype(self.dtype[out])
@@ -147,39 +146,70 @@ class _Aggregates:
                 new[out] = np.where(present, np.maximum(prev, batch), batch)
         columns = {out: pa.array(new[out]) for _, _, out in self.numeric}
         if not self.last:
-            return _split(new.tobytes(), size), columns, present
+            return _fixed(new, n), columns, present
 
         at = grouped.column(f"{self.event_time}_max").to_numpy()
         take = ~present | (at >= state["_last_at"])  # ties: the later micro-batch wins
         new["_last_at"] = np.where(take, at, state["_last_at"])
-        tails = iter(v[size:] for v in stored)
-        old_tail = [next(tails) if p else b"" for p in present.tolist()]
-        offset = np.zeros(n, np.int64)
-        values: list[list[bytes | None]] = []
+        starts, data = _starts(_binary(old))
+        position = starts + size  # the ``last`` values follow the fixed record, in order
+        kept = present & ~take  # keys whose stored values stay: only theirs are read
+        chosen_values = []
         for col, out in self.last:
             lens = state[f"_len_{out}"].astype(np.int64)
-            null = lens == _NULL_LEN
-            lens[null] = 0
-            starts, ends = offset.tolist(), (offset + lens).tolist()
-            offset += lens
-            was = [
-                None if z else t[a:b]
-                for t, a, b, z in zip(old_tail, starts, ends, null.tolist(), strict=True)
-            ]
-            batch = grouped.column(f"{col}_last").cast(pa.binary()).to_pylist()
-            chosen = [b if t else w for b, w, t in zip(batch, was, take.tolist(), strict=True)]
-            new[f"_len_{out}"] = [_NULL_LEN if v is None else len(v) for v in chosen]
-            values.append(chosen)
-            columns[out] = pa.array(chosen, pa.binary()).cast(grouped.column(f"{col}_last").type)
-        packed = [
-            f + b"".join(v for v in parts if v is not None)
-            for f, *parts in zip(_split(new.tobytes(), size), *values, strict=True)
-        ]
+            lens[~present | (lens == _NULL_LEN)] = 0
+            read = kept & (state[f"_len_{out}"] != _NULL_LEN)
+            was = _slices(data, position, np.where(read, lens, 0), ~read)
+            position = position + lens
+            batch = _binary(grouped.column(f"{col}_last"))
+            chosen = pc.if_else(pa.array(take), batch, was)
+            chosen_lens = pc.fill_null(pc.binary_length(chosen), 0).to_numpy()
+            new[f"_len_{out}"] = np.where(np.asarray(chosen.is_null()), _NULL_LEN, chosen_lens)
+            chosen_values.append(chosen)
+            columns[out] = chosen.cast(grouped.column(f"{col}_last").type)
+        packed = pc.binary_join_element_wise(
+            _fixed(new, n), *chosen_values, b"", null_handling="replace", null_replacement=b""
+        )
         return packed, columns, present
 
 
-def _stored(values: pa.Array) -> list[bytes | None]:
-    return values.to_pylist()
+def _binary(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """``values`` as one binary array."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    return values if values.type == pa.binary() else values.cast(pa.binary())
+
+
+def _starts(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Where each value of a binary array starts in its data, and the data as bytes."""
+    _, offsets, data = values.buffers()
+    if offsets is None:  # an empty array may have no buffers
+        return np.zeros(len(values), np.int64), np.zeros(0, np.uint8)
+    offsets = np.frombuffer(offsets, np.int32)
+    starts = offsets[values.offset : values.offset + len(values)].astype(np.int64)
+    return starts, np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+
+
+def _slices(data: np.ndarray, starts: np.ndarray, lens: np.ndarray, null: np.ndarray) -> pa.Array:
+    """A binary array of ``data[starts[i] : starts[i] + lens[i]]`` (null where ``null``)."""
+    offsets = np.zeros(len(lens) + 1, np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    picked = data[np.arange(offsets[-1]) - np.repeat(offsets[:-1] - starts, lens)]
+    array = pa.BinaryArray.from_buffers(
+        pa.binary(),
+        len(lens),
+        [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(picked)],
+    )
+    return pc.if_else(pa.array(null), pa.scalar(None, pa.binary()), array)
+
+
+def _fixed(records: np.ndarray, n: int) -> pa.Array:
+    """Packed fixed-width records, one binary value each."""
+    width = records.dtype.itemsize
+    fixed = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(width), n, [None, pa.py_buffer(records.tobytes())]
+    )
+    return fixed.cast(pa.binary())
 
 
 def _columns(key: str | tuple[str, ...]) -> list[str]:
@@ -209,8 +239,8 @@ class RunningAggregates(KeyedProcessFunction):
         )
         keys = ctx.key_of(grouped)
         state = ctx.state("aggregates")
-        values, columns, _ = self.aggs.merge(_stored(state.get(keys)), grouped)
-        state.update(keys, pa.array(values, pa.binary()))
+        values, columns, _ = self.aggs.merge(state.get(keys), grouped)
+        state.update(keys, values)
         out = {c: grouped.column(c) for c in _columns(self.key)}
         out.update({f.name: columns[f.name] for f in self.aggs.fields(records.schema)})
         return pa.table(out)
@@ -239,7 +269,7 @@ class TumblingWindows(KeyedProcessFunction):
         keys = ctx.key_of(timers)
         starts = pc.subtract(timers.column("timestamp"), self.window_ms - 1)
         windows = ctx.state("windows")
-        packed = self.aggs.unpack(_stored(windows.get(keys, starts)))
+        packed, _ = self.aggs.unpack(windows.get(keys, starts))
         windows.remove(keys, starts)
         columns = {c: timers.column(c) for c in _columns(self.key)}
         columns.update(window_start=starts, window_end=pc.add(starts, self.window_ms))
@@ -260,8 +290,8 @@ class TumblingWindows(KeyedProcessFunction):
         )
         keys, wstarts = ctx.key_of(grouped), grouped.column("_window")
         windows = ctx.state("windows")
-        values, _, present = self.aggs.merge(_stored(windows.get(keys, wstarts)), grouped)
-        windows.put(keys, wstarts, pa.array(values, pa.binary()))
+        values, _, present = self.aggs.merge(windows.get(keys, wstarts), grouped)
+        windows.put(keys, wstarts, values)
         fresh = pa.array(~present)
         new_starts = wstarts.filter(fresh).to_numpy()
         ctx.register_event_timers(keys.filter(fresh), new_starts + self.window_ms - 1)

@@ -55,6 +55,11 @@ class StoreOptions:
 
     Small memtables flush in the background while a micro-batch runs, so the flush left for the
     synchronous part of a snapshot is at most one small memtable, whatever the state size.
+
+    The block cache is the process's (:func:`block_cache`), shared by every store it opens: a
+    Python worker runs the tasks of several subtasks in turn, each opening its store anew, and
+    the blocks one task read stay cached for the next instead of being read and decompressed
+    again.
     """
 
     write_buffer_mib: int = 2
@@ -84,9 +89,22 @@ class StoreOptions:
         opts.set_compression_type(getattr(rd.DBCompressionType, self.compression)())
         table = rd.BlockBasedOptions()
         table.set_bloom_filter(self.bloom_bits_per_key, False)
-        table.set_block_cache(rd.Cache(self.block_cache_mib << 20))
+        table.set_block_cache(block_cache(self.block_cache_mib))
         opts.set_block_based_table_factory(table)
         return opts
+
+
+_CACHES: dict[int, rd.Cache] = {}  # this process's block caches, by capacity in MiB
+
+
+def block_cache(mib: int) -> rd.Cache:
+    """This process's LRU block cache of ``mib`` MiB, created on first use (never before a
+    fork: the worker daemon imports this module and forks its workers). RocksDB keys cached
+    blocks by file, so stores and reopened stores share one safely."""
+    cache = _CACHES.get(mib)
+    if cache is None:
+        cache = _CACHES[mib] = rd.Cache(mib << 20)
+    return cache
 
 
 def _name_prefix(key_group: int, name: str) -> bytes:
