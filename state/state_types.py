@@ -126,16 +126,35 @@ class MapStateSpec(StateSpec):
 def encode_values(values: pa.Array, t: pa.DataType, what: str) -> list[bytes]:
     """Every value's stored bytes (map keys of integer type sort as big-endian would not; they
     only need to be distinct)."""
-    values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-    if values.null_count:
-        raise StateAccessError(f"{what}: cannot store null values (clear the keys instead)")
-    values = values.cast(t)
+    values = _storable(values, t, what)
     if t in _VARIABLE:
         return values.cast(pa.binary()).to_pylist()
     dtype = np.dtype(_FIXED[t])
     raw = values.to_numpy(zero_copy_only=False).astype(dtype).tobytes()
     w = dtype.itemsize
     return [raw[i : i + w] for i in range(0, len(raw), w)]
+
+
+def encode_list_items(values: pa.Array, t: pa.DataType, what: str) -> pa.Array:
+    """Every value's stored bytes framed as one list-state item (each after its length, as
+    :func:`~state.store_encoding.encode_list` frames them), as a binary array."""
+    values = _storable(values, t, what)
+    if t in _VARIABLE:
+        data = values.cast(pa.binary())
+    else:
+        dtype = np.dtype(_FIXED[t])
+        raw = values.to_numpy(zero_copy_only=False).astype(dtype).tobytes()
+        data = _fixed_binary(raw, dtype.itemsize, len(values))
+    lengths = pc.binary_length(data).to_numpy(zero_copy_only=False).astype(">u4")
+    header = _fixed_binary(lengths.tobytes(), 4, len(values))
+    return pc.binary_join_element_wise(header, data, b"")
+
+
+def _storable(values: pa.Array, t: pa.DataType, what: str) -> pa.Array:
+    values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    if values.null_count:
+        raise StateAccessError(f"{what}: cannot store null values (clear the keys instead)")
+    return values.cast(t)
 
 
 def decode_values(raw: list[bytes | None], t: pa.DataType) -> pa.Array:

@@ -28,6 +28,7 @@ from state.state_types import (
     StateAccessError,
     StateSpec,
     decode_values,
+    encode_list_items,
     encode_values,
 )
 from state.store_encoding import decode_list, encode_list
@@ -137,8 +138,7 @@ class ListState(_StateView):
         _aligned(f"state {self.spec.name!r}", keys, values)
         if not len(keys):
             return
-        raw = encode_values(values, self.spec.type, f"state {self.spec.name!r}")
-        framed = pa.array([encode_list([v]) for v in raw], pa.binary())
+        framed = encode_list_items(values, self.spec.type, f"state {self.spec.name!r}")
         all_groups, all_kb = self.keys.encode(keys)
         grouped = (  # by the stored key bytes: any key, composite ones too
             pa.table({"k": pa.array(all_kb, pa.binary()), "g": all_groups, "v": framed})
@@ -146,10 +146,12 @@ class ListState(_StateView):
             .aggregate([("g", "min"), ("v", "list")])
         )
         groups, kb = grouped.column("g_min").to_numpy(), grouped.column("k").to_pylist()
-        old = self._read(groups, kb)
-        appended = [b"".join(vs) for vs in grouped.column("v_list").to_pylist()]
-        merged = [(o or b"") + a for o, a in zip(old, appended, strict=True)]
-        self.txn.put(self.spec.name, groups, kb, self._stamp(merged))
+        old = pa.array(self._read(groups, kb), pa.binary())
+        appended = pc.binary_join(grouped.column("v_list"), b"")  # each key's, in arrival order
+        merged = pc.binary_join_element_wise(
+            old, appended, b"", null_handling="replace", null_replacement=b""
+        )
+        self.txn.put(self.spec.name, groups, kb, self._stamp(merged.to_pylist()))
         self._cleanup_at_expiry(groups, kb)
 
     def update(self, keys: pa.Array, lists: pa.ListArray) -> None:
