@@ -146,7 +146,7 @@ class _Aggregates:
                 new[out] = np.where(present, np.maximum(prev, batch), batch)
         columns = {out: pa.array(new[out]) for _, _, out in self.numeric}
         if not self.last:
-            return _fixed(new, n), columns, present
+            return _fixed(new), columns, present
 
         at = grouped.column(f"{self.event_time}_max").to_numpy()
         take = ~present | (at >= state["_last_at"])  # ties: the later micro-batch wins
@@ -168,7 +168,7 @@ class _Aggregates:
             chosen_values.append(chosen)
             columns[out] = chosen.cast(grouped.column(f"{col}_last").type)
         packed = pc.binary_join_element_wise(
-            _fixed(new, n), *chosen_values, b"", null_handling="replace", null_replacement=b""
+            _fixed(new), *chosen_values, b"", null_handling="replace", null_replacement=b""
         )
         return packed, columns, present
 
@@ -203,11 +203,11 @@ def _slices(data: np.ndarray, starts: np.ndarray, lens: np.ndarray, null: np.nda
     return pc.if_else(pa.array(null), pa.scalar(None, pa.binary()), array)
 
 
-def _fixed(records: np.ndarray, n: int) -> pa.Array:
+def _fixed(records: np.ndarray) -> pa.Array:
     """Packed fixed-width records, one binary value each."""
     width = records.dtype.itemsize
     fixed = pa.FixedSizeBinaryArray.from_buffers(
-        pa.binary(width), n, [None, pa.py_buffer(records.tobytes())]
+        pa.binary(width), len(records), [None, pa.py_buffer(records.tobytes())]
     )
     return fixed.cast(pa.binary())
 
