@@ -129,9 +129,7 @@ def encode_values(values: pa.Array, t: pa.DataType, what: str) -> list[bytes]:
     values = _storable(values, t, what)
     if t in _VARIABLE:
         return values.cast(pa.binary()).to_pylist()
-    dtype = np.dtype(_FIXED[t])
-    raw = values.to_numpy(zero_copy_only=False).astype(dtype).tobytes()
-    w = dtype.itemsize
+    raw, w = _fixed_bytes(values, t)
     return [raw[i : i + w] for i in range(0, len(raw), w)]
 
 
@@ -142,12 +140,8 @@ def encode_list_items(values: pa.Array, t: pa.DataType, what: str) -> pa.Array:
     if t in _VARIABLE:
         data = values.cast(pa.binary())
     else:
-        dtype = np.dtype(_FIXED[t])
-        raw = values.to_numpy(zero_copy_only=False).astype(dtype).tobytes()
-        data = _fixed_binary(raw, dtype.itemsize, len(values))
-    lengths = pc.binary_length(data).to_numpy(zero_copy_only=False).astype(">u4")
-    header = _fixed_binary(lengths.tobytes(), 4, len(values))
-    return pc.binary_join_element_wise(header, data, b"")
+        data = _fixed_binary(*_fixed_bytes(values, t), len(values))
+    return pc.binary_join_element_wise(*_length_prefixed(data), b"")
 
 
 def _storable(values: pa.Array, t: pa.DataType, what: str) -> pa.Array:
@@ -155,6 +149,19 @@ def _storable(values: pa.Array, t: pa.DataType, what: str) -> pa.Array:
     if values.null_count:
         raise StateAccessError(f"{what}: cannot store null values (clear the keys instead)")
     return values.cast(t)
+
+
+def _fixed_bytes(values: pa.Array, t: pa.DataType) -> tuple[bytes, int]:
+    """Values of a fixed-width type ``t`` as stored, end to end; and their width."""
+    dtype = np.dtype(_FIXED[t])
+    return values.to_numpy(zero_copy_only=False).astype(dtype).tobytes(), dtype.itemsize
+
+
+def _length_prefixed(data: pa.Array) -> list[pa.Array]:
+    """A binary array as two to join element-wise: each value's length (4 bytes, big-endian),
+    then the value (how list items and a composite key's columns are framed)."""
+    lengths = pc.binary_length(data).to_numpy(zero_copy_only=False).astype(">u4")
+    return [_fixed_binary(lengths.tobytes(), 4, len(data)), data]
 
 
 def decode_values(raw: list[bytes | None], t: pa.DataType) -> pa.Array:
@@ -218,9 +225,7 @@ class KeyCodec:
             raise StateAccessError(f"{nulls} null key columns")
         parts = []
         for column, t in zip(columns, types, strict=True):
-            data = _key_binary(column, t)
-            lengths = pc.binary_length(data).to_numpy(zero_copy_only=False).astype(">u4")
-            parts += [_fixed_binary(lengths.tobytes(), 4, len(data)), data]
+            parts += _length_prefixed(_key_binary(column, t))
         joined = pc.binary_join_element_wise(*parts, b"").to_pylist()  # in Arrow, not per row
         return key_groups(keys, types, self.max_parallelism), joined
 
