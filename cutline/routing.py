@@ -11,7 +11,10 @@ A re-keyed record carries the upstream subtask as ``_partition`` and its row num
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -20,12 +23,14 @@ from cutline.job import JobDefinition
 from cutline.keyed_process import SOURCE_COLUMN, Key, key_columns
 from cutline.sources.base import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from cutline.validation import JobDefinitionError
-from state.keygroups import key_groups, subtask_for_key_group
+from state.keygroups import KeyType, key_groups, subtask_for_key_group
 
 SUBTASK_COLUMN = "_subtask"
 STAGE_COLUMN = "_stage"  # at the map side: the index of the stage that reads the record's source
 KEY_GROUP_COLUMN = "_kg"
 KEY_COLUMN = "_key"
+# the map side's output: one Arrow IPC chunk per reading stage and subtask
+CHUNKS_DDL = "subtask int, stage int, chunk binary"
 
 
 def is_runtime_column(column: str) -> bool:
@@ -97,6 +102,93 @@ def cut_by(table: pa.Table, columns: list[str]) -> list[tuple[tuple[int, ...], b
             writer.write_table(table.slice(start, end - start))
         out.append((tuple(int(v[start]) for v in values), sink.getvalue().to_pybytes()))
     return out
+
+
+def chunk_rows(table: pa.Table) -> pa.RecordBatch:
+    """The map side's cut of one source partition's records (``table``, with the routing
+    columns): one row per reading stage and subtask (``CHUNKS_DDL``), its records one Arrow IPC
+    stream, in the order they were read."""
+    if STAGE_COLUMN not in table.column_names:
+        table = table.append_column(STAGE_COLUMN, pa.array(np.zeros(table.num_rows, np.int32)))
+    groups = cut_by(table, [STAGE_COLUMN, SUBTASK_COLUMN])
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([subtask for (_, subtask), _ in groups], pa.int32()),
+            pa.array([stage for (stage, _), _ in groups], pa.int32()),
+            pa.array([chunk for _, chunk in groups], pa.binary()),
+        ],
+        ["subtask", "stage", "chunk"],
+    )
+
+
+@dataclass(frozen=True)
+class ReadRoute:
+    """The map side done by a source's own reader: its records tagged with the source, the
+    reading stage, the key, key group and subtask exactly as Spark SQL's map side tags them
+    (``pmod(hash(key), max_parallelism)``), laid out as ``chunks`` (the map side's schema, every
+    source's columns) and cut by :func:`chunk_rows`. ``records``: the schema the reader parses
+    the source's own fields with. Travels to the reader as one string option."""
+
+    source: str
+    stage: int
+    key: Key
+    key_type: KeyType
+    parallelism: int
+    max_parallelism: int
+    records: pa.Schema
+    chunks: pa.Schema
+
+    def to_option(self) -> str:
+        def schema(s: pa.Schema) -> str:
+            return base64.b64encode(s.serialize().to_pybytes()).decode()
+
+        return json.dumps({
+            "source": self.source, "stage": self.stage, "key": self.key,
+            "key_type": self.key_type, "parallelism": self.parallelism,
+            "max_parallelism": self.max_parallelism,
+            "records": schema(self.records), "chunks": schema(self.chunks),
+        })  # fmt: skip
+
+    @classmethod
+    def from_option(cls, option: str) -> ReadRoute:
+        o = json.loads(option)
+
+        def schema(text: str) -> pa.Schema:
+            return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+        def key(value):  # JSON has no tuples: a composite key's columns come back as a list
+            return value if isinstance(value, str) else tuple(value)
+
+        return cls(
+            o["source"], o["stage"], key(o["key"]), key(o["key_type"]), o["parallelism"],
+            o["max_parallelism"], schema(o["records"]), schema(o["chunks"]),
+        )  # fmt: skip
+
+    def chunk_rows(self, table: pa.Table) -> pa.RecordBatch:
+        """``table`` (records as the reader read them, with positions and bad-record columns)
+        routed and cut: what the map side would make of them."""
+        n = table.num_rows
+        keys = key_array(table, self.key)
+        groups = key_groups(keys, self.key_type, self.max_parallelism)
+        routing = {
+            SOURCE_COLUMN: pa.array([self.source] * n, pa.string()),
+            STAGE_COLUMN: pa.array(np.full(n, self.stage, np.int32)),
+            KEY_COLUMN: keys,
+            KEY_GROUP_COLUMN: pa.array(groups.astype(np.int32)),
+            SUBTASK_COLUMN: pa.array(
+                subtask_for_key_group(groups, self.parallelism, self.max_parallelism)
+            ),
+        }
+        columns = []
+        for field in self.chunks:  # another source's columns are null, as in the union
+            if field.name in routing:
+                column = routing[field.name]
+            elif field.name in table.column_names:
+                column = table.column(field.name)
+            else:
+                column = pa.nulls(n, field.type)
+            columns.append(column.cast(field.type))
+        return chunk_rows(pa.Table.from_arrays(columns, schema=self.chunks))
 
 
 def read_chunks(chunks: Iterable[bytes], schema: pa.Schema | None) -> pa.Table:

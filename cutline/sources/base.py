@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
 from cutline.sources.dependencies import NO_DEPENDENCIES, SparkDependencies
+
+if TYPE_CHECKING:
+    from cutline.routing import ReadRoute
 
 PARTITION_COLUMN = "_partition"
 NEXT_OFFSET_COLUMN = "_next_offset"
@@ -75,27 +78,55 @@ class PositionedSource(Source):
     """A source read through a PySpark Python data source of Cutline's, which takes the
     positions as options: ``startingOffsets``, ``endingOffsets`` (a batch),
     ``maxRecordsPerPartition`` (a stream) and ``keyColumn``. A kind says which data source and
-    with which options of its own (:meth:`data_source`)."""
+    with which options of its own (:meth:`data_source`).
+
+    A kind whose reader honours the ``route`` option (:attr:`routes_at_read`) does the map side
+    itself: given a :class:`~cutline.routing.ReadRoute`, it returns its records already routed
+    and cut into the subtasks' chunks (``CHUNKS_DDL``), so that no record passes through Spark's
+    rows between the read and the subtask shuffle."""
+
+    #: whether the kind's reader honours the ``route`` option
+    routes_at_read: ClassVar[bool] = False
 
     @abstractmethod
     def data_source(self, spark, reader) -> Any:
         """``reader`` (``spark.read`` or ``spark.readStream``) with the data source's format
         (registered with ``spark``) and this source's own options."""
 
-    def stream(self, spark, key: tuple[str, ...], start: PartitionPositions) -> Any:
-        reader = self._positioned(spark, spark.readStream, key, start)
+    def stream(
+        self,
+        spark,
+        key: tuple[str, ...],
+        start: PartitionPositions,
+        route: ReadRoute | None = None,
+    ) -> Any:
+        reader = self._positioned(spark, spark.readStream, key, start, route)
         return reader.option("maxRecordsPerPartition", str(self.max_records_per_partition)).load()
 
     def batch(
-        self, spark, key: tuple[str, ...], start: PartitionPositions, end: PartitionPositions
+        self,
+        spark,
+        key: tuple[str, ...],
+        start: PartitionPositions,
+        end: PartitionPositions,
+        route: ReadRoute | None = None,
     ) -> Any:
-        reader = self._positioned(spark, spark.read, key, start)
+        reader = self._positioned(spark, spark.read, key, start, route)
         return reader.option("endingOffsets", json.dumps(end)).load()
 
-    def _positioned(self, spark, reader, key: tuple[str, ...], start: PartitionPositions):
-        return (
-            self.data_source(spark, reader)
-            .schema(self.ddl())
-            .option("startingOffsets", json.dumps(start))
-            .option("keyColumn", ",".join(key))
+    def _positioned(
+        self,
+        spark,
+        reader,
+        key: tuple[str, ...],
+        start: PartitionPositions,
+        route: ReadRoute | None,
+    ):
+        from cutline.routing import CHUNKS_DDL
+
+        reader = self.data_source(spark, reader).schema(self.ddl() if route is None else CHUNKS_DDL)
+        if route is not None:
+            reader = reader.option("route", route.to_option())
+        return reader.option("startingOffsets", json.dumps(start)).option(
+            "keyColumn", ",".join(key)
         )

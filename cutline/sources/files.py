@@ -17,7 +17,7 @@ import json
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -54,6 +54,7 @@ class FileSource(PositionedSource):
     schema: str
     format: str = "json"
     max_records_per_partition: int = 10_000
+    routes_at_read: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         check_name("source.name", self.name)
@@ -178,6 +179,7 @@ def _data_source_class():
     from pyspark.sql.streaming.datasource import ReadAllAvailable
     from pyspark.sql.types import StructType
 
+    from cutline.routing import ReadRoute
     from state.storage import open_storage
 
     class FileRange(InputPartition):
@@ -192,8 +194,13 @@ def _data_source_class():
             self.starting = json.loads(options.get("startingOffsets", "{}"))
             self.ending = json.loads(options.get("endingOffsets", "{}"))
             self.key = tuple(c for c in (options.get("keyColumn") or "").split(",") if c)
+            # routed at the read (``route``): Spark's schema is the chunks', the route has the
+            # records'
+            self.route = ReadRoute.from_option(options["route"]) if "route" in options else None
             fields = [f for f in schema.fields if not f.name.startswith("_")]
-            self.arrow_schema = to_arrow_schema(StructType(fields))
+            self.arrow_schema = (
+                self.route.records if self.route else to_arrow_schema(StructType(fields))
+            )
             self.columns = [f.name for f in schema.fields]
             self.names: dict[int, str] = {}
             self._ends: dict[str, _Ends] = {}
@@ -235,7 +242,10 @@ def _data_source_class():
                 self.key,
                 where,
             )
-            yield from table.select(self.columns).to_batches()
+            if self.route is None:
+                yield from table.select(self.columns).to_batches()
+            elif table.num_rows:
+                yield self.route.chunk_rows(table)
 
     class FileStreamReader(_Files, DataSourceStreamReader):
         def __init__(self, schema, options) -> None:

@@ -13,7 +13,7 @@ import dataclasses
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
@@ -45,6 +45,7 @@ class LogSource(PositionedSource):
     schema: str
     max_records_per_partition: int = 10_000
     root: str | None = None
+    routes_at_read: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         check_name("source.name", self.name)
@@ -106,6 +107,8 @@ def _data_source_class():
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
     from pyspark.sql.types import StructType
 
+    from cutline.routing import ReadRoute
+
     class LogRange(InputPartition):
         def __init__(self, partition: int, start: int, end: int) -> None:
             self.partition, self.start, self.end = partition, start, end
@@ -123,8 +126,13 @@ def _data_source_class():
             self.ending = json.loads(options.get("endingOffsets", "{}"))
             # the key's columns, comma-separated (a composite key has several)
             self.key = tuple(c for c in (options.get("keyColumn") or "").split(",") if c)
+            # routed at the read (``route``): Spark's schema is the chunks', the route has the
+            # records'
+            self.route = ReadRoute.from_option(options["route"]) if "route" in options else None
             fields = [f for f in schema.fields if not f.name.startswith("_")]
-            self.arrow_schema = to_arrow_schema(StructType(fields))
+            self.arrow_schema = (
+                self.route.records if self.route else to_arrow_schema(StructType(fields))
+            )
             self.columns = [f.name for f in schema.fields]  # what Spark expects, in its order
 
         def ranges(self, start: dict, end: dict) -> list:
@@ -146,7 +154,10 @@ def _data_source_class():
                 self.arrow_schema,
                 self.key,
             )
-            yield from table.select(self.columns).to_batches()
+            if self.route is None:
+                yield from table.select(self.columns).to_batches()
+            elif table.num_rows:
+                yield self.route.chunk_rows(table)
 
     class LocalLogStreamReader(_Ranges, DataSourceStreamReader):
         def __init__(self, schema, options) -> None:

@@ -34,7 +34,7 @@ from spark_jobs.executor.dataflow import execute
 from spark_jobs.executor.reports import SubtaskStats
 from spark_jobs.executor.subtask import BatchPlan, RunContext
 from spark_jobs.sources.bad_records import bad_record_error
-from spark_jobs.sources.frames import empty_frame, range_frame, source_columns, tag_and_union
+from spark_jobs.sources.frames import no_input, range_input, read_routes, source_columns
 from state.coordinator import CheckpointCoordinator
 from state.manifest import CheckpointManifest
 
@@ -67,6 +67,7 @@ class MicroBatches:
         self.coordinator: CheckpointCoordinator | None = None
         self.acks: AckPoller | None = None
         self.source_columns = source_columns(spark, self.job)
+        self.routes = read_routes(spark, self.job)  # None: the map side routes the records
         self.lock = threading.Lock()
         self.idle_barrier: threading.Thread | None = None
         self.barriers: dict[int, int] = {}  # checkpoint id -> its barrier's epoch (under lock)
@@ -172,9 +173,9 @@ class MicroBatches:
     def _without_records(self, checkpoint_id: int, *, count: bool = True) -> None:
         """A micro-batch of the current epoch with no records, carrying barrier
         ``checkpoint_id``."""
-        frames = {n: empty_frame(self.spark, self.job, n) for n in self.job.source_inputs}
         plan = self._plan(self.progress.epoch, checkpoint_id)
-        self._after(plan, self._execute(tag_and_union(self.job, frames), plan), count=count)
+        df = no_input(self.spark, self.job, self.routes)
+        self._after(plan, self._execute(df, plan), count=count)
 
     def replay(self, epochs: list[ReplayEpoch]) -> None:
         """Run committed micro-batches again, exactly as they ran (the same source ranges and
@@ -182,12 +183,9 @@ class MicroBatches:
         were."""
         records = 0
         for r in epochs:
-            frames = {
-                name: range_frame(self.spark, self.job, name, r.start[name], r.end[name])
-                for name in self.job.source_inputs
-            }
+            df = range_input(self.spark, self.job, r.start, r.end, self.routes)
             plan = self._plan(r.epoch, None, emit=False, processing_time=r.processing_time)
-            stats = self._execute(tag_and_union(self.job, frames), plan)
+            stats = self._execute(df, plan)
             self.progress.fold(stats, plan.processing_time)
             records += sum(s.source_records for s in stats)
         self.state.replayed(len(epochs))
@@ -221,12 +219,14 @@ class MicroBatches:
             emit=emit,
             processing_time=now_ms() if processing_time is None else processing_time,
             source_columns=self.source_columns,
+            # routed at the read, the map side's schema is known here; else execute takes it
+            schema=next(iter(self.routes.values())).chunks if self.routes else None,
         )
 
     def _execute(self, df, plan: BatchPlan) -> list[SubtaskStats]:
         """One micro-batch through every stage, each subtask on its slot's host. Returns the
         subtasks' statistics."""
-        return execute(df, plan, self.anchor)
+        return execute(df, plan, self.anchor, routed_at_read=self.routes is not None)
 
     def _after(self, plan: BatchPlan, stats: list[SubtaskStats], *, count: bool = True) -> int:
         """Fold the statistics into the progress, record the epoch's end (and planned

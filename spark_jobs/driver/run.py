@@ -63,7 +63,7 @@ from spark_jobs.driver.watch import QueryWatch
 from spark_jobs.errors import AttemptFailedError
 from spark_jobs.events import EventChannel
 from spark_jobs.executor.subtask import RunContext
-from spark_jobs.sources.frames import stream_frame, tag_and_union
+from spark_jobs.sources.frames import stream_input
 from state.catalog import FencedError
 from state.config import EXACTLY_ONCE
 from state.coordinator import CheckpointCoordinator
@@ -364,13 +364,9 @@ class StreamingRun:
     # -- start -----------------------------------------------------------------------------
 
     def _start_query(self, spark_checkpoint: str, positions: Positions):
-        frames = {
-            name: stream_frame(self.spark, self.job, name, positions[name])
-            for name in self.job.source_inputs
-        }
+        df = stream_input(self.spark, self.job, positions, self.batches.routes)
         return (
-            tag_and_union(self.job, frames)
-            .writeStream.foreachBatch(self._process_batch)
+            df.writeStream.foreachBatch(self._process_batch)
             .option("checkpointLocation", spark_checkpoint)
             .queryName(f"cutline-{self.job.name}-{self.attempt}")
             .start()

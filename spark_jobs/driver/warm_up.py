@@ -60,15 +60,16 @@ def warm_up_query(
     from spark_jobs.driver.placement import subtask_partition
     from spark_jobs.driver.scratch import query_scratch
     from spark_jobs.driver.watch import caught_up
-    from spark_jobs.executor.dataflow import map_side
-    from spark_jobs.sources.frames import stream_frame, tag_and_union
+    from spark_jobs.executor.dataflow import chunk_items, map_side
+    from spark_jobs.sources.frames import read_routes, stream_input
 
     started = time.perf_counter()
     ran = threading.Event()
 
     def one_batch(df, _batch_id: int) -> None:
         if not ran.is_set():  # to the subtasks' shuffle; the stages need state: not run
-            map_side(df, job)[1].partitionBy(job.parallelism, subtask_partition).count()
+            items = chunk_items(df) if routes else map_side(df, job)[1]
+            items.partitionBy(job.parallelism, subtask_partition).count()
             ran.set()
 
     scratch = query_scratch(f"{job.name}-warm-up")  # a killed standby's is removed later
@@ -78,9 +79,9 @@ def warm_up_query(
             dataclasses.replace(s, max_records_per_partition=WARM_RECORDS) for s in job.sources
         ))  # fmt: skip
         starts = source_starts(few, {})
-        frames = {name: stream_frame(spark, few, name, starts[name]) for name in few.source_inputs}
+        routes = read_routes(spark, few)
         query = (
-            tag_and_union(few, frames)
+            stream_input(spark, few, starts, routes)
             .writeStream.foreachBatch(one_batch)
             .option("checkpointLocation", scratch)
             .queryName(f"cutline-{job.name}-warm-up")

@@ -1,7 +1,8 @@
 """One micro-batch through the job's chain of keyed stages, as one Spark job.
 
-The map side (:func:`split_by_subtask`, in ``mapInArrow``) cuts each source partition's records
-into one Arrow IPC chunk per subtask of the first stage; after the shuffle, partition *i* is
+The map side (:func:`split_by_subtask`, in ``mapInArrow``, or the sources' readers themselves when
+they route at the read, spark_jobs/sources/frames.py) cuts each source partition's records into
+one Arrow IPC chunk per subtask of the first stage; after the shuffle, partition *i* is
 subtask *i*, pinned to its slot's host (placement.py). A subtask of a stage that feeds another
 cuts its output rows the same way by the next stage's key (key groups computed as Spark SQL's
 ``hash`` does, state/keygroups.py), and the next shuffle takes them to that stage's subtasks on
@@ -25,18 +26,17 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import NamedTuple
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutline.job import JobDefinition, Operator
 from cutline.keyed_process import SOURCE_COLUMN, key_columns
 from cutline.routing import (
+    CHUNKS_DDL,
     KEY_COLUMN,
     KEY_GROUP_COLUMN,
-    STAGE_COLUMN,
     SUBTASK_COLUMN,
-    cut_by,
+    chunk_rows,
     is_runtime_column,
     read_chunks,
     rekey,
@@ -49,7 +49,6 @@ from spark_jobs.executor.reports import SubtaskStats
 from spark_jobs.executor.subtask import BatchPlan, naming_the_subtask, run_subtask
 from state.keygroups import key_types_of, spark_key_group_sql
 
-CHUNKS_SCHEMA = "subtask int, stage int, chunk binary"  # split_by_subtask's output
 _KEY_ARROW_TYPES = {
     "string": pa.string(),
     "binary": pa.binary(),
@@ -67,15 +66,19 @@ class Forwarded(NamedTuple):
     origin: str = ""
 
 
-def execute(df, plan: BatchPlan, anchor) -> list[SubtaskStats]:
-    """Run one micro-batch of ``df`` (every source's tagged records) through every stage;
-    returns every subtask's statistics, all stages'."""
+def execute(df, plan: BatchPlan, anchor, *, routed_at_read: bool = False) -> list[SubtaskStats]:
+    """Run one micro-batch of ``df`` through every stage; returns every subtask's statistics,
+    all stages'. ``df``: every source's tagged records, or, ``routed_at_read``, the chunks their
+    readers cut (``CHUNKS_DDL``; ``plan.schema`` then set by the driver)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     job = plan.ctx.job
     p = job.parallelism
-    keyed, routed = map_side(df, job)
-    plan = replace(plan, schema=to_arrow_schema(keyed.schema))
+    if routed_at_read:
+        routed = chunk_items(df)
+    else:
+        keyed, routed = map_side(df, job)
+        plan = replace(plan, schema=to_arrow_schema(keyed.schema))
     for stage in range(len(job.stages)):
         routed = pin_to_anchor(routed.partitionBy(p, subtask_partition), anchor)
         routed = routed.mapPartitionsWithIndex(
@@ -95,7 +98,13 @@ def map_side(df, job: JobDefinition):
     keyed = keyed.withColumn(
         SUBTASK_COLUMN, F.expr(f"CAST({KEY_GROUP_COLUMN} * {p} DIV {m} AS INT)")
     )
-    return keyed, keyed.mapInArrow(split_by_subtask, CHUNKS_SCHEMA).rdd.map(_routed)
+    return keyed, chunk_items(keyed.mapInArrow(split_by_subtask, CHUNKS_DDL))
+
+
+def chunk_items(chunks):
+    """The subtask shuffle's items (``(subtask, chunk)``) of a DataFrame of map-side chunks
+    (``CHUNKS_DDL``: :func:`split_by_subtask`'s, or the readers' when they route)."""
+    return chunks.rdd.map(_routed)
 
 
 def _routed(row) -> tuple:
@@ -190,20 +199,8 @@ def empty_input(spec: Operator) -> pa.Table:
 
 def split_by_subtask(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The mapInArrow body of a micro-batch's map side: this partition's records, cut into one
-    Arrow IPC stream per reading stage and subtask (``CHUNKS_SCHEMA``), ready for the subtask
+    Arrow IPC stream per reading stage and subtask (``CHUNKS_DDL``), ready for the subtask
     shuffle."""
     batches = [b for b in batches if b.num_rows]
-    if not batches:
-        return
-    table = pa.Table.from_batches(batches)
-    if STAGE_COLUMN not in table.column_names:
-        table = table.append_column(STAGE_COLUMN, pa.array(np.zeros(table.num_rows, np.int32)))
-    groups = cut_by(table, [STAGE_COLUMN, SUBTASK_COLUMN])
-    yield pa.RecordBatch.from_arrays(
-        [
-            pa.array([subtask for (_, subtask), _ in groups], pa.int32()),
-            pa.array([stage for (stage, _), _ in groups], pa.int32()),
-            pa.array([chunk for _, chunk in groups], pa.binary()),
-        ],
-        ["subtask", "stage", "chunk"],
-    )
+    if batches:
+        yield chunk_rows(pa.Table.from_batches(batches))

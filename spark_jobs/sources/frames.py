@@ -3,6 +3,11 @@ each source read by itself (cutline/sources/); then each source's
 transforms, and one tagged union of them all, routed at the map side to the stages that read
 them.
 
+When every source can (a reader that routes, no transforms, its stage's key among its fields:
+:func:`read_routes`), the readers do the map side themselves: the job's input is then the union
+of their chunks (``CHUNKS_DDL``) and no record passes through Spark's rows before the subtask
+shuffle (:func:`stream_input`, :func:`range_input`, :func:`no_input` give either form).
+
 Every record carries its partition and the position after it (``_partition``,
 ``_next_offset``: the runtime takes the position at each cut from them) and the bad-record
 columns (see spark_jobs/sources/bad_records.py).
@@ -16,36 +21,125 @@ from typing import Any
 from cutline.errors import UserCodeError
 from cutline.job import JobDefinition
 from cutline.keyed_process import SOURCE_COLUMN, key_columns
-from cutline.routing import KEY_COLUMN, STAGE_COLUMN
+from cutline.routing import CHUNKS_DDL, KEY_COLUMN, STAGE_COLUMN, ReadRoute
 from cutline.sources.base import (
     BAD_OFFSET,
     BAD_RAW,
     BAD_REASON,
     NEXT_OFFSET_COLUMN,
     PartitionPositions,
+    PositionedSource,
 )
 from spark_jobs.errors import ConfigurationError
 
+Routes = dict[str, ReadRoute] | None  # per source, when the readers route (read_routes)
 
-def stream_frame(spark, job: JobDefinition, name: str, start: PartitionPositions):
-    """Source ``name`` as a stream from ``start`` (one micro-batch reads at most the source's
-    ``max_records_per_partition`` per partition)."""
-    return job.source(name).stream(spark, _raw_key(job, name), start)
+
+def read_routes(spark, job: JobDefinition) -> Routes:
+    """Each source's :class:`~cutline.routing.ReadRoute` when every source of ``job`` can route
+    its records at the read: a kind whose reader does, no transforms, the reading stage's key
+    among the source's own fields. None otherwise: the map side routes the tagged union."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from spark_jobs.executor.dataflow import map_side
+
+    names = list(job.source_inputs)
+    routable = all(
+        isinstance(job.source(n), PositionedSource)
+        and job.source(n).routes_at_read
+        and not any(t.source == n for t in job.transforms)
+        and _raw_key(job, n) == key_columns(job.source_inputs[n])
+        for n in names
+    )
+    if not routable:
+        return None
+    empty = {n: empty_frame(spark, job, n) for n in names}
+    chunks = to_arrow_schema(map_side(tag_and_union(job, empty), job)[0].schema)
+    return {
+        n: ReadRoute(
+            source=n,
+            stage=job.reader_of(n),
+            key=job.source_inputs[n],
+            key_type=job.stages[job.reader_of(n)].key_type,
+            parallelism=job.parallelism,
+            max_parallelism=job.max_parallelism,
+            records=to_arrow_schema(spark.createDataFrame([], job.source(n).schema).schema),
+            chunks=chunks,
+        )
+        for n in names
+    }
+
+
+def stream_input(spark, job: JobDefinition, start: dict[str, PartitionPositions], routes: Routes):
+    """The job's input as a stream from ``start`` (per source; one micro-batch reads at most a
+    source's ``max_records_per_partition`` per partition): tagged records, or the readers'
+    chunks with ``routes``."""
+    frames = {
+        name: job.source(name).stream(
+            spark, _raw_key(job, name), start[name], *_route(routes, name)
+        )
+        for name in job.source_inputs
+    }
+    return _union(job, frames, routes)
+
+
+def range_input(
+    spark,
+    job: JobDefinition,
+    start: dict[str, PartitionPositions],
+    end: dict[str, PartitionPositions],
+    routes: Routes,
+):
+    """The records of every source from ``start`` up to ``end``, as a batch: exactly what one
+    micro-batch that ran from ``start`` to ``end`` read (tagged, or chunks with ``routes``)."""
+    frames = {
+        name: range_frame(spark, job, name, start[name], end[name], routes)
+        for name in job.source_inputs
+    }
+    return _union(job, frames, routes)
+
+
+def no_input(spark, job: JobDefinition, routes: Routes):
+    """A micro-batch's input with no records (tagged, or chunks with ``routes``)."""
+    if routes is not None:
+        return spark.createDataFrame([], CHUNKS_DDL)
+    return tag_and_union(job, {n: empty_frame(spark, job, n) for n in job.source_inputs})
+
+
+def _route(routes: Routes, name: str) -> tuple[ReadRoute, ...]:
+    return () if routes is None else (routes[name],)
+
+
+def _union(job: JobDefinition, frames: dict[str, Any], routes: Routes):
+    if routes is None:
+        return tag_and_union(job, frames)
+    union, *rest = frames.values()
+    for df in rest:
+        union = union.union(df)
+    return union
 
 
 def range_frame(
-    spark, job: JobDefinition, name: str, start: PartitionPositions, end: PartitionPositions
+    spark,
+    job: JobDefinition,
+    name: str,
+    start: PartitionPositions,
+    end: PartitionPositions,
+    routes: Routes = None,
 ):
     """The records of source ``name`` from ``start`` up to ``end``, as a batch: exactly what
     one micro-batch that ran from ``start`` to ``end`` read. A partition ``start`` does not
-    name (a file that appeared in that micro-batch) is read from its beginning."""
+    name (a file that appeared in that micro-batch) is read from its beginning. With
+    ``routes``: its reader's chunks."""
     source = job.source(name)
     begin = {p: start.get(p, source.beginning) for p in end}
     moved = [p for p, position in end.items() if position != begin[p]]
     if not moved:
+        if routes is not None:
+            return spark.createDataFrame([], CHUNKS_DDL)
         return empty_frame(spark, job, name)
     begin, end = {p: begin[p] for p in moved}, {p: end[p] for p in moved}
-    return source.batch(spark, _raw_key(job, name), begin, end)
+    return source.batch(spark, _raw_key(job, name), begin, end, *_route(routes, name))
 
 
 def _raw_key(job: JobDefinition, name: str) -> tuple[str, ...]:
