@@ -65,6 +65,11 @@ class Source(ABC):
         """The records from ``start`` up to ``end`` of the partitions in both, as a batch:
         exactly what a micro-batch that read from ``start`` to ``end`` read."""
 
+    def prepare(self, spark) -> None:
+        """Whatever reading needs in the session ``spark`` before a reader is built, done ahead
+        (the runtime calls it beside its restore); idempotent."""
+        return None  # nothing, unless a kind says so
+
     def spark_dependencies(self) -> SparkDependencies:
         """What reading it needs on Spark's classpath (nothing, unless a kind says so)."""
         return NO_DEPENDENCIES
@@ -92,6 +97,12 @@ class PositionedSource(Source):
     def data_source(self, spark, reader) -> Any:
         """``reader`` (``spark.read`` or ``spark.readStream``) with the data source's format
         (registered with ``spark``) and this source's own options."""
+
+    def prepare(self, spark) -> None:
+        """Registers the kind's data source with ``spark``: the first registration in a JVM
+        makes Spark look up Python data sources in a Python process of its own (about a
+        second)."""
+        self.data_source(spark, spark.read)
 
     def stream(
         self,

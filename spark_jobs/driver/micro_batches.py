@@ -21,7 +21,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
+from cutline.job import JobDefinition
 from cutline.sinks import SinkWriter
 from spark_jobs.catalog.tables import now_ms
 from spark_jobs.driver.barrier import AckPoller, CompactionRequests, Cut
@@ -34,7 +36,7 @@ from spark_jobs.executor.dataflow import execute
 from spark_jobs.executor.reports import SubtaskStats
 from spark_jobs.executor.subtask import BatchPlan, RunContext
 from spark_jobs.sources.bad_records import bad_record_error
-from spark_jobs.sources.frames import no_input, range_input, read_routes, source_columns
+from spark_jobs.sources.frames import Routes, no_input, range_input, read_routes, source_columns
 from state.coordinator import CheckpointCoordinator
 from state.manifest import CheckpointManifest
 
@@ -67,10 +69,22 @@ class MicroBatches:
         self.coordinator: CheckpointCoordinator | None = None
         self.acks: AckPoller | None = None
         self.source_columns = source_columns(spark, self.job)
-        self.routes = read_routes(spark, self.job)  # None: the map side routes the records
+        # The sources prepared and their routes planned on a thread of their own while the
+        # driver starts its restore (a Python data source's first registration starts a Python
+        # process; Spark analyses the job's empty inputs: each most of a second in a new JVM).
+        # The query's start waits for it.
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cutline-inputs")
+        self._routes = pool.submit(_prepared_routes, spark, self.job)
+        pool.shutdown(wait=False)  # its thread ends with its one task
         self.lock = threading.Lock()
         self.idle_barrier: threading.Thread | None = None
         self.barriers: dict[int, int] = {}  # checkpoint id -> its barrier's epoch (under lock)
+
+    @property
+    def routes(self) -> Routes:
+        """The sources' routes when their readers do the map side (``read_routes``), else None:
+        the map side routes the tagged records."""
+        return self._routes.result()
 
     def tasks(self) -> list[tuple[str, int]]:
         """Every (stage uid, subtask) of the job: the coordinator's tasks."""
@@ -267,3 +281,9 @@ class MicroBatches:
         if count:
             self.state.count_batch(records, sum(r.late_records for r in stats), bad)
         return records
+
+
+def _prepared_routes(spark, job: JobDefinition) -> Routes:
+    for name in job.source_inputs:
+        job.source(name).prepare(spark)
+    return read_routes(spark, job)
