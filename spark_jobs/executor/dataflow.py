@@ -88,17 +88,23 @@ def execute(df, plan: BatchPlan, anchor, *, routed_at_read: bool = False) -> lis
 
 
 def map_side(df, job: JobDefinition):
-    """A micro-batch's map side: ``df`` with each record's key group and first subtask, and
-    the RDD of its chunks (``(subtask, chunk)`` items, :func:`split_by_subtask`'s cuts) for the
-    subtask shuffle."""
+    """A micro-batch's map side: ``df`` with each record's key group and first subtask
+    (:func:`keyed_records`), and the RDD of its chunks (``(subtask, chunk)`` items,
+    :func:`split_by_subtask`'s cuts) for the subtask shuffle."""
+    keyed = keyed_records(df, job)
+    return keyed, chunk_items(keyed.mapInArrow(split_by_subtask, CHUNKS_DDL))
+
+
+def keyed_records(df, job: JobDefinition):
+    """``df`` (tagged records) with each record's key group (Spark SQL's ``hash``) and the
+    subtask of its reading stage that owns it."""
     from pyspark.sql import functions as F
 
     p, m = job.parallelism, job.max_parallelism
     keyed = df.withColumn(KEY_GROUP_COLUMN, F.expr(spark_key_group_sql(KEY_COLUMN, m)))
-    keyed = keyed.withColumn(
+    return keyed.withColumn(
         SUBTASK_COLUMN, F.expr(f"CAST({KEY_GROUP_COLUMN} * {p} DIV {m} AS INT)")
     )
-    return keyed, chunk_items(keyed.mapInArrow(split_by_subtask, CHUNKS_DDL))
 
 
 def chunk_items(chunks):

@@ -41,7 +41,7 @@ def read_routes(spark, job: JobDefinition) -> Routes:
     among the source's own fields. None otherwise: the map side routes the tagged union."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from spark_jobs.executor.dataflow import map_side
+    from spark_jobs.executor.dataflow import keyed_records
 
     names = list(job.source_inputs)
     routable = all(
@@ -54,7 +54,7 @@ def read_routes(spark, job: JobDefinition) -> Routes:
     if not routable:
         return None
     empty = {n: empty_frame(spark, job, n) for n in names}
-    chunks = to_arrow_schema(map_side(tag_and_union(job, empty), job)[0].schema)
+    chunks = to_arrow_schema(keyed_records(tag_and_union(job, empty), job).schema)
     return {
         n: ReadRoute(
             source=n,
@@ -63,11 +63,19 @@ def read_routes(spark, job: JobDefinition) -> Routes:
             key_type=job.stages[job.reader_of(n)].key_type,
             parallelism=job.parallelism,
             max_parallelism=job.max_parallelism,
-            records=to_arrow_schema(spark.createDataFrame([], job.source(n).schema).schema),
+            records=to_arrow_schema(_own_fields(empty[n].schema)),
             chunks=chunks,
         )
         for n in names
     }
+
+
+def _own_fields(schema):
+    """A source's own fields of its Spark schema: what its reader parses (the runtime's columns,
+    ``_``-prefixed, it adds)."""
+    from pyspark.sql.types import StructType
+
+    return StructType([f for f in schema.fields if not f.name.startswith("_")])
 
 
 def stream_input(spark, job: JobDefinition, start: dict[str, PartitionPositions], routes: Routes):
