@@ -22,6 +22,7 @@ from cutline import (
     Transform,
 )
 from cutline.routing import ReadRoute, read_chunks
+from cutline.sources.files import partition_of
 from cutline.sources.log import with_log_root
 from cutline.sources.log_format import append_records, complete_size, partition_path
 
@@ -121,17 +122,11 @@ def _by_subtask_and_stage(items) -> dict[tuple[int, int], pa.Table]:
     return {k: read_chunks(v, None) for k, v in chunks.items()}
 
 
-@pytest.mark.spark
-@pytest.mark.parametrize("make", [two_stages, by_user_and_url, by_number])
-def test_a_reader_cuts_the_chunks_spark_map_side_cuts(spark, tmp_path, make):
+def _assert_same_chunks(spark, job, start, end, routes) -> dict[tuple[int, int], pa.Table]:
+    """Spark's map side and the readers cut the same chunks of the records from ``start`` to
+    ``end``: the same tables per subtask and stage, schema included. Returns the readers'."""
     from spark_jobs.executor.dataflow import chunk_items, map_side
-    from spark_jobs.sources.frames import range_input, read_routes
-
-    _write_inputs(tmp_path)
-    job = with_log_root(make(), str(tmp_path))
-    routes = read_routes(spark, job)
-    assert routes is not None and set(routes) == set(job.source_inputs)
-    start, end = {name: {} for name in job.source_inputs}, _ends(job, tmp_path)
+    from spark_jobs.sources.frames import range_input
 
     by_spark = _by_subtask_and_stage(
         map_side(range_input(spark, job, start, end, None), job)[1].collect()
@@ -139,13 +134,45 @@ def test_a_reader_cuts_the_chunks_spark_map_side_cuts(spark, tmp_path, make):
     by_reader = _by_subtask_and_stage(
         chunk_items(range_input(spark, job, start, end, routes)).collect()
     )
-
     assert sorted(by_reader) == sorted(by_spark)
     assert {subtask for subtask, _ in by_spark} == set(range(job.parallelism))
     for where, table in by_spark.items():
         assert by_reader[where].equals(table), where
+    return by_reader
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("make", [two_stages, by_user_and_url, by_number])
+def test_a_reader_cuts_the_chunks_spark_map_side_cuts(spark, tmp_path, make):
+    from spark_jobs.sources.frames import read_routes
+
+    _write_inputs(tmp_path)
+    job = with_log_root(make(), str(tmp_path))
+    routes = read_routes(spark, job)
+    assert routes is not None and set(routes) == set(job.source_inputs)
+    start, end = {name: {} for name in job.source_inputs}, _ends(job, tmp_path)
+
+    by_reader = _assert_same_chunks(spark, job, start, end, routes)
     bad = sum(t.column("_bad_reason").drop_null().__len__() for t in by_reader.values())
     assert bad == {"two_stages": 4, "by_user_and_url": 3, "by_number": 1}[job.name]
+
+
+@pytest.mark.spark
+def test_the_file_source_cuts_the_chunks_spark_map_side_cuts(spark, tmp_path, monkeypatch):
+    from spark_jobs.sources.frames import read_routes
+    from tests.file_input import clicks, json_lines, put_file
+    from tests.file_jobs import FILES_ENV, file_clicks
+
+    monkeypatch.setenv(FILES_ENV, str(tmp_path))
+    put_file(tmp_path, "clicks-000.json", clicks(300, 1))
+    put_file(tmp_path, "clicks-001.json", [*clicks(200, 2), {"user": None, "ts": 1}])
+    (tmp_path / "clicks-002.json").write_bytes(json_lines(clicks(50, 3)) + b"{torn\n")
+    job = file_clicks()
+    routes = read_routes(spark, job)
+    assert routes is not None
+    end = {str(partition_of(p.name)): p.stat().st_size for p in tmp_path.iterdir()}
+    by_reader = _assert_same_chunks(spark, job, {"clicks": {}}, {"clicks": end}, routes)
+    assert sum(t.column("_bad_reason").drop_null().__len__() for t in by_reader.values()) == 2
 
 
 @pytest.mark.spark
