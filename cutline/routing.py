@@ -63,7 +63,7 @@ def rekey(
     n = output.num_rows
     table = (
         output.append_column(KEY_COLUMN, keys)
-        .append_column(SOURCE_COLUMN, pa.array([before] * n, pa.string()))
+        .append_column(SOURCE_COLUMN, pa.repeat(pa.scalar(before, pa.string()), n))
         .append_column(PARTITION_COLUMN, pa.array(np.full(n, upstream, np.int32)))
         .append_column(NEXT_OFFSET_COLUMN, pa.array(np.arange(1, n + 1, dtype=np.int64)))
         .append_column(KEY_GROUP_COLUMN, pa.array(groups.astype(np.int32)))
@@ -171,7 +171,7 @@ class ReadRoute:
         keys = key_array(table, self.key)
         groups = key_groups(keys, self.key_type, self.max_parallelism)
         routing = {
-            SOURCE_COLUMN: pa.array([self.source] * n, pa.string()),
+            SOURCE_COLUMN: pa.repeat(pa.scalar(self.source, pa.string()), n),
             STAGE_COLUMN: pa.array(np.full(n, self.stage, np.int32)),
             KEY_COLUMN: keys,
             KEY_GROUP_COLUMN: pa.array(groups.astype(np.int32)),

@@ -110,8 +110,13 @@ def range_input(
 def no_input(spark, job: JobDefinition, routes: Routes):
     """A micro-batch's input with no records (tagged, or chunks with ``routes``)."""
     if routes is not None:
-        return spark.createDataFrame([], CHUNKS_DDL)
+        return _no_chunks(spark)
     return tag_and_union(job, {n: empty_frame(spark, job, n) for n in job.source_inputs})
+
+
+def _no_chunks(spark):
+    """The readers' chunks when there are no records."""
+    return spark.createDataFrame([], CHUNKS_DDL)
 
 
 def _route(routes: Routes, name: str) -> tuple[ReadRoute, ...]:
@@ -144,7 +149,7 @@ def range_frame(
     moved = [p for p, position in end.items() if position != begin[p]]
     if not moved:
         if routes is not None:
-            return spark.createDataFrame([], CHUNKS_DDL)
+            return _no_chunks(spark)
         return empty_frame(spark, job, name)
     begin, end = {p: begin[p] for p in moved}, {p: end[p] for p in moved}
     return source.batch(spark, _raw_key(job, name), begin, end, *_route(routes, name))
