@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.cutline-installed
 
-.PHONY: install class-archive test test-all test-fast lint format demo screenshots bench clean
+.PHONY: install class-archive test test-all test-fast lint format demo screenshots bench flink-venv clean
 
 $(STAMP): pyproject.toml requirements.lock examples/basics/pyproject.toml examples/sessions/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,7 +54,17 @@ screenshots: $(STAMP)
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[docs]'
 	$(BIN)/python docs/screenshots.py --url http://127.0.0.1:3000 --out docs
 
-bench: $(STAMP)
+# Flink, the peer benchmark's fifth system: PyFlink in a virtualenv of its own (it pins its own
+# Beam, pandas and pyarrow), its jars inside the wheel
+FLINK_STAMP := .venv-flink/.installed
+$(FLINK_STAMP):
+	@test -x .venv-flink/bin/python || $(PYTHON) -m venv .venv-flink
+	.venv-flink/bin/python -m pip install --quiet apache-flink==2.3.0
+	@touch $(FLINK_STAMP)
+
+flink-venv: $(FLINK_STAMP)
+
+bench: $(STAMP) $(FLINK_STAMP)
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[bench]'
 	$(BIN)/python bench/snapshot_bench.py --state-mib 100 --churn 0.01 --checkpoints 20
 	$(BIN)/python bench/snapshot_bench.py --state-mib 1024 --churn 0.01 --checkpoints 10
@@ -64,4 +74,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/peer_bench.py --sizes 100 1024
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-flink .pytest_cache .ruff_cache

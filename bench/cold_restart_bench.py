@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from peer_bench import start_driver, wait_until  # noqa: E402
-from peer_input import Appender, build_input  # noqa: E402
+from peer_input import Appender, build_input, log_writer  # noqa: E402
 
 from spark_jobs.deploy.session import DRIVER_JAVA_OPTIONS as JAVA  # noqa: E402
 
@@ -67,7 +67,7 @@ def build_state(home: Path, mib: int) -> tuple[int, int]:
 def kill_mid_stream(home: Path, keys: int, ts: int, seconds: float) -> int:
     """A driver on ``home`` reading the peer benchmark's sustained input for ``seconds``, then
     ``kill -9``; returns the next event time."""
-    appender = Appender(home / "log", keys, 20_000, ts, seed=11)
+    appender = Appender(log_writer(home / "log"), keys, 20_000, ts, seed=11)
     driver = start_driver("cutline", home, BATCH)
     appender.start()
     time.sleep(seconds)
@@ -87,7 +87,9 @@ def after_kill(home: Path, args: argparse.Namespace) -> list[dict]:
     for i in range(args.repeat):
         shutil.rmtree(home)
         shutil.copytree(killed, home, symlinks=True)  # the same path: the roots are checked
-        run = restart(home, Appender(home / "log", keys, 1, ts, seed=3), args.batches, [])
+        run = restart(
+            home, Appender(log_writer(home / "log"), keys, 1, ts, seed=3), args.batches, []
+        )
         runs.append(run)
         print(f"after kill {i + 1}: {json.dumps(run)}", flush=True)
     return runs
@@ -130,7 +132,7 @@ def variants_result(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="cutline-cold-restart-") as tmp:
         home = Path(tmp)
         keys, ts = build_state(home, args.mib)
-        appender = Appender(home / "log", keys, 1, ts, seed=3)
+        appender = Appender(log_writer(home / "log"), keys, 1, ts, seed=3)
         for i in range(args.repeat):
             for name, more in VARIANTS.items():
                 run = restart(home, appender, args.batches, more)

@@ -1,8 +1,9 @@
-"""Peer benchmark: one stateful workload run four ways on the same input and machine.
+"""Peer benchmark: one stateful workload run six ways on the same input and machine.
 
 The workload keeps, per user, the event count, the amount sum and the latest 100-byte payload
-(by event time), over a log of JSON events that all three read through the same Python data
-source (``cutline_log``), with parallelism 2 on ``local[2]``:
+(by event time), over JSON events that Cutline and Spark read from the local log through the
+same Python data source (``cutline_log``) and Flink from the same lines as files, with
+parallelism 2 on 2 cores:
 
 - ``cutline``: the ``user_activity`` job (``cutline run``): Arrow batches and RocksDB per subtask,
   checkpoints every 3 s with task-local recovery, output to Delta exactly once; retention GC
@@ -11,11 +12,16 @@ source (``cutline_log``), with parallelism 2 on ``local[2]``:
 - ``spark_python``: Spark's first Python stateful API (``applyInPandasWithState``);
 - ``spark_tws``: Spark 4's Python stateful API (``transformWithStateInPandas``, one value state
   per user);
-- ``spark_sql``: native ``groupBy().agg(count, sum, max_by(payload, ts), max(ts))``.
+- ``spark_sql``: native ``groupBy().agg(count, sum, max_by(payload, ts), max(ts))``;
+- ``flink_sql``: Flink 2.3 SQL ``GROUP BY`` (bench/peer_flink.py, in ``.venv-flink``), RocksDB
+  with incremental checkpoints every 3 s, its updates written exactly-once by the filesystem
+  sink (Debezium JSON); ``flink_blackhole``: the same into Flink's blackhole sink.
 
 The Spark variants (bench/peer_spark.py) use the RocksDB state store provider with changelog
 checkpointing, and write their updates to Delta through ``foreachBatch`` (idempotent by
-``txnVersion``). The input is bench/peer_input.py's; the report, bench/peer_report.py's.
+``txnVersion``). The input is bench/peer_input.py's; the report, bench/peer_report.py's. Flink's
+"micro-batches" are its completed checkpoints (the records its source read since the previous
+one): its sink commits at checkpoints, as Cutline's and Spark's at micro-batches.
 
 For each state size (``--sizes``, MiB of logical state: keys times ``--bytes-per-key``, the key
 and value bytes of one user; checkpoints are larger by RocksDB's space amplification), in a fresh
@@ -27,7 +33,9 @@ copy of the input per system:
    durations are the intervals between completions.
 2. sustained: for the rest of ``--minutes``, records are appended at ``--rate`` per second. The
    checkpoint directory (Cutline: checkpoints and catalog) is scanned every 2 s: bytes written
-   (every distinct file seen, at its largest) per minute, and total storage at the end.
+   (every distinct file seen, at its largest) per minute, and total storage at the end; each
+   checkpoint's upload against the full state (Cutline: its catalog; Flink: its REST API), and
+   the peak memory (RSS) of the driver's process group (JVM and Python workers).
 3. restart: ``kill -9`` of the driver's process group, one micro-batch of new records, the same
    command again: seconds from the process start, and from Spark's first log line (the JVM is
    up: the same point in every system), to the first completed micro-batch with records.
@@ -50,6 +58,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -63,15 +72,18 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.peer_input import PARTITIONS, Appender, build_input  # noqa: E402
+from bench.peer_flink import JVM_UP as FLINK_JVM_UP  # noqa: E402
+from bench.peer_input import PARTITIONS, Appender, FileDrop, Write, build_input, log_writer  # noqa: E402
 from bench.peer_report import write_report  # noqa: E402
 from bench.peer_spark import EVENT  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 JOB = "user_activity"
-SYSTEMS = ("cutline", "spark_sql", "spark_python", "spark_tws")
+SYSTEMS = ("cutline", "spark_sql", "flink_sql", "flink_blackhole", "spark_python", "spark_tws")
+FLINK = {"flink_sql": "files", "flink_blackhole": "blackhole"}  # system: bench/peer_flink.py's sink
+FLINK_PYTHON = ROOT / ".venv-flink" / "bin" / "python"  # PyFlink pins its own dependencies
 PYTHON_APIS = ("spark_python", "spark_tws")  # Spark's Python stateful APIs: short runs
-JVM_UP = "To adjust logging level use sc.setLogLevel"  # Spark's first log line, in every system
+JVM_UP = ("To adjust logging level use sc.setLogLevel", FLINK_JVM_UP)  # the JVM is up
 
 
 # ---------------------------------------------------------------- storage
@@ -79,11 +91,14 @@ JVM_UP = "To adjust logging level use sc.setLogLevel"  # Spark's first log line,
 
 class StorageWatch(threading.Thread):
     """Scans directories every ``every_s``: every distinct file at its largest size seen
-    (bytes written, a lower bound) and what is stored now."""
+    (bytes written, a lower bound) and what is stored now; and the peak resident memory of the
+    process groups in ``groups``."""
 
     def __init__(self, roots: list[Path], every_s: float = 2.0) -> None:
         super().__init__(daemon=True)
         self.roots, self.every_s = roots, every_s
+        self.groups: set[int] = set()
+        self.peak_rss = 0
         self.seen: dict[str, int] = {}
         self.lock = threading.Lock()
         self.stopped = threading.Event()
@@ -111,10 +126,24 @@ class StorageWatch(threading.Thread):
 
     def run(self) -> None:
         while not self.stopped.wait(self.every_s):
+            self.peak_rss = max(self.peak_rss, group_rss(self.groups))
             stored = self.scan()
             now = time.monotonic() - self.started
             if not self.samples or now - self.samples[-1][0] >= 30:
                 self.samples.append((round(now), stored))
+
+
+def group_rss(groups: set[int]) -> int:
+    """Resident bytes of every process in the process groups ``groups``, from /proc."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone
+            continue
+        if int(fields[2]) in groups:  # pgrp; rss in pages is the 22nd field after the name
+            total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+    return total
 
 
 # ---------------------------------------------------------------- drivers
@@ -124,6 +153,9 @@ class StorageWatch(threading.Thread):
 class Batch:
     end: float  # monotonic seconds at completion
     records: int
+    uploaded: int | None = None  # Flink: the bytes its checkpoint uploaded, of
+    full: int | None = None  # its full state
+    ms: float | None = None  # Flink: the checkpoint's end-to-end duration
 
 
 @dataclass
@@ -156,6 +188,9 @@ def start_driver(system: str, home: Path, batch_records: int, *more: str) -> Dri
         cmd = [sys.executable, "-m", "spark_jobs.commands", "--home", str(home), "run", JOB,
                "--master", "local[2]",
                "--max-records-per-partition", str(batch_records), *more]  # fmt: skip
+    elif system in FLINK:
+        cmd = [str(FLINK_PYTHON), str(ROOT / "bench" / "peer_flink.py"), FLINK[system],
+               str(home), "--rest-port", str(free_port())]  # fmt: skip
     else:
         cmd = [sys.executable, str(ROOT / "bench" / "peer_spark.py"), system, str(home),
                "--batch-records", str(batch_records)]  # fmt: skip
@@ -174,7 +209,7 @@ def start_driver(system: str, home: Path, batch_records: int, *more: str) -> Dri
         for raw in proc.stdout:
             line = raw.decode(errors="replace")
             log.write(b"%8.2f " % (time.monotonic() - driver.started) + raw)
-            if driver.jvm_up is None and JVM_UP in line:
+            if driver.jvm_up is None and any(m in line for m in JVM_UP):
                 driver.jvm_up = time.monotonic()
             if "warm, waiting" in line:  # a standby driver's
                 driver.warm.set()
@@ -189,12 +224,36 @@ def start_driver(system: str, home: Path, batch_records: int, *more: str) -> Dri
             elif line.startswith(EVENT):
                 event = json.loads(line[len(EVENT) :])
             if event is not None:
-                driver.batches.append(Batch(time.monotonic(), int(event["records"])))
+                driver.batches.append(
+                    Batch(
+                        time.monotonic(),
+                        int(event["records"]),
+                        event.get("uploaded_bytes"),
+                        event.get("state_bytes"),
+                        event.get("ms"),
+                    )
+                )
                 driver.last_event = event
         log.close()
 
     threading.Thread(target=read, daemon=True).start()
     return driver
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prepare_input(system: str, base: Path, home: Path) -> Write:
+    """A fresh copy of the input ``base`` for ``system`` in ``home``; returns its writer."""
+    if system in FLINK:
+        drop = FileDrop(home / "files")
+        drop.copy_log(base)
+        return drop
+    shutil.copytree(base, home / "log")
+    return log_writer(home / "log")
 
 
 def wait_until(predicate, deadline: float, driver: Driver, what: str) -> bool:
@@ -243,7 +302,9 @@ def throughput(batches: list[Batch], after_records: int) -> dict:
     }
 
 
-def bench_system(system: str, home: Path, keys: int, backlog: int, ts: int, args) -> dict:
+def bench_system(
+    system: str, home: Path, write: Write, keys: int, backlog: int, ts: int, args
+) -> dict:
     python_api = system in PYTHON_APIS
     batch_records = args.python_batch_records if python_api else args.batch_records
     watch_roots = [home / "checkpoints"] + (
@@ -251,9 +312,10 @@ def bench_system(system: str, home: Path, keys: int, backlog: int, ts: int, args
     )
     watch = StorageWatch(watch_roots)
     watch.start()
-    appender = Appender(home / "log", keys, args.rate, ts, seed=11)
+    appender = Appender(write, keys, args.rate, ts, seed=11)
     out: dict = {"system": system, "batch_records_per_partition": batch_records}
     driver = start_driver(system, home, batch_records)
+    watch.groups.add(driver.proc.pid)
     restarted: Driver | None = None
     limit = args.python_minutes if python_api else args.minutes
     end = driver.started + limit * 60
@@ -267,7 +329,7 @@ def bench_system(system: str, home: Path, keys: int, backlog: int, ts: int, args
         out["fill_completed"] = driver.records() >= keys
         # 2. sustained: appends at --rate until --minutes, GC on its schedule (Cutline)
         written_before = watch.written()
-        sustained_from = time.monotonic()
+        sustained_from, sustained_from_ms = time.monotonic(), time.time() * 1000
         gcs, gc = 0, None
         if not python_api:
             appender.start()
@@ -300,18 +362,23 @@ def bench_system(system: str, home: Path, keys: int, backlog: int, ts: int, args
                 round((watch.written() - written_before) / minutes) if sustained else None
             )
             out["gc_passes"] = gcs
+            out.update(uploads(system, home, driver, sustained_from, sustained_from_ms))
         out["run_minutes"] = round((time.monotonic() - driver.started) / 60, 2)
         out["storage_bytes_end"] = watch.scan()
         out["storage_bytes_every_30s"] = [b for _, b in watch.samples]
         out["bytes_written_total"] = watch.written()
+        out["peak_rss_bytes"] = watch.peak_rss
         out["batches"] = len(driver.batches)
         out["last_batch"] = driver.last_event
         if system == "cutline":
-            out["state_bytes"] = cutline_state_bytes(home)
+            out["state_bytes"] = max((r.full_size for r in cutline_checkpoints(home)), default=None)
+        elif system in FLINK:
+            out["state_bytes"] = max((b.full for b in driver.batches if b.full), default=None)
         # 3. restart: kill -9, one micro-batch of new records, the same command again
         driver.kill()
         appender.append(batch_records * PARTITIONS)
         restarted = start_driver(system, home, batch_records)
+        watch.groups.add(restarted.proc.pid)
         got = wait_until(
             lambda: any(b.records for b in restarted.batches),
             restarted.started + 600,
@@ -341,6 +408,33 @@ def bench_system(system: str, home: Path, keys: int, backlog: int, ts: int, args
     return out
 
 
+def uploads(system: str, home: Path, driver: Driver, since: float, since_ms: float) -> dict:
+    """Bytes each checkpoint of the sustained phase uploaded, p50 and p95, and the full state
+    (Cutline: its catalog's rows; Flink: its driver's lines; Spark: not reported)."""
+    if system == "cutline":
+        rows = cutline_checkpoints(home)
+        pairs = [(r.incremental_size, r.full_size) for r in rows if r.complete_time_ms >= since_ms]
+    else:
+        pairs = [(b.uploaded, b.full) for b in driver.batches if b.end >= since and b.full]
+        durations = [b.ms for b in driver.batches if b.end >= since and b.ms is not None]
+        if system in FLINK and durations:  # its checkpoints' own durations, beside their intervals
+            return {**_upload_figures(pairs), "checkpoint_ms_p50": pct(durations, 50),
+                    "checkpoint_ms_p99": pct(durations, 99)}  # fmt: skip
+    return _upload_figures(pairs)
+
+
+def _upload_figures(pairs: list[tuple[int, int]]) -> dict:
+    if not pairs:
+        return {}
+    up = [float(u) for u, _ in pairs]
+    return {
+        "checkpoints_sustained": len(pairs),
+        "upload_bytes_p50": pct(up, 50),
+        "upload_bytes_p95": pct(up, 95),
+        "full_state_bytes_max": max(f for _, f in pairs),
+    }
+
+
 def takeover(run: Driver, appender: Appender, batch_records: int) -> dict:
     """``cutline run --standby`` (started): once its standby is warm, ``kill -9`` of the active
     driver's process group and one micro-batch of new records; seconds from the kill to the
@@ -366,12 +460,14 @@ def takeover(run: Driver, appender: Appender, batch_records: int) -> dict:
     }
 
 
-def cutline_state_bytes(home: Path) -> int | None:
+def cutline_checkpoints(home: Path) -> list:
+    """Every checkpoint Cutline's catalog recorded as completed, retained or subsumed since."""
     from spark_jobs.catalog.tables import CatalogReader
     from state.catalog import CheckpointStatus
 
-    rows = CatalogReader(str(home / "warehouse")).checkpoints(JOB, (CheckpointStatus.COMPLETED,))
-    return max((r.full_size for r in rows), default=None)
+    catalog = home / "warehouse" / "catalog"  # the catalog's default root under the warehouse
+    statuses = (CheckpointStatus.COMPLETED, CheckpointStatus.SUBSUMED)
+    return CatalogReader(str(catalog)).checkpoints(JOB, statuses)
 
 
 # ---------------------------------------------------------------- main
@@ -402,6 +498,8 @@ def main() -> None:
     )
     args = parser.parse_args()
 
+    if set(args.systems) & set(FLINK) and not FLINK_PYTHON.exists():
+        parser.error(f"Flink runs in {FLINK_PYTHON.parent.parent}: make flink-venv creates it")
     work = args.work or Path(tempfile.mkdtemp(prefix="cutline-peer-bench-"))
     results = {"args": {k: str(v) for k, v in vars(args).items()}, "sizes": []}
     results["setup"] = (
@@ -433,8 +531,8 @@ def main() -> None:
             for system in args.systems:
                 home = work / f"{system}-{size}"
                 shutil.rmtree(home, ignore_errors=True)
-                shutil.copytree(base, home / "log")
-                r = bench_system(system, home, keys, backlog, ts, args)
+                write = prepare_input(system, base, home)
+                r = bench_system(system, home, write, keys, backlog, ts, args)
                 r["measured_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
                 entry["systems"][system] = r
                 print(system, json.dumps(r), flush=True)

@@ -1,12 +1,17 @@
-"""The peer benchmark's input (bench/peer_bench.py): JSON events of the local log that every
-system reads through ``cutline_log``, one topic of ``PARTITIONS`` partitions, each record a user,
-an amount, a payload of ``PAYLOAD_BYTES`` and an event time that only grows."""
+"""The peer benchmark's input (bench/peer_bench.py): JSON events of the local log that Cutline
+and Spark read through ``cutline_log``, one topic of ``PARTITIONS`` partitions, each record a
+user, an amount, a payload of ``PAYLOAD_BYTES`` and an event time that only grows. Flink reads
+the same lines as immutable files (:class:`FileDrop`): its filesystem source discovers new files
+but does not follow a growing one."""
 
 from __future__ import annotations
 
+import itertools
+import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +27,40 @@ PARTITIONS = 2
 SCHEMA = "user string, amount double, payload string, ts long"  # the records' fields
 CHUNK = 100_000  # records per append while writing the input
 
+Write = Callable[[int, list[bytes]], None]  # appends a partition's lines
 
-def write_events(log: Path, users: np.ndarray, rng: np.random.Generator, start_ts: int) -> int:
-    """Append one record per element of ``users`` (split round-robin over the partitions);
+
+def log_writer(log: Path) -> Write:
+    """Appends to the local log under ``log``."""
+    return lambda partition, lines: append_records(log, TOPIC, partition, lines)
+
+
+class FileDrop:
+    """Writes each append as a new file ``events-<partition>-<n>.json`` under ``directory``,
+    whole or not at all (a hidden name renamed into place: Flink skips hidden files)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.files = 0
+
+    def __call__(self, partition: int, lines: list[bytes]) -> None:
+        name = f"events-{partition}-{self.files:08d}.json"
+        tmp = self.directory / ("." + name)
+        tmp.write_bytes(b"\n".join(lines) + b"\n")
+        os.rename(tmp, self.directory / name)
+        self.files += 1
+
+    def copy_log(self, log: Path) -> None:
+        """Every record of the log under ``log``, in files of at most ``CHUNK`` lines."""
+        for partition in range(PARTITIONS):
+            with open(log / TOPIC / f"partition-{partition}.jsonl", "rb") as f:
+                while lines := list(itertools.islice(f, CHUNK)):
+                    self(partition, [line.rstrip(b"\n") for line in lines])
+
+
+def write_events(write: Write, users: np.ndarray, rng: np.random.Generator, start_ts: int) -> int:
+    """Writes one record per element of ``users`` (split round-robin over the partitions);
     returns the next event time."""
     for lo in range(0, len(users), CHUNK * PARTITIONS):
         part = users[lo : lo + CHUNK * PARTITIONS]
@@ -33,7 +69,7 @@ def write_events(log: Path, users: np.ndarray, rng: np.random.Generator, start_t
         payload = rng.bytes(PAYLOAD_BYTES // 2 * len(part)).hex().encode()
         lines = event_lines(part, cents, ts, payload)
         for p in range(PARTITIONS):
-            append_records(log, TOPIC, p, lines[p::PARTITIONS])
+            write(p, lines[p::PARTITIONS])
         start_ts += len(part)
     return start_ts
 
@@ -41,25 +77,25 @@ def write_events(log: Path, users: np.ndarray, rng: np.random.Generator, start_t
 def build_input(log: Path, keys: int, steady: float, seed: int) -> tuple[int, int]:
     """Every key once in random order, then ``steady`` x keys uniform records; returns the
     record count and the next event time."""
-    rng = np.random.default_rng(seed)
-    ts = write_events(log, rng.permutation(keys), rng, 1_767_225_600_000)
+    rng, write = np.random.default_rng(seed), log_writer(log)
+    ts = write_events(write, rng.permutation(keys), rng, 1_767_225_600_000)
     extra = int(keys * steady)
-    ts = write_events(log, rng.integers(0, keys, extra), rng, ts)
+    ts = write_events(write, rng.integers(0, keys, extra), rng, ts)
     return keys + extra, ts
 
 
 class Appender(threading.Thread):
     """Appends uniformly random records at ``rate`` per second until stopped."""
 
-    def __init__(self, log: Path, keys: int, rate: int, ts: int, seed: int) -> None:
+    def __init__(self, write: Write, keys: int, rate: int, ts: int, seed: int) -> None:
         super().__init__(daemon=True)
-        self.log, self.keys, self.rate, self.ts = log, keys, rate, ts
+        self.write, self.keys, self.rate, self.ts = write, keys, rate, ts
         self.rng = np.random.default_rng(seed)
         self.stopped = threading.Event()
         self.appended = 0
 
     def append(self, n: int) -> None:
-        self.ts = write_events(self.log, self.rng.integers(0, self.keys, n), self.rng, self.ts)
+        self.ts = write_events(self.write, self.rng.integers(0, self.keys, n), self.rng, self.ts)
         self.appended += n
 
     def run(self) -> None:

@@ -15,10 +15,11 @@ def write_report(results: dict, out: Path, systems: tuple[str, ...]) -> None:
 
     sizes = results["sizes"]
     rows = [
-        "| state | system | records/s | batch p50 / p99 ms | written MiB/min | storage at the "
-        "end MiB | restart to 1st batch s: from process start / after JVM up | standby "
-        "takeover: kill to 1st batch s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| state | system | records/s | batch p50 / p99 ms | written MiB/min | upload per "
+        "checkpoint p50 / p95 MiB (full state) | storage at the end MiB | peak memory MiB | "
+        "restart to 1st batch s: from process start / after JVM up | standby takeover: kill "
+        "to 1st batch s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for size in sizes:
         for system in systems:
@@ -26,12 +27,25 @@ def write_report(results: dict, out: Path, systems: tuple[str, ...]) -> None:
             if not r:
                 continue
             mib = 2**20
+            checkpoint = ""  # Flink: its checkpoints' own durations, beside their intervals
+            if r.get("checkpoint_ms_p50") is not None:
+                checkpoint = (
+                    f" (checkpoint {_fmt(r['checkpoint_ms_p50'])} / "
+                    f"{_fmt(r.get('checkpoint_ms_p99'))})"
+                )
+            upload = "n/a"
+            if r.get("upload_bytes_p50") is not None:
+                upload = (
+                    f"{_fmt(r['upload_bytes_p50'], mib)} / {_fmt(r['upload_bytes_p95'], mib)} "
+                    f"({_fmt(r.get('full_state_bytes_max'), mib)})"
+                )
             rows.append(
                 f"| {size['size_mib']} MiB ({size['keys']:,} keys) | {system} | "
                 f"{_fmt(r.get('records_per_s'))} | {_fmt(r.get('batch_ms_p50'))} / "
-                f"{_fmt(r.get('batch_ms_p99'))} | "
-                f"{_fmt(r.get('bytes_written_per_min'), mib)} | "
+                f"{_fmt(r.get('batch_ms_p99'))}{checkpoint} | "
+                f"{_fmt(r.get('bytes_written_per_min'), mib)} | {upload} | "
                 f"{_fmt(r.get('storage_bytes_end'), mib)} | "
+                f"{_fmt(r.get('peak_rss_bytes'), mib)} | "
                 f"{_fmt(r.get('restart_to_first_batch_s'))} / "
                 f"{_fmt(r.get('restart_after_jvm_up_s'))} | "
                 f"{_fmt(r.get('takeover_to_first_batch_s'))} |"
@@ -40,15 +54,19 @@ def write_report(results: dict, out: Path, systems: tuple[str, ...]) -> None:
     for size in sizes:
         s = size["systems"]
         c = s.get("cutline", {})
-        for peer in ("spark_python", "spark_tws", "spark_sql"):
-            p = s.get(peer, {})
+        for peer in ("spark_python", "spark_tws", "spark_sql", "flink_sql", "flink_blackhole"):
+            if peer not in s:
+                continue
+            p = s[peer]
             tput = _ratio(c.get("records_per_s"), p.get("records_per_s"))
             restart = _ratio(p.get("restart_to_first_batch_s"), c.get("restart_to_first_batch_s"))
             warm = _ratio(p.get("restart_after_jvm_up_s"), c.get("restart_after_jvm_up_s"))
             standby = _ratio(p.get("restart_to_first_batch_s"), c.get("takeover_to_first_batch_s"))
+            written = _ratio(c.get("bytes_written_per_min"), p.get("bytes_written_per_min"))
             ratios.append(
-                f"- {size['size_mib']} MiB, vs {peer}: throughput {tput}x; restart {restart}x "
-                f"faster ({warm}x after JVM up); a standby's takeover {standby}x faster"
+                f"- {size['size_mib']} MiB, vs {peer}: throughput {tput}x; written per minute "
+                f"{written}x; restart {restart}x faster ({warm}x after JVM up); a standby's "
+                f"takeover {standby}x faster"
             )
     when = sorted(
         {f"{system}: {r['measured_at']}" for size in sizes for system, r in size["systems"].items()
