@@ -6,7 +6,8 @@ imports nothing of the project and reads the benchmark's records as immutable JS
 (``<home>/files``, written by bench/peer_input.py beside the log: Flink's filesystem source
 does not follow a growing file) through the filesystem source, which discovers new files every
 second. State in RocksDB with incremental checkpoints every 3 s, exactly-once, parallelism 2 on
-one local task manager. Sinks:
+one local task manager, bloom filters and 256 MiB of managed memory as Cutline's RocksDB has
+about. Sinks:
 
 - ``blackhole``: Flink's blackhole connector (the aggregation and its checkpoints only);
 - ``files``: the filesystem sink writing the updates as Debezium JSON, files committed
@@ -54,6 +55,10 @@ def settings(home: Path, rest_port: int, restore: Path | None) -> dict[str, str]
         "rest.bind-address": "127.0.0.1",
         "rest.port": str(rest_port),
         "state.backend.type": "rocksdb",
+        # RocksDB as Cutline's: bloom filters, and about its memory (a 64 MiB block cache per
+        # Python worker, write buffers beside it); Flink's local default is 128 MiB for both
+        "state.backend.rocksdb.use-bloom-filter": "true",
+        "taskmanager.memory.managed.size": "256m",
         "execution.checkpointing.incremental": "true",
         "execution.checkpointing.interval": "3 s",
         "execution.checkpointing.mode": "EXACTLY_ONCE",

@@ -56,6 +56,11 @@ class StoreOptions:
     Small memtables flush in the background while a micro-batch runs, so the flush left for the
     synchronous part of a snapshot is at most one small memtable, whatever the state size.
 
+    Level 0 (memtable flushes: a checkpoint's increment) is compressed with LZ4, which is cheap
+    enough for the flush in a snapshot's synchronous part; what compaction writes to the bottom
+    level (the rewritten state, the largest uploads and most of the storage) with zstd, whose
+    entropy coding also shrinks values LZ4 cannot (hex, base64, numbers as text).
+
     The block cache is the process's (:func:`block_cache`), shared by every store it opens: a
     Python worker runs the tasks of several subtasks in turn, each opening its store anew, and
     the blocks one task read stay cached for the next instead of being read and decompressed
@@ -69,6 +74,7 @@ class StoreOptions:
     bloom_bits_per_key: float = 10.0
     block_cache_mib: int = 64
     compression: str = "lz4"
+    bottommost_compression: str = "zstd"
 
     @property
     def l0_slowdown_trigger(self) -> int:
@@ -87,6 +93,9 @@ class StoreOptions:
         opts.set_max_background_jobs(2)
         opts.set_keep_log_file_num(2)  # every task opens the store: one info LOG per open
         opts.set_compression_type(getattr(rd.DBCompressionType, self.compression)())
+        opts.set_bottommost_compression_type(
+            getattr(rd.DBCompressionType, self.bottommost_compression)()
+        )
         table = rd.BlockBasedOptions()
         table.set_bloom_filter(self.bloom_bits_per_key, False)
         table.set_block_cache(block_cache(self.block_cache_mib))
