@@ -124,3 +124,36 @@ def test_a_replay_reads_a_file_that_appeared_in_its_micro_batch_from_its_start(
     assert range_frame(spark, job, "clicks", cut, sizes).count() == 200
     assert range_frame(spark, job, "clicks", {}, sizes).count() == 500
     assert range_frame(spark, job, "clicks", sizes, sizes).count() == 0
+
+
+def test_a_kinds_data_source_is_registered_once_per_session(tmp_path):
+    """Every read of a source asks for its data source; the session registers each once."""
+    from cutline import LogSource
+
+    class Registry:
+        def __init__(self) -> None:
+            self.names: list[str] = []
+
+        def register(self, data_source: type) -> None:
+            self.names.append(data_source.name())
+
+    class Session:  # the part of a SparkSession a kind's data_source touches
+        def __init__(self) -> None:
+            self.dataSource = Registry()
+
+    class Reader:
+        def format(self, _name: str) -> Reader:
+            return self
+
+        def option(self, _key: str, _value: str) -> Reader:
+            return self
+
+    files = FileSource(name="f", path=str(tmp_path), schema="user string", format="json")
+    log = LogSource(name="l", topic="t", schema="user string", root=str(tmp_path))
+    first, second = Session(), Session()
+    for _ in range(3):
+        files.data_source(first, Reader())
+        log.data_source(first, Reader())
+    files.data_source(second, Reader())
+    assert first.dataSource.names == ["cutline_files", "cutline_log"]
+    assert second.dataSource.names == ["cutline_files"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
@@ -77,6 +78,22 @@ class Source(ABC):
     def ddl(self) -> str:
         """The schema of its records as the runtime reads them."""
         return f"{self.schema}, {POSITION_DDL}, {BAD_DDL}"
+
+
+_REGISTERED = "_cutline_data_sources"  # a session's attribute: the data sources it has
+
+
+def register_once(spark, name: str, data_source: Callable[[], type]) -> None:
+    """Registers the Python data source ``name`` (the class ``data_source()`` returns) with a
+    Spark session, once per session: every read of a kind asks for it, and a standby's warm-up
+    query has it registered before its takeover's query."""
+    registered = getattr(spark, _REGISTERED, None)
+    if registered is None:
+        registered = set()
+        setattr(spark, _REGISTERED, registered)
+    if name not in registered:
+        spark.dataSource.register(data_source())
+        registered.add(name)
 
 
 class PositionedSource(Source):

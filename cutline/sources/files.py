@@ -30,6 +30,7 @@ from cutline.sources.base import (
     NEXT_OFFSET_COLUMN,
     PARTITION_COLUMN,
     PositionedSource,
+    register_once,
 )
 from cutline.validation import JobDefinitionError, check_name
 from state.errors import BadInputError
@@ -72,7 +73,7 @@ class FileSource(PositionedSource):
         return sorted(list_files(self.path, self.format)), 0
 
     def data_source(self, spark, reader) -> Any:
-        spark.dataSource.register(_data_source_class())
+        register_once(spark, DATA_SOURCE, _data_source_class)
         return reader.format(DATA_SOURCE).option("path", self.path).option("format", self.format)
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
-from cutline.sources.base import PositionedSource
+from cutline.sources.base import PositionedSource, register_once
 from cutline.sources.log_format import (
     complete_size,
     offset_after_records,
@@ -84,16 +84,9 @@ def with_log_root(job: JobDefinition, root: str) -> JobDefinition:
     return dataclasses.replace(job, sources=sources)
 
 
-_REGISTERED = "_cutline_log_registered"  # set on a session once it has the data source
-
-
 def register_data_source(spark) -> None:
-    """Register ``cutline_log`` with a Spark session, once per session (a standby's warm-up
-    query registers it before the query of its takeover)."""
-    if getattr(spark, _REGISTERED, False):
-        return
-    spark.dataSource.register(_data_source_class())
-    setattr(spark, _REGISTERED, True)
+    """Registers ``cutline_log`` with a Spark session, once per session."""
+    register_once(spark, "cutline_log", _data_source_class)
 
 
 def _data_source_class():
