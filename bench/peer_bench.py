@@ -181,8 +181,8 @@ class Driver:
 
 
 def start_driver(system: str, home: Path, batch_records: int, *more: str) -> Driver:
-    """Starts one driver of ``system`` on ``home`` in its own process group (Cutline: with
-    ``more`` arguments of ``cutline run``)."""
+    """Starts one driver of ``system`` on ``home`` in its own process group, with ``more``
+    arguments (Cutline: of ``cutline run``; Flink: of bench/peer_flink.py)."""
     env = {**os.environ, "CUTLINE_EVENTS": "stdout", "PYTHONUNBUFFERED": "1"}
     if system == "cutline":
         cmd = [sys.executable, "-m", "spark_jobs.commands", "--home", str(home), "run", JOB,
@@ -190,7 +190,7 @@ def start_driver(system: str, home: Path, batch_records: int, *more: str) -> Dri
                "--max-records-per-partition", str(batch_records), *more]  # fmt: skip
     elif system in FLINK:
         cmd = [str(FLINK_PYTHON), str(ROOT / "bench" / "peer_flink.py"), FLINK[system],
-               str(home), "--rest-port", str(free_port())]  # fmt: skip
+               str(home), "--rest-port", str(free_port()), *more]  # fmt: skip
     else:
         cmd = [sys.executable, str(ROOT / "bench" / "peer_spark.py"), system, str(home),
                "--batch-records", str(batch_records)]  # fmt: skip
@@ -314,7 +314,8 @@ def bench_system(
     watch.start()
     appender = Appender(write, keys, args.rate, ts, seed=11)
     out: dict = {"system": system, "batch_records_per_partition": batch_records}
-    driver = start_driver(system, home, batch_records)
+    more = ("--managed-mib", str(args.flink_managed_mib)) if system in FLINK else ()
+    driver = start_driver(system, home, batch_records, *more)
     watch.groups.add(driver.proc.pid)
     restarted: Driver | None = None
     limit = args.python_minutes if python_api else args.minutes
@@ -377,7 +378,7 @@ def bench_system(
         # 3. restart: kill -9, one micro-batch of new records, the same command again
         driver.kill()
         appender.append(batch_records * PARTITIONS)
-        restarted = start_driver(system, home, batch_records)
+        restarted = start_driver(system, home, batch_records, *more)
         watch.groups.add(restarted.proc.pid)
         got = wait_until(
             lambda: any(b.records for b in restarted.batches),
@@ -489,6 +490,9 @@ def main() -> None:
     parser.add_argument("--gc-grace-s", type=float, default=60.0, help="cutline gc --grace-s")
     parser.add_argument("--after-restart-s", type=float, default=20.0)
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    parser.add_argument(
+        "--flink-managed-mib", type=int, default=256, help="Flink's RocksDB memory, both slots"
+    )
     parser.add_argument("--work", type=Path, help="scratch directory (default: a temp dir)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the report goes")
     parser.add_argument(
@@ -509,7 +513,9 @@ def main() -> None:
         f"runs of {args.minutes} min: the backlog (every key once, then {args.steady} x keys) "
         f"at full speed, then {args.rate:,} records/s; Cutline's GC every {args.gc_every_s:.0f} "
         f"s (grace {args.gc_grace_s:.0f} s) in the sustained phase. Spark variants: RocksDB "
-        "state store with changelog checkpointing, Delta output via foreachBatch."
+        "state store with changelog checkpointing, Delta output via foreachBatch. Flink 2.3 "
+        "SQL: mini-batch aggregation, RocksDB with bloom filters and "
+        f"{args.flink_managed_mib} MiB of managed memory, incremental checkpoints every 3 s."
     )
     kept = {}
     if args.merge and (args.out / "peer.json").exists():

@@ -6,8 +6,8 @@ imports nothing of the project and reads the benchmark's records as immutable JS
 (``<home>/files``, written by bench/peer_input.py beside the log: Flink's filesystem source
 does not follow a growing file) through the filesystem source, which discovers new files every
 second. State in RocksDB with incremental checkpoints every 3 s, exactly-once, parallelism 2 on
-one local task manager, bloom filters and 256 MiB of managed memory as Cutline's RocksDB has
-about. Sinks:
+one local task manager, bloom filters and (``--managed-mib``) 256 MiB of managed memory, about
+what Cutline's RocksDB has. Sinks:
 
 - ``blackhole``: Flink's blackhole connector (the aggregation and its checkpoints only);
 - ``files``: the filesystem sink writing the updates as Debezium JSON, files committed
@@ -48,17 +48,17 @@ def newest_checkpoint(checkpoints: Path) -> Path | None:
     return max(done, key=lambda p: p.stat().st_mtime) if done else None
 
 
-def settings(home: Path, rest_port: int, restore: Path | None) -> dict[str, str]:
+def settings(home: Path, rest_port: int, restore: Path | None, managed_mib: int) -> dict[str, str]:
     conf = {
         "parallelism.default": "2",
         "rest.address": "127.0.0.1",
         "rest.bind-address": "127.0.0.1",
         "rest.port": str(rest_port),
         "state.backend.type": "rocksdb",
-        # RocksDB as Cutline's: bloom filters, and about its memory (a 64 MiB block cache per
-        # Python worker, write buffers beside it); Flink's local default is 128 MiB for both
+        # RocksDB as Cutline's: bloom filters, and by default about its memory (a 64 MiB block
+        # cache per Python worker, write buffers beside it); Flink's local default is 128 MiB
         "state.backend.rocksdb.use-bloom-filter": "true",
-        "taskmanager.memory.managed.size": "256m",
+        "taskmanager.memory.managed.size": f"{managed_mib}m",
         "execution.checkpointing.incremental": "true",
         "execution.checkpointing.interval": "3 s",
         "execution.checkpointing.mode": "EXACTLY_ONCE",
@@ -75,14 +75,14 @@ def settings(home: Path, rest_port: int, restore: Path | None) -> dict[str, str]
     return conf
 
 
-def run(sink: str, home: Path, rest_port: int) -> None:
+def run(sink: str, home: Path, rest_port: int, managed_mib: int) -> None:
     from pyflink.common import Configuration
     from pyflink.datastream import StreamExecutionEnvironment
     from pyflink.table import StreamTableEnvironment
 
     restore = newest_checkpoint(home / "checkpoints")
     conf = Configuration()
-    for key, value in settings(home, rest_port, restore).items():
+    for key, value in settings(home, rest_port, restore, managed_mib).items():
         conf.set_string(key, value)
     env = StreamExecutionEnvironment.get_execution_environment(conf)
     print(JVM_UP, "restoring", restore, flush=True)
@@ -147,8 +147,9 @@ def main() -> None:
     parser.add_argument("sink", choices=sorted(SINKS))
     parser.add_argument("home", type=Path)
     parser.add_argument("--rest-port", type=int, required=True)
+    parser.add_argument("--managed-mib", type=int, default=256, help="RocksDB's memory, both slots")
     args = parser.parse_args()
-    run(args.sink, args.home, args.rest_port)
+    run(args.sink, args.home, args.rest_port, args.managed_mib)
 
 
 if __name__ == "__main__":
