@@ -412,28 +412,25 @@ def bench_system(
 def uploads(system: str, home: Path, driver: Driver, since: float, since_ms: float) -> dict:
     """Bytes each checkpoint of the sustained phase uploaded, p50 and p95, and the full state
     (Cutline: its catalog's rows; Flink: its driver's lines; Spark: not reported)."""
+    sustained = [b for b in driver.batches if b.end >= since]
     if system == "cutline":
         rows = cutline_checkpoints(home)
         pairs = [(r.incremental_size, r.full_size) for r in rows if r.complete_time_ms >= since_ms]
     else:
-        pairs = [(b.uploaded, b.full) for b in driver.batches if b.end >= since and b.full]
-        durations = [b.ms for b in driver.batches if b.end >= since and b.ms is not None]
-        if system in FLINK and durations:  # its checkpoints' own durations, beside their intervals
-            return {**_upload_figures(pairs), "checkpoint_ms_p50": pct(durations, 50),
-                    "checkpoint_ms_p99": pct(durations, 99)}  # fmt: skip
-    return _upload_figures(pairs)
-
-
-def _upload_figures(pairs: list[tuple[int, int]]) -> dict:
+        pairs = [(b.uploaded, b.full) for b in sustained if b.full]
     if not pairs:
         return {}
     up = [float(u) for u, _ in pairs]
-    return {
+    out = {
         "checkpoints_sustained": len(pairs),
         "upload_bytes_p50": pct(up, 50),
         "upload_bytes_p95": pct(up, 95),
         "full_state_bytes_max": max(f for _, f in pairs),
     }
+    if system in FLINK:  # its checkpoints' own durations, beside their intervals
+        durations = [b.ms for b in sustained]
+        out.update(checkpoint_ms_p50=pct(durations, 50), checkpoint_ms_p99=pct(durations, 99))
+    return out
 
 
 def takeover(run: Driver, appender: Appender, batch_records: int) -> dict:

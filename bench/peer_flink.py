@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 import urllib.request
 from pathlib import Path
@@ -115,7 +114,7 @@ def report(job_id: str, rest_port: int) -> None:
             continue
         if job["state"] in ("FAILED", "CANCELED", "FINISHED"):
             raise SystemExit(f"the job ended: {job['state']}")
-        source = next(v for v in job["vertices"] if re.match(r"Source", v["name"]))
+        source = next(v for v in job["vertices"] if v["name"].startswith("Source"))
         records = int(source["metrics"]["read-records"])  # what the source read
         history = (_get(base + "/checkpoints") or {}).get("history", [])
         done = sorted(
