@@ -40,7 +40,7 @@ from state.local_copies import LocalCopies
 from state.manifest import PartitionClock
 from state.paths import JobLayout
 from state.restore import RestoreReport, restore_subtask
-from state.rocksdb_store import StoreOptions
+from state.rocksdb_store import StoreOptions, open_rdict
 from state.sst_merge import merge_by_files
 from state.storage import DurableStorage
 
@@ -235,7 +235,7 @@ def restore_rescaled(
                 os.replace(merging, building)
         write = rd.WriteOptions()
         write.disable_wal = True
-        db = rd.Rdict(str(building), opts)
+        db = open_rdict(building, opts)
         try:
             held = [h.key_group_range for h in (parts if report.merged_by_files else [base])]
             _clip(db, held, new_range, write)

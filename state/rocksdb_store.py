@@ -46,12 +46,17 @@ from state.store_encoding import U32 as _U32
 class StoreOptions:
     """RocksDB tuning. Defaults keep most SST files stable between checkpoints.
 
-    With keys updated uniformly, every L0→base-level compaction rewrites nearly all files, so a
-    high L0 compaction trigger lets many checkpoints share their older files (small increments)
-    at the cost of read amplification, which bloom filters keep cheap. A requested compaction
-    (:meth:`RocksDBStore.compact`) bounds the chain. Every task's close flushes its memtable
-    (the WAL is off), so level 0 gains a file per task and a compaction comes every
-    ``l0_compaction_trigger`` tasks; each uploads the rewritten state with the next checkpoint.
+    With keys updated uniformly, every compaction of level 0 into the level below rewrites
+    nearly all of that level: the whole state, uploaded again with the next checkpoint. So level
+    0 is compacted by bytes, not by file count alone (:func:`level0_trigger`, decided at every
+    open): not before ``l0_compaction_trigger`` files, then once level 0 holds
+    ``l0_bytes_ratio`` times the bytes below it, and always at ``l0_max_files`` files. Each byte
+    a checkpoint changes is then written about ``1 + 1 / l0_bytes_ratio`` times, whatever the
+    micro-batches' size: every task's close flushes its memtable (the WAL is off), so a
+    light input's short micro-batches make many small level-0 files, which a count alone
+    turned into a rewrite of the whole state every ``l0_compaction_trigger`` tasks. The files
+    level 0 keeps cost lookups a bloom filter probe each. A requested compaction
+    (:meth:`RocksDBStore.compact`) bounds the chain a restore reads.
 
     Small memtables flush in the background while a micro-batch runs, so the flush left for the
     synchronous part of a snapshot is at most one small memtable, whatever the state size.
@@ -71,15 +76,37 @@ class StoreOptions:
     max_write_buffers: int = 6
     target_file_size_mib: int = 32
     l0_compaction_trigger: int = 24
+    l0_max_files: int = 96
+    l0_bytes_ratio: float = 1.0
     bloom_bits_per_key: float = 10.0
     block_cache_mib: int = 64
     compression: str = "lz4"
     bottommost_compression: str = "zstd"
 
+    def __post_init__(self) -> None:
+        if not 0 < self.l0_compaction_trigger <= self.l0_max_files:
+            raise BadInputError(
+                f"l0_compaction_trigger must be in 1..l0_max_files ({self.l0_max_files}), "
+                f"got {self.l0_compaction_trigger}"
+            )
+        if self.l0_bytes_ratio < 0:
+            raise BadInputError(f"l0_bytes_ratio must be >= 0, got {self.l0_bytes_ratio}")
+
     @property
     def l0_slowdown_trigger(self) -> int:
         """The level-0 file count at which RocksDB slows writes down."""
-        return self.l0_compaction_trigger * 3
+        return self.l0_max_files * 2
+
+    def level0_trigger(self, files: list[dict]) -> int:
+        """The level-0 compaction trigger for a store whose SST files are ``files``
+        (rocksdict's ``live_files``): at or below level 0's file count, a compaction is due."""
+        level0 = [f["size"] for f in files if f["level"] == 0]
+        below = sum(f["size"] for f in files if f["level"] > 0)
+        if len(level0) >= self.l0_max_files or (
+            len(level0) >= self.l0_compaction_trigger and sum(level0) >= self.l0_bytes_ratio * below
+        ):
+            return max(1, min(len(level0), self.l0_max_files))
+        return self.l0_max_files
 
     def to_rocksdb(self) -> rd.Options:
         opts = rd.Options(raw_mode=True)
@@ -87,9 +114,10 @@ class StoreOptions:
         opts.set_write_buffer_size(self.write_buffer_mib << 20)
         opts.set_max_write_buffer_number(self.max_write_buffers)
         opts.set_target_file_size_base(self.target_file_size_mib << 20)
-        opts.set_level_zero_file_num_compaction_trigger(self.l0_compaction_trigger)
+        # no compaction is scheduled at the open: the store decides (level0_trigger)
+        opts.set_level_zero_file_num_compaction_trigger(self.l0_max_files)
         opts.set_level_zero_slowdown_writes_trigger(self.l0_slowdown_trigger)
-        opts.set_level_zero_stop_writes_trigger(self.l0_compaction_trigger * 4)
+        opts.set_level_zero_stop_writes_trigger(self.l0_slowdown_trigger * 2)
         opts.set_max_background_jobs(2)
         opts.set_keep_log_file_num(2)  # every task opens the store: one info LOG per open
         opts.set_compression_type(getattr(rd.DBCompressionType, self.compression)())
@@ -114,6 +142,14 @@ def block_cache(mib: int) -> rd.Cache:
     if cache is None:
         cache = _CACHES[mib] = rd.Cache(mib << 20)
     return cache
+
+
+def open_rdict(path: str | Path, options: rd.Options) -> rd.Rdict:
+    """The database at ``path`` opened with ``options``, its column family's too. Given options
+    alone, rocksdict opens an existing database's column family with the options its OPTIONS
+    file recorded (and a block cache of its own, 8 MiB): a store restored from a checkpoint, or
+    written by an older version, would keep the options it was made with."""
+    return rd.Rdict(str(path), options, column_families={"default": options})
 
 
 def _name_prefix(key_group: int, name: str) -> bytes:
@@ -143,8 +179,14 @@ class RocksDBStore(KeyedStateBackend):
         self._db: rd.Rdict | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = rd.Rdict(str(self.path), self.options.to_rocksdb())
+            self._db = open_rdict(self.path, self.options.to_rocksdb())
+            trigger = self.options.level0_trigger(self._db.live_files())
+            if trigger != self.options.l0_max_files:
+                self._db.set_options({"level0_file_num_compaction_trigger": str(trigger)})
         except Exception as e:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
             raise self._failed("open", e) from e
         self._write_opts = rd.WriteOptions()
         self._write_opts.disable_wal = True

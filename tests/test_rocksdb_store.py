@@ -130,9 +130,9 @@ def _random_values(rng: np.random.Generator, n: int, size: int = 100) -> list[by
 def test_a_compaction_a_task_starts_completes_before_it_closes(tmp_path):
     """RocksDB starts a level-0 compaction when a task opens the store, and closing cancels it:
     with tasks shorter than the compaction, none would ever finish and level 0 would grow by a
-    file per task. finish_compactions() keeps level 0 at its trigger."""
+    file per task. finish_compactions() keeps level 0 at its trigger (a count alone here)."""
     path, r = tmp_path / "db", KeyGroupRange(0, 127)
-    options = StoreOptions(l0_compaction_trigger=4)
+    options = StoreOptions(l0_compaction_trigger=4, l0_bytes_ratio=0)
     rng = np.random.default_rng(7)
     n = 200_000  # about 20 MB at the bottom level, which every compaction rewrites (~0.1 s)
     keys = [b"k%07d" % i for i in range(n)]
@@ -180,3 +180,73 @@ def test_the_compacted_state_is_entropy_coded(tmp_path):
         s.compact()
         assert sst_bytes() < 0.7 * level0, (sst_bytes(), level0)
         assert s.get_many("v", np.arange(3) % 128, keys[:3]) == values[:3]
+
+
+def _files(level0: list[int], below: list[int]) -> list[dict]:
+    return [{"level": 0, "size": b} for b in level0] + [{"level": 6, "size": b} for b in below]
+
+
+def test_level0_is_compacted_by_bytes_between_its_file_bounds():
+    options = StoreOptions(l0_compaction_trigger=4, l0_max_files=12, l0_bytes_ratio=1.0)
+    never = options.l0_max_files
+    assert options.level0_trigger(_files([], [])) == never
+    assert options.level0_trigger(_files([10] * 3, [])) == never, "fewer files than the minimum"
+    assert options.level0_trigger(_files([10] * 4, [])) == 4, "nothing below: by count"
+    assert options.level0_trigger(_files([9] * 11, [100])) == never, "99 bytes of 100 below"
+    assert options.level0_trigger(_files([10] * 5, [40])) == 5, "50 bytes of 40 below: due"
+    assert options.level0_trigger(_files([1] * 12, [1000])) == 12, "the most files: due"
+    assert options.level0_trigger(_files([1] * 20, [1000])) == 12
+    counted = StoreOptions(l0_compaction_trigger=4, l0_bytes_ratio=0)
+    assert counted.level0_trigger(_files([1] * 4, [1000])) == 4
+    with pytest.raises(ValueError, match="l0_compaction_trigger"):
+        StoreOptions(l0_compaction_trigger=30, l0_max_files=12)
+
+
+def test_small_increments_do_not_rewrite_the_whole_state(tmp_path):
+    """A light input's short micro-batches each leave a small level-0 file; compacted by count,
+    every few of them rewrote the whole state below. Paced by bytes, what is written per byte
+    changed stays small: here a tenth of the count's."""
+    r = KeyGroupRange(0, 127)
+    rng = np.random.default_rng(5)
+    n = 100_000  # about 10 MB below level 0
+    keys = [b"k%07d" % i for i in range(n)]
+
+    def written(options: StoreOptions, path) -> tuple[int, int]:
+        """Bytes of every SST file the tasks made, and the level-0 files at the end."""
+        with RocksDBStore(path, r, options) as s:
+            txn = s.begin()
+            txn.put("v", np.arange(n) % 128, keys, _random_values(rng, n))
+            txn.commit()
+            s.compact()
+            before = {f["name"] for f in s.db.live_files()}
+        seen: dict[str, int] = {}
+        for task in range(25):  # 2,000 keys each: a level-0 file of about 200 KB
+            with RocksDBStore(path, r, options) as s:
+                files = s.db.live_files()  # what the earlier tasks left
+                seen.update((f["name"], f["size"]) for f in files if f["name"] not in before)
+                if task == 24:
+                    return sum(seen.values()), sum(f["level"] == 0 for f in files)
+                some = rng.integers(0, n, 2_000)
+                txn = s.begin()
+                txn.put("v", some % 128, [keys[i] for i in some], _random_values(rng, 2_000))
+                txn.commit()
+                s.finish_compactions()
+        raise AssertionError("unreachable")
+
+    counted, _ = written(StoreOptions(l0_compaction_trigger=4, l0_bytes_ratio=0), tmp_path / "a")
+    paced, level0 = written(StoreOptions(l0_compaction_trigger=4), tmp_path / "b")
+    assert level0 > 4, "the small files stayed in level 0"
+    assert paced < 0.25 * counted, (paced, counted)
+
+
+def test_a_reopened_store_runs_with_this_codes_options(tmp_path):
+    """An existing database's OPTIONS file records the options it was made with; a store opens
+    it with its own (here: the process's block cache, and the level-0 trigger it decides),
+    not with those, and not with a block cache of its own per open."""
+    path, r = tmp_path / "db", KeyGroupRange(0, 7)
+    with RocksDBStore(path, r, StoreOptions(block_cache_mib=16, l0_max_files=40)):
+        pass
+    with RocksDBStore(path, r, StoreOptions(block_cache_mib=32)) as s:
+        assert s.db.property_int_value("rocksdb.block-cache-capacity") == 32 << 20
+        options = sorted(path.glob("OPTIONS-*"))[-1].read_text()  # the newest
+        assert "level0_file_num_compaction_trigger=96" in options
