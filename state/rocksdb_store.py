@@ -77,7 +77,7 @@ class StoreOptions:
     target_file_size_mib: int = 32
     l0_compaction_trigger: int = 24
     l0_max_files: int = 96
-    l0_bytes_ratio: float = 1.0
+    l0_bytes_ratio: float = 2.0
     bloom_bits_per_key: float = 10.0
     block_cache_mib: int = 64
     compression: str = "lz4"
