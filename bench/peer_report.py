@@ -64,9 +64,9 @@ def write_report(results: dict, out: Path, systems: tuple[str, ...]) -> None:
             standby = _ratio(p.get("restart_to_first_batch_s"), c.get("takeover_to_first_batch_s"))
             written = _ratio(c.get("bytes_written_per_min"), p.get("bytes_written_per_min"))
             ratios.append(
-                f"- {size['size_mib']} MiB, vs {peer}: throughput {tput}x; written per minute "
-                f"{written}x; restart {restart}x faster ({warm}x after JVM up); a standby's "
-                f"takeover {standby}x faster"
+                f"- {size['size_mib']} MiB, vs {peer}: throughput {tput}; written per minute "
+                f"{written}; restart {restart} faster ({warm} after JVM up); a standby's "
+                f"takeover {standby} faster"
             )
     when = sorted(
         {f"{system}: {r['measured_at']}" for size in sizes for system, r in size["systems"].items()
@@ -124,4 +124,4 @@ def _fmt(value, unit: float = 1) -> str:
 
 
 def _ratio(a, b) -> str:
-    return f"{a / b:.1f}" if a and b else "n/a"
+    return f"{a / b:.1f}x" if a and b else "n/a"
