@@ -164,7 +164,9 @@ class RocksDBStore(KeyedStateBackend):
 
     Open it for the duration of one task and close it in ``finally`` (or use it as a context
     manager): RocksDB allows one opener per directory, and Spark moves tasks between Python
-    worker processes.
+    worker processes. ``compactions=False``: an open that writes little and closes at once (a
+    restore's progress marker) starts no compaction, which its close would only cancel; the
+    next open decides.
     """
 
     def __init__(
@@ -172,6 +174,8 @@ class RocksDBStore(KeyedStateBackend):
         path: str | Path,
         key_group_range: KeyGroupRange,
         options: StoreOptions | None = None,
+        *,
+        compactions: bool = True,
     ) -> None:
         self.path = Path(path)
         self.key_group_range = key_group_range
@@ -179,9 +183,11 @@ class RocksDBStore(KeyedStateBackend):
         self._db: rd.Rdict | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = open_rdict(self.path, self.options.to_rocksdb())
+            opts = self.options.to_rocksdb()
+            opts.set_disable_auto_compactions(not compactions)
+            self._db = open_rdict(self.path, opts)
             trigger = self.options.level0_trigger(self._db.live_files())
-            if trigger != self.options.l0_max_files:
+            if compactions and trigger != self.options.l0_max_files:
                 self._db.set_options({"level0_file_num_compaction_trigger": str(trigger)})
         except Exception as e:
             if self._db is not None:

@@ -3,6 +3,8 @@ through the write buffer, which sees its own writes), transactions."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -250,3 +252,26 @@ def test_a_reopened_store_runs_with_this_codes_options(tmp_path):
         assert s.db.property_int_value("rocksdb.block-cache-capacity") == 32 << 20
         options = sorted(path.glob("OPTIONS-*"))[-1].read_text()  # the newest
         assert "level0_file_num_compaction_trigger=96" in options
+
+
+def test_an_open_without_compactions_starts_none_and_the_next_open_decides(tmp_path):
+    """A restore opens the store only to write its progress marker: a compaction due then would
+    be cancelled by the close at once. It starts none; the next task's open starts it."""
+    path, r = tmp_path / "db", KeyGroupRange(0, 7)
+    options = StoreOptions(l0_compaction_trigger=2, l0_max_files=4, l0_bytes_ratio=0)
+    for i in range(6):  # six level-0 files, over the bound
+        with RocksDBStore(path, r, options, compactions=False) as s:
+            txn = s.begin()
+            txn.put("v", [i % 8], [b"k%d" % i], [b"x" * 100])
+            txn.commit()
+    with RocksDBStore(path, r, options, compactions=False) as s:
+        assert s.db.property_int_value("rocksdb.num-running-compactions") == 0
+        assert s.db.property_int_value("rocksdb.num-files-at-level0") == 6
+    with RocksDBStore(path, r, options) as s:  # RocksDB schedules it at the open
+        deadline = time.monotonic() + 30
+        while (
+            s.db.property_int_value("rocksdb.num-files-at-level0") and time.monotonic() < deadline
+        ):
+            time.sleep(0.01)
+        assert s.db.property_int_value("rocksdb.num-files-at-level0") == 0
+        assert s.get_many("v", [5], [b"k5"]) == [b"x" * 100]

@@ -375,7 +375,7 @@ def prepare_subtask(
         if rescaled and len(r.restores) > 1:
             joined = "files" if r.merged_by_files else f"keys: {r.copy_reason}"
             report = replace(report, joined=joined)
-    with RocksDBStore(copies.db_dir, key_groups) as store:
+    with RocksDBStore(copies.db_dir, key_groups, compactions=False) as store:
         txn = store.begin()
         if rescaled:  # the old subtasks' progress markers, each at its first key group
             stale = [kg for kg in key_groups if kg != key_groups.start]
