@@ -428,7 +428,7 @@ def uploads(system: str, home: Path, driver: Driver, since: float, since_ms: flo
         "full_state_bytes_max": max(f for _, f in pairs),
     }
     if system in FLINK:  # its checkpoints' own durations, beside their intervals
-        durations = [b.ms for b in sustained]
+        durations = [b.ms for b in sustained if b.ms is not None]
         out.update(checkpoint_ms_p50=pct(durations, 50), checkpoint_ms_p99=pct(durations, 99))
     return out
 

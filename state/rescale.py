@@ -40,7 +40,7 @@ from state.local_copies import LocalCopies
 from state.manifest import PartitionClock
 from state.paths import JobLayout
 from state.restore import RestoreReport, restore_subtask
-from state.rocksdb_store import StoreOptions, open_rdict
+from state.rocksdb_options import StoreOptions, open_rdict
 from state.sst_merge import merge_by_files
 from state.storage import DurableStorage
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,117 +38,8 @@ from state.backend import (
 )
 from state.errors import BadInputError
 from state.keygroups import KeyGroupRange
+from state.rocksdb_options import StoreOptions, open_rdict
 from state.store_encoding import U32 as _U32
-
-
-@dataclass(frozen=True)
-class StoreOptions:
-    """RocksDB tuning. Defaults keep most SST files stable between checkpoints.
-
-    With keys updated uniformly, every compaction of level 0 into the level below rewrites
-    nearly all of that level: the whole state, uploaded again with the next checkpoint. So level
-    0 is compacted by bytes, not by file count alone (:func:`level0_trigger`, decided at every
-    open): not before ``l0_compaction_trigger`` files, then once level 0 holds
-    ``l0_bytes_ratio`` times the bytes below it, and always at ``l0_max_files`` files. Each byte
-    a checkpoint changes is then written about ``1 + 1 / l0_bytes_ratio`` times, whatever the
-    micro-batches' size: every task's close flushes its memtable (the WAL is off), so a
-    light input's short micro-batches make many small level-0 files, which a count alone
-    turned into a rewrite of the whole state every ``l0_compaction_trigger`` tasks. The files
-    level 0 keeps cost lookups a bloom filter probe each. A requested compaction
-    (:meth:`RocksDBStore.compact`) bounds the chain a restore reads.
-
-    Small memtables flush in the background while a micro-batch runs, so the flush left for the
-    synchronous part of a snapshot is at most one small memtable, whatever the state size.
-
-    Level 0 (memtable flushes: a checkpoint's increment) is compressed with LZ4, which is cheap
-    enough for the flush in a snapshot's synchronous part; what compaction writes to the bottom
-    level (the rewritten state, the largest uploads and most of the storage) with zstd, whose
-    entropy coding also shrinks values LZ4 cannot (hex, base64, numbers as text).
-
-    The block cache is the process's (:func:`block_cache`), shared by every store it opens: a
-    Python worker runs the tasks of several subtasks in turn, each opening its store anew, and
-    the blocks one task read stay cached for the next instead of being read and decompressed
-    again.
-    """
-
-    write_buffer_mib: int = 2
-    max_write_buffers: int = 6
-    target_file_size_mib: int = 32
-    l0_compaction_trigger: int = 24
-    l0_max_files: int = 96
-    l0_bytes_ratio: float = 2.0
-    bloom_bits_per_key: float = 10.0
-    block_cache_mib: int = 64
-    compression: str = "lz4"
-    bottommost_compression: str = "zstd"
-
-    def __post_init__(self) -> None:
-        if not 0 < self.l0_compaction_trigger <= self.l0_max_files:
-            raise BadInputError(
-                f"l0_compaction_trigger must be in 1..l0_max_files ({self.l0_max_files}), "
-                f"got {self.l0_compaction_trigger}"
-            )
-        if self.l0_bytes_ratio < 0:
-            raise BadInputError(f"l0_bytes_ratio must be >= 0, got {self.l0_bytes_ratio}")
-
-    @property
-    def l0_slowdown_trigger(self) -> int:
-        """The level-0 file count at which RocksDB slows writes down."""
-        return self.l0_max_files * 2
-
-    def level0_trigger(self, files: list[dict]) -> int:
-        """The level-0 compaction trigger for a store whose SST files are ``files``
-        (rocksdict's ``live_files``): at or below level 0's file count, a compaction is due."""
-        level0 = [f["size"] for f in files if f["level"] == 0]
-        below = sum(f["size"] for f in files if f["level"] > 0)
-        if len(level0) >= self.l0_max_files or (
-            len(level0) >= self.l0_compaction_trigger and sum(level0) >= self.l0_bytes_ratio * below
-        ):
-            return max(1, min(len(level0), self.l0_max_files))
-        return self.l0_max_files
-
-    def to_rocksdb(self) -> rd.Options:
-        opts = rd.Options(raw_mode=True)
-        opts.create_if_missing(True)
-        opts.set_write_buffer_size(self.write_buffer_mib << 20)
-        opts.set_max_write_buffer_number(self.max_write_buffers)
-        opts.set_target_file_size_base(self.target_file_size_mib << 20)
-        # no compaction is scheduled at the open: the store decides (level0_trigger)
-        opts.set_level_zero_file_num_compaction_trigger(self.l0_max_files)
-        opts.set_level_zero_slowdown_writes_trigger(self.l0_slowdown_trigger)
-        opts.set_level_zero_stop_writes_trigger(self.l0_slowdown_trigger * 2)
-        opts.set_max_background_jobs(2)
-        opts.set_keep_log_file_num(2)  # every task opens the store: one info LOG per open
-        opts.set_compression_type(getattr(rd.DBCompressionType, self.compression)())
-        opts.set_bottommost_compression_type(
-            getattr(rd.DBCompressionType, self.bottommost_compression)()
-        )
-        table = rd.BlockBasedOptions()
-        table.set_bloom_filter(self.bloom_bits_per_key, False)
-        table.set_block_cache(block_cache(self.block_cache_mib))
-        opts.set_block_based_table_factory(table)
-        return opts
-
-
-_CACHES: dict[int, rd.Cache] = {}  # this process's block caches, by capacity in MiB
-
-
-def block_cache(mib: int) -> rd.Cache:
-    """This process's LRU block cache of ``mib`` MiB, created on first use (never before a
-    fork: the worker daemon imports this module and forks its workers). RocksDB keys cached
-    blocks by file, so stores and reopened stores share one safely."""
-    cache = _CACHES.get(mib)
-    if cache is None:
-        cache = _CACHES[mib] = rd.Cache(mib << 20)
-    return cache
-
-
-def open_rdict(path: str | Path, options: rd.Options) -> rd.Rdict:
-    """The database at ``path`` opened with ``options``, its column family's too. Given options
-    alone, rocksdict opens an existing database's column family with the options its OPTIONS
-    file recorded (and a block cache of its own, 8 MiB): a store restored from a checkpoint, or
-    written by an older version, would keep the options it was made with."""
-    return rd.Rdict(str(path), options, column_families={"default": options})
 
 
 def _name_prefix(key_group: int, name: str) -> bytes:

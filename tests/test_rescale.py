@@ -23,7 +23,8 @@ from state.local_copies import LocalCopies
 from state.manifest import PartitionClock
 from state.paths import JobLayout
 from state.rescale import RescaleError, overlapping, rescaled_clocks, restore_rescaled
-from state.rocksdb_store import RocksDBStore, StoreOptions
+from state.rocksdb_options import StoreOptions
+from state.rocksdb_store import RocksDBStore
 from state.snapshot import SubtaskSnapshotter
 from state.store_encoding import encode_list
 from state.write_buffer import BufferedTransaction

@@ -10,7 +10,8 @@ import pytest
 
 from state.backend import KeyGroupError, TransactionError, TransactionState
 from state.keygroups import KeyGroupRange, key_group_range
-from state.rocksdb_store import RocksDBStore, StoreOptions
+from state.rocksdb_options import StoreOptions
+from state.rocksdb_store import RocksDBStore
 from state.store_encoding import decode_list, encode_list
 from state.write_buffer import BufferedTransaction
 

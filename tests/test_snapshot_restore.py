@@ -17,7 +17,8 @@ from state.keygroups import KeyGroupRange
 from state.local_copies import LocalCopies
 from state.paths import JobLayout
 from state.restore import ChecksumMismatchError, restore_subtask
-from state.rocksdb_store import RocksDBStore, StoreOptions
+from state.rocksdb_options import StoreOptions
+from state.rocksdb_store import RocksDBStore
 from state.snapshot import SubtaskSnapshotter
 from state.storage import LocalFileStorage, MissingFileError
 from tests.fakes import FaultyStorage

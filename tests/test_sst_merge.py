@@ -12,7 +12,8 @@ import pytest
 import rocksdict as rd
 
 from state.keygroups import KeyGroupRange
-from state.rocksdb_store import RocksDBStore, StoreOptions
+from state.rocksdb_options import StoreOptions
+from state.rocksdb_store import RocksDBStore
 from state.sst_merge import SstFile, live_sst_files, merge_by_files, why_not_mergeable
 
 OPTS = StoreOptions(write_buffer_mib=1, target_file_size_mib=1)
