@@ -52,6 +52,9 @@ class FaultyProxy:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # an answer's headers and body are two writes: with Nagle's algorithm the body
+            # waits for the client's delayed ACK of the headers, 40 ms a request on loopback
+            disable_nagle_algorithm = True
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
