@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,14 @@ _CAS_TRIES = 40  # conditional commits lose to any concurrent commit of the tabl
 _EXISTING: set[str] = set()  # catalog roots whose tables this process saw (never dropped)
 
 
+def _each_table(load: Callable[[str], bool]) -> list[bool]:
+    """``load`` of every catalog table at once, in :data:`TABLES`' order: on object storage a
+    table's load is a few round trips (its log checkpoint, a listing, its commits), and the
+    tables' loads need not wait for each other."""
+    with ThreadPoolExecutor(len(TABLES), thread_name_prefix="cutline-catalog") as pool:
+        return list(pool.map(load, TABLES))
+
+
 def is_conflict(error: BaseException) -> bool:
     """Whether ``error`` is a Delta commit conflict (another writer committed first)."""
     from deltalake.exceptions import CommitFailedError
@@ -90,7 +99,7 @@ class DeltaCatalog(CatalogReader, JobCatalog):
         """Every catalog table exists under the catalog root ``root`` (looked up once per
         process: a start opens the catalog twice, GC checks and opens it)."""
         if str(root) not in _EXISTING and all(
-            find_table(table_uri(root, name)) is not None for name in TABLES
+            _each_table(lambda name: find_table(table_uri(root, name)) is not None)
         ):
             _EXISTING.add(str(root))
         return str(root) in _EXISTING
@@ -102,11 +111,14 @@ class DeltaCatalog(CatalogReader, JobCatalog):
 
         if self.root in _EXISTING:
             return
-        missing = []
-        for name in TABLES:  # loaded into the handles the reads and commits use next
+
+        def found(name: str) -> bool:  # loaded into the handle the reads and commits use next
             with self.handle(name).find() as table:
-                if table is None:
-                    missing.append(name)
+                return table is not None
+
+        missing = [
+            name for name, there in zip(TABLES, _each_table(found), strict=True) if not there
+        ]
         if not missing:
             _EXISTING.add(self.root)
         for name in missing:

@@ -156,15 +156,24 @@ def check_roles(paths: RuntimePaths, roles=DRIVER_ROLES) -> None:
     process (a missing bucket or directory, denied access, missing or wrong credentials): a
     restart with the same configuration could not help. Transient errors pass: the run's own
     retries meet them."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from state.redaction import redact
     from state.storage import AccessError, open_storage
 
-    for label, field_name in roles:
-        url = getattr(paths, field_name)
+    def probe(url: str) -> AccessError | None:
         try:
             open_storage(url).probe()
         except AccessError as e:
-            raise ConfigurationError(f"{label} {redact(url)}: {redact(str(e))}") from e
+            return e
+        return None
+
+    urls = [getattr(paths, field_name) for _, field_name in roles]
+    with ThreadPoolExecutor(len(urls), thread_name_prefix="cutline-probe") as pool:
+        refusals = list(pool.map(probe, urls))  # one round trip for all, not one each
+    for (label, _), url, refused in zip(roles, urls, refusals, strict=True):
+        if refused is not None:
+            raise ConfigurationError(f"{label} {redact(url)}: {redact(str(refused))}") from refused
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
