@@ -3,6 +3,7 @@ job's own sources and stops, reads without writing, and a failure of it is only 
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +34,10 @@ def test_the_warm_up_query_runs_a_micro_batch_of_the_job_and_leaves_nothing(spar
     assert any("warm-up query over the job's sources ran a micro-batch" in x for x in lines)
     assert not spark.streams.active, "stopped"
     assert files_under(tmp_path) == before, "it only read"
-    left = list(Path(tempfile.gettempdir()).glob(f"cutline-{job.name}-warm-up-*"))
+    # this process's (spark_jobs/driver/scratch.py names them by pid): a standby of a test
+    # beside this one may be warming up the same job at this moment
+    mine = f"cutline-{job.name}-warm-up-query-{os.getpid()}-*"
+    left = list(Path(tempfile.gettempdir()).glob(mine))
     assert not left, f"its scratch checkpoint is removed: {left}"
 
 
