@@ -76,9 +76,10 @@ class RocksDBStore(KeyedStateBackend):
             opts = self.options.to_rocksdb()
             opts.set_disable_auto_compactions(not compactions)
             self._db = open_rdict(self.path, opts)
-            trigger = self.options.level0_trigger(self._db.live_files())
-            if compactions and trigger != self.options.l0_max_files:
-                self._db.set_options({"level0_file_num_compaction_trigger": str(trigger)})
+            if compactions:  # the file list is read only when the open may start one
+                trigger = self.options.level0_trigger(self._db.live_files())
+                if trigger != self.options.l0_max_files:
+                    self._db.set_options({"level0_file_num_compaction_trigger": str(trigger)})
         except Exception as e:
             if self._db is not None:
                 self._db.close()
