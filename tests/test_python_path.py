@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pyspark
 
-from spark_jobs.deploy.session import WORKER_SITE
+from spark_jobs.deploy.python_env import WORKER_SITE
 from spark_jobs.executor.python_path import prefer_installed_pyspark
 
 INSTALLED = Path(pyspark.__file__).parent

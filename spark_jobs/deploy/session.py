@@ -35,7 +35,7 @@ from cutline.sources.dependencies import (
 from spark_jobs.deploy.class_archive import driver_java_options
 from spark_jobs.deploy.distribution import spark_home
 from spark_jobs.deploy.java_check import require_java
-from spark_jobs.deploy.python_env import python_environment
+from spark_jobs.deploy.python_env import WORKER_SITE, python_environment
 
 DELTA_VERSION = "4.4.0"
 # the script spark-submit runs: the ``cutline`` command line's entry point
@@ -148,7 +148,6 @@ LATE_C2 = (
     "-XX:Tier4CompileThreshold=150000",
     "-XX:Tier4BackEdgeThreshold=400000",
 )
-WORKER_SITE = Path(__file__).with_name("worker_site")  # its sitecustomize.py
 QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
 
 # What Ivy's resolution depends on; a start with the same values gets the same jars.
