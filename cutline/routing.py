@@ -15,15 +15,18 @@ import base64
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
-from cutline.job import JobDefinition
 from cutline.keyed_process import SOURCE_COLUMN, Key, key_columns
 from cutline.sources.base import NEXT_OFFSET_COLUMN, PARTITION_COLUMN
 from cutline.validation import JobDefinitionError
 from state.keygroups import KeyType, key_groups, subtask_for_key_group
+
+if TYPE_CHECKING:
+    from cutline.job import JobDefinition
 
 SUBTASK_COLUMN = "_subtask"
 STAGE_COLUMN = "_stage"  # at the map side: the index of the stage that reads the record's source
