@@ -14,7 +14,12 @@ Prints each run and the medians; writes bench/results/cold_restart.json. With ``
 the state is instead left by a driver killed with ``kill -9`` after S seconds of the peer
 benchmark's sustained input (20,000 records/s), as the peer benchmark's restart finds it, and
 every run restarts the shipped driver from a copy of that same state
-(bench/results/cold_restart_after_kill.json).
+(bench/results/cold_restart_after_kill.json). With ``--checkouts A B ...`` as well (git
+worktrees of the commits compared), the restarts alternate between those checkouts' drivers,
+all from the one killed state, so that a change's effect is not the machine's drift:
+
+    git worktree add /tmp/before HEAD~1
+    .venv/bin/python bench/cold_restart_bench.py --after-kill 90 --checkouts /tmp/before .
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import itertools
 import json
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -78,26 +84,39 @@ def kill_mid_stream(home: Path, keys: int, ts: int, seconds: float) -> int:
 
 
 def after_kill(home: Path, args: argparse.Namespace) -> list[dict]:
-    """``--repeat`` restarts, each from a copy of one state a killed driver left."""
+    """``--repeat`` restarts (of each checkout in turn), each from a copy of one state a killed
+    driver left."""
     keys, ts = build_state(home, args.mib)
     ts = kill_mid_stream(home, keys, ts, args.after_kill)
     killed = home.with_name(home.name + "-killed")
     shutil.copytree(home, killed, symlinks=True)  # the local copies' hard links become files
     runs = []
     for i in range(args.repeat):
-        shutil.rmtree(home)
-        shutil.copytree(killed, home, symlinks=True)  # the same path: the roots are checked
-        run = restart(
-            home, Appender(log_writer(home / "log"), keys, 1, ts, seed=3), args.batches, []
-        )
-        runs.append(run)
-        print(f"after kill {i + 1}: {json.dumps(run)}", flush=True)
+        for root in args.checkouts:
+            shutil.rmtree(home)
+            shutil.copytree(killed, home, symlinks=True)  # the same path: the roots are checked
+            appender = Appender(log_writer(home / "log"), keys, 1, ts, seed=3)
+            run = {"commit": commit_of(root), **restart(home, appender, args.batches, [], root)}
+            runs.append(run)
+            print(f"after kill {i + 1}: {json.dumps(run)}", flush=True)
     return runs
 
 
-def restart(home: Path, appender: Appender, batches: int, more: list[str]) -> dict:
+def commit_of(root: Path) -> str:
+    """The commit checked out at ``root``, with ``+`` when it has changes not committed."""
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True).stdout
+
+    dirty = "+" if git("status", "--porcelain", "--untracked-files=no").strip() else ""
+    return git("rev-parse", "--short", "HEAD").strip() + dirty
+
+
+def restart(
+    home: Path, appender: Appender, batches: int, more: list[str], root: Path = ROOT
+) -> dict:
     appender.append(BATCH * 2 * batches)
-    driver = start_driver("cutline", home, BATCH, "--max-batches", str(batches), *more)
+    driver = start_driver("cutline", home, BATCH, "--max-batches", str(batches), *more, root=root)
     code = driver.proc.wait(timeout=600)
     time.sleep(0.5)  # the reader thread's last lines
     if code != 0 or len(driver.batches) < batches:
@@ -117,12 +136,19 @@ def after_kill_result(args: argparse.Namespace) -> dict:
         runs = after_kill((args.work or Path(tmp)) / "home", args)
     first = statistics.median(r["to_first_batch_s"] for r in runs)
     print(f"after a kill: first micro-batch {first} s after the process start (median)")
+    by_commit = {
+        c: statistics.median(r["to_first_batch_s"] for r in runs if r["commit"] == c)
+        for c in dict.fromkeys(r["commit"] for r in runs)
+    }
+    if len(by_commit) > 1:
+        print(f"medians by commit: {by_commit}")
     return {
         "what": f"cold restart of the peer benchmark's job at {args.mib} MiB of state from what "
         f"a driver killed after {args.after_kill:.0f} s of sustained input left: process start "
         f"to the first micro-batch ({BATCH:,} records per partition, local[2])",
         "runs": runs,
         "median_to_first_batch_s": first,
+        "median_by_commit": by_commit,
     }
 
 
@@ -164,6 +190,13 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=8, help="micro-batches per restart")
     parser.add_argument("--after-kill", type=float, metavar="S", help="see the module's doc")
     parser.add_argument("--work", type=Path, help="--after-kill: keep the state here")
+    parser.add_argument(
+        "--checkouts",
+        type=lambda p: Path(p).resolve(),
+        nargs="+",
+        default=[ROOT],
+        help="--after-kill: restart these checkouts' drivers in turn (default: this one)",
+    )
     parser.add_argument("--out", help="default: bench/results/cold_restart[_after_kill].json")
     args = parser.parse_args()
     name = "cold_restart_after_kill" if args.after_kill else "cold_restart"

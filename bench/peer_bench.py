@@ -180,10 +180,15 @@ class Driver:
         self.proc.wait(timeout=60)
 
 
-def start_driver(system: str, home: Path, batch_records: int, *more: str) -> Driver:
+def start_driver(
+    system: str, home: Path, batch_records: int, *more: str, root: Path = ROOT
+) -> Driver:
     """Starts one driver of ``system`` on ``home`` in its own process group, with ``more``
-    arguments (Cutline: of ``cutline run``; Flink: of bench/peer_flink.py)."""
+    arguments (Cutline: of ``cutline run``; Flink: of bench/peer_flink.py). ``root``: the
+    checkout whose Cutline runs (another commit's worktree, to compare two)."""
     env = {**os.environ, "CUTLINE_EVENTS": "stdout", "PYTHONUNBUFFERED": "1"}
+    if root != ROOT:
+        env["PYTHONPATH"] = str(root)
     if system == "cutline":
         cmd = [sys.executable, "-m", "spark_jobs.commands", "--home", str(home), "run", JOB,
                "--master", "local[2]",
@@ -197,7 +202,7 @@ def start_driver(system: str, home: Path, batch_records: int, *more: str) -> Dri
     log = open(home / "driver.log", "ab")  # noqa: SIM115 - owned by the reader thread
     proc = subprocess.Popen(
         cmd,
-        cwd=ROOT,
+        cwd=root,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
