@@ -65,24 +65,28 @@ def make_home(base: Path, name: str) -> Path:
 GRACE_S = 4.0
 
 
-def settled_bytes(paths: RuntimePaths, since_s: float) -> int:
-    """Bytes under the job's root older than ``since_s`` (outside the grace window, whose
-    uploads may belong to pending checkpoints)."""
-    storage = open_storage(paths.checkpoint_root)
-    listed = storage.list(JOB)
+def listed_root(paths: RuntimePaths) -> list:
+    """What the job's root holds now (one listing, for :func:`settled_bytes` and
+    :func:`protected_bytes`)."""
+    return list(open_storage(paths.checkpoint_root).list(JOB))
+
+
+def settled_bytes(listed: list, since_s: float) -> int:
+    """Bytes of ``listed`` older than ``since_s`` (outside the grace window, whose uploads may
+    belong to pending checkpoints)."""
     return sum(i.size for i in listed if i.modified < since_s and "/_acks/" not in i.path)
 
 
-def protected_bytes(paths: RuntimePaths, protected: list[int]) -> int:
+def protected_bytes(paths: RuntimePaths, listed: list, protected: list[int]) -> int:
     """The bound of what a pass leaves: what the checkpoints it protected hold (the retained
     ones, those subsumed within the grace period, the one the attempt restored from; which
-    ones: tests/test_gc_plan.py), their full sizes and their own manifests and claims added
-    up. Not (num_retained + 1) x the largest retained one: a compaction shrinks the state, and
-    the checkpoint just subsumed, or restored from, can be several times the retained ones."""
+    ones: tests/test_gc_plan.py), their full sizes and their own manifests and claims (found in
+    ``listed``) added up. Not (num_retained + 1) x the largest retained one: a compaction
+    shrinks the state, and the checkpoint just subsumed, or restored from, can be several times
+    the retained ones."""
     sizes = {r.checkpoint_id: r.full_size for r in CatalogReader(paths.catalog).checkpoints(JOB)}
     layout = JobLayout(JOB)
     own = {layout.job_path(f(c)) for c in protected for f in (layout.metadata, layout.claim)}
-    listed = open_storage(paths.checkpoint_root).list(JOB)
     return sum(sizes[c] for c in protected) + sum(i.size for i in listed if i.path in own)
 
 
@@ -101,8 +105,9 @@ def test_gc_while_the_job_runs_and_restores_keeps_storage_bounded_and_output_exa
         report = collect_garbage(JOB, paths, grace_s=GRACE_S, log=lambda *_: None)
         passes += 1
         deleted += report.files_deleted
-        old = settled_bytes(paths, started - GRACE_S)
-        limit = protected_bytes(paths, report.protected)
+        listed = listed_root(paths)
+        old = settled_bytes(listed, started - GRACE_S)
+        limit = protected_bytes(paths, listed, report.protected)
         history.append((old, limit, report.stored_bytes, report.retained, report.protected))
         if measure:
             worst = max(worst, old / limit)
@@ -434,7 +439,8 @@ def _cutline_gc(home: Path, paths: RuntimePaths, name: str, job: Popen | None = 
     proc = cutline(home, "gc", JOB, "--grace-s", str(GRACE_S), "--json", env=env, log=log)
     while not marker.exists() and proc.poll() is None:
         time.sleep(0.05)
-    old = settled_bytes(paths, started - GRACE_S)
+    listed = listed_root(paths)  # the protected checkpoints' manifests stay through the pass
+    old = settled_bytes(listed, started - GRACE_S)
     if job is not None:
         wait_for(Path(f"{gate}.planned").exists, 120, "the registry plan", proc)
         # loaded now: the plan read this version or an older one
@@ -461,7 +467,7 @@ def _cutline_gc(home: Path, paths: RuntimePaths, name: str, job: Popen | None = 
     return {
         **out,
         "latest": max(gc["retained"]),
-        "ratio": old / protected_bytes(paths, gc["protected"]),
+        "ratio": old / protected_bytes(paths, listed, gc["protected"]),
         "deleted": gc["files_deleted"],
         "replans": gc["registry_replans"],
         "retried": gc["conflicts_retried"],
