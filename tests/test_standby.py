@@ -252,7 +252,12 @@ def test_without_a_live_standby_the_supervisor_leaves_the_restore_to_its_orchest
 
 # -- end to end ------------------------------------------------------------------------------
 
-RUN = ["--until-caught-up", "--interval-ms", "1000", "--max-records-per-partition", "1500"]
+# the run ends IDLE_S after its input stops: a driver catches up with the feeder between two of
+# its appends (micro-batches run about twice a second), so `--until-caught-up` would end a run
+# while the kills go on
+IDLE_S = 5
+RUN = ["--idle-timeout", str(IDLE_S), "--interval-ms", "1000"]
+RUN += ["--max-records-per-partition", "1500"]
 
 
 def drivers_event(log: Path) -> list[dict]:
@@ -285,9 +290,8 @@ def active_after(log: Path, number: int, proc: subprocess.Popen, timeout: float 
 
 
 def feeding(home: Path, stop: threading.Event) -> threading.Thread:
-    """A thread appending 750 clicks per partition every 0.5 s on the wall clock until ``stop``:
-    as fast as ``RUN``'s read limit lets a driver consume (1,500 per partition a second), so a
-    driver running ``--until-caught-up`` never catches up while the kills go on."""
+    """A thread appending 750 clicks per partition every 0.5 s on the wall clock until
+    ``stop``: a running driver is never ``IDLE_S`` without input while the kills go on."""
 
     def feed() -> None:
         began = time.monotonic()
@@ -308,8 +312,8 @@ def test_the_standby_takes_over_from_killed_drivers_exactly_once(tmp_path):
     seed, rng = tiers.SEED, tiers.rng("standby kills")
     home = tmp_path / "home"
     kills = 2 if tiers.landing() else 5
-    # a backlog of 13 micro-batches, and input arriving as fast as it is read until the last
-    # kill: the driver killed is never one that already ended
+    # a backlog, and input arriving until the last kill: the driver killed is never one that
+    # already ended
     generate(home / "log", "clicks", "clicks", count=20_000, seed=7, users=3_000)
     stop = threading.Event()
     feeder = feeding(home, stop)
