@@ -102,30 +102,48 @@ def wait_for_hosts(sc, hosts: set[str], timeout_s: float) -> set[str]:
         time.sleep(0.5)
 
 
+def _placed_jrdd(sc, elements: Sequence[object], hosts: Sequence[Sequence[str]]):
+    """A JVM RDD of ``len(hosts)`` partitions: partition *i* holds ``elements[i]`` and prefers
+    ``hosts[i]`` (no preference if empty)."""
+    jvm = sc._jvm
+    seq = jvm.PythonUtils.toSeq
+    pairs = [jvm.scala.Tuple2(e, seq(list(h))) for e, h in zip(elements, hosts, strict=True)]
+    tag = jvm.scala.reflect.ClassTag.AnyRef()
+    return sc._jsc.sc().makeRDD(seq(pairs), tag)
+
+
 def placed_rdd(sc, hosts: Sequence[Sequence[str]]):
     """An RDD of ``len(hosts)`` partitions: partition *i* holds the string ``"i"`` and prefers
     ``hosts[i]`` (no preference if empty)."""
     from pyspark.core.rdd import RDD
     from pyspark.serializers import UTF8Deserializer
 
-    jvm = sc._jvm
-    pairs = [jvm.scala.Tuple2(str(i), jvm.PythonUtils.toSeq(list(h))) for i, h in enumerate(hosts)]
-    tag = jvm.scala.reflect.ClassTag.AnyRef()
-    jrdd = sc._jsc.sc().makeRDD(jvm.PythonUtils.toSeq(pairs), tag).toJavaRDD()
+    jrdd = _placed_jrdd(sc, [str(i) for i in range(len(hosts))], hosts).toJavaRDD()
     return RDD(jrdd, sc, UTF8Deserializer())
 
 
 def anchor_rdd(sc, hosts: Sequence[Sequence[str]]):
     """The attempt's anchor (see the module docstring), materialised: its shuffle output for
-    subtask *i* sits on ``hosts[i]`` when given. Keep a reference for as long as the attempt runs
-    (Spark removes the shuffle output of an RDD the driver no longer references)."""
-    parallelism = len(hosts)
-    anchor = (
-        placed_rdd(sc, hosts)
-        .map(lambda i: (int(i), None))
-        .partitionBy(parallelism, subtask_partition)
+    subtask *i* sits on ``hosts[i]`` when given, and its items are ``(i, None)``. Built and
+    shuffled in the JVM alone (the items pickled here, the partitioner the one PySpark's
+    ``partitionBy(parallelism, subtask_partition)`` makes), so no Python worker runs for it.
+    Keep a reference for as long as the attempt runs (Spark removes the shuffle output of an
+    RDD the driver no longer references)."""
+    from pyspark.core.rdd import RDD, Partitioner
+    from pyspark.serializers import BatchedSerializer
+
+    parallelism, jvm = len(hosts), sc._jvm
+    pickled = sc._unbatched_serializer
+    items = [jvm.scala.Tuple2(i, pickled.dumps([(i, None)])) for i in range(parallelism)]
+    tag = jvm.scala.reflect.ClassTag.AnyRef()
+    pairs = jvm.org.apache.spark.api.java.JavaPairRDD.fromRDD(
+        _placed_jrdd(sc, items, hosts), tag, tag
     )
-    anchor.foreachPartition(lambda _: None)
+    partitioner = jvm.PythonPartitioner(parallelism, id(subtask_partition))
+    jrdd = jvm.PythonRDD.valueOfPair(pairs.partitionBy(partitioner))
+    jrdd.count()
+    anchor = RDD(jrdd, sc, BatchedSerializer(pickled))
+    anchor.partitioner = Partitioner(parallelism, subtask_partition)
     return anchor
 
 
