@@ -1,6 +1,6 @@
-"""PySpark's Python, and the worker site its processes import PySpark through, are named in the
-environment before any thread starts, and never written while other threads run (a setenv
-beside a native getenv crashed a driver)."""
+"""PySpark's Python, the worker site its processes import PySpark through and the launcher's class
+archive are named in the environment before any thread starts, and never written while other
+threads run (a setenv beside a native getenv crashed a driver)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 from spark_jobs.deploy.python_env import PYTHON_VARIABLES, WORKER_SITE, python_environment
 
@@ -75,3 +76,48 @@ def test_the_command_names_them_before_anything_else():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == sys.executable
+
+
+LAUNCHER_SCRIPT = """
+import os, threading
+from spark_jobs.deploy.class_archive import launcher_archive_path
+from spark_jobs.deploy.python_env import LAUNCHER_OPTS, python_environment
+stop = threading.Event()
+if os.environ.get("THREADED"):
+    threading.Thread(target=stop.wait, name="cutline-plan_0").start()
+python_environment()
+stop.set()
+print(launcher_archive_path())
+print(os.environ.get(LAUNCHER_OPTS, "-"))
+"""
+
+
+def _launcher_opts(tmp_path, **env: str) -> tuple[str, str]:
+    """The launcher archive's path, and ``SPARK_LAUNCHER_OPTS`` after ``python_environment`` in
+    a process whose environment is this one's with ``env`` (PySpark's Python named)."""
+    unset = ("SPARK_LAUNCHER_OPTS", "THREADED", "CUTLINE_CLASS_ARCHIVE")
+    base = {k: v for k, v in os.environ.items() if k not in unset}
+    base.update({name: sys.executable for name in PYTHON_VARIABLES})
+    base.update({"CUTLINE_CLASS_ARCHIVE_DIR": str(tmp_path), **env})
+    out = subprocess.run(
+        [sys.executable, "-c", LAUNCHER_SCRIPT], env=base, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    path, opts = out.stdout.splitlines()
+    return path, opts
+
+
+def test_the_launchers_archive_is_named_when_it_exists_and_the_process_is_alone(tmp_path):
+    path, opts = _launcher_opts(tmp_path)
+    assert opts == "-", "no archive yet: nothing named"
+    Path(path).write_bytes(b"archive")
+    _, opts = _launcher_opts(tmp_path)
+    assert opts.split() == [
+        "-Xshare:auto",
+        f"-XX:SharedArchiveFile={path}",
+        "-Xlog:disable",
+        "-Xlog:all=warning:stderr",  # the launcher's stdout is the command spark-class runs
+    ]
+    assert _launcher_opts(tmp_path, THREADED="1")[1] == "-", "a speed-up: never beside threads"
+    assert _launcher_opts(tmp_path, CUTLINE_CLASS_ARCHIVE="off")[1] == "-"
+    assert _launcher_opts(tmp_path, SPARK_LAUNCHER_OPTS="-Xmx64m")[1] == "-Xmx64m", "theirs kept"

@@ -209,3 +209,46 @@ def test_a_callers_driver_java_options_come_after_cutlines_instead_of_replacing_
     monkeypatch.setenv("CUTLINE_CLASS_ARCHIVE", "off")
     conf = session_conf(extra={"spark.driver.extraJavaOptions": own})
     assert conf["spark.driver.extraJavaOptions"].split() == [*LATE_C2, *own.split()]
+
+
+STALE_LAUNCHER = """
+import sys
+from spark_jobs.deploy.python_env import python_environment
+from spark_jobs.deploy.session import build_spark
+python_environment()
+print(build_spark("local[1]").range(3).count())
+"""
+
+
+@pytest.mark.spark
+def test_a_stale_launcher_archive_costs_only_its_speed_up(tmp_path):
+    """The JVM's warning about a launcher archive that does not match (made for another class
+    path) goes to stderr, not to the launcher's stdout (spark-class passes what precedes the
+    command line there to the driver's stdout, where a run's events may go); the driver
+    starts."""
+    import os
+
+    from spark_jobs.deploy.distribution import spark_home
+    from spark_jobs.deploy.java_check import find_java
+
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_LAUNCHER_OPTS", "THREADED")}
+    env.update(CUTLINE_CLASS_ARCHIVE_DIR=str(tmp_path), CUTLINE_CLASS_ARCHIVE="on")
+    stale = tmp_path / "stale.jsa"
+    launcher_jar = next((spark_home() / "jars").glob("spark-launcher_*.jar"))
+    java, _ = find_java()
+    dump = [java, f"-XX:ArchiveClassesAtExit={stale}", "-Xlog:disable", "-cp", str(launcher_jar)]
+    subprocess.run([*dump, "org.apache.spark.launcher.Main"], capture_output=True, check=False)
+    assert stale.is_file()
+    path = subprocess.run(
+        [sys.executable, "-c", "from spark_jobs.deploy import class_archive as c\n"
+         "print(c.launcher_archive_path())"],
+        env=env, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    stale.rename(path)
+    out = subprocess.run(
+        [sys.executable, "-c", STALE_LAUNCHER], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines()[-1] == "3"
+    assert "Unable to use shared archive" in out.stderr, "the archive was named, and stale"
+    assert "shared archive" not in out.stdout

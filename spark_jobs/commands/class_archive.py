@@ -1,6 +1,7 @@
-"""Making the driver JVM's class-data archive (spark_jobs/deploy/class_archive.py says where it
-is and how drivers use it): a child process runs a short ``clicks_per_user`` and its restore
-through the ``cutline`` command, and its JVM dumps the classes they loaded when it exits.
+"""Making the JVMs' class-data archives (spark_jobs/deploy/class_archive.py says where they are
+and how drivers use them): a child process runs a short ``clicks_per_user`` and its restore
+through the ``cutline`` command; its driver JVM dumps the classes they loaded when it exits, and
+Spark's launcher JVM, run before it, the classes the launcher loaded.
 
     python -m spark_jobs.commands.class_archive [--force]
 """
@@ -15,7 +16,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from spark_jobs.deploy.class_archive import DUMP_TO, archive_path
+from spark_jobs.deploy.class_archive import (
+    DUMP_TO,
+    archive_path,
+    launcher_archive_path,
+    launcher_dump_options,
+)
+from spark_jobs.deploy.python_env import LAUNCHER_OPTS
 
 
 def _workload(home: Path) -> None:
@@ -38,26 +45,35 @@ def _workload(home: Path) -> None:
         gateway.proc.wait(timeout=600)
 
 
+def present() -> bool:
+    """Both archives for this Java and this Spark exist."""
+    paths = (archive_path(), launcher_archive_path())
+    return all(p is not None and p.is_file() for p in paths)
+
+
 def build(force: bool = False) -> Path:
-    """Make the archive for this Java and this Spark unless it exists (or ``force``): run the
-    workload in a child process whose JVM dumps to a temporary file, then move it into place."""
-    path = archive_path()
-    if path is None:
+    """Make the archives for this Java and this Spark unless both exist (or ``force``): run the
+    workload in a child process whose JVMs dump to temporary files, then move them into place.
+    Returns the driver's archive."""
+    path, launcher = archive_path(), launcher_archive_path()
+    if path is None or launcher is None:
         raise RuntimeError("no java: no class archive to make")
-    if path.is_file() and not force:
+    if present() and not force:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp, launcher_tmp = (p.with_suffix(f".{os.getpid()}.tmp") for p in (path, launcher))
     with tempfile.TemporaryDirectory(prefix="cutline-class-archive-") as home:
-        env = {**os.environ, DUMP_TO: str(tmp)}
+        env = {**os.environ, DUMP_TO: str(tmp), LAUNCHER_OPTS: launcher_dump_options(launcher_tmp)}
         cmd = [sys.executable, "-m", "spark_jobs.commands.class_archive", "--workload", home]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    if proc.returncode != 0 or not tmp.is_file():
+    if proc.returncode != 0 or not tmp.is_file() or not launcher_tmp.is_file():
         tmp.unlink(missing_ok=True)
+        launcher_tmp.unlink(missing_ok=True)
         raise RuntimeError(
-            f"making the class archive failed (exit {proc.returncode}):\n"
+            f"making the class archives failed (exit {proc.returncode}):\n"
             + (proc.stdout + proc.stderr)[-3000:]
         )
+    os.replace(launcher_tmp, launcher)
     os.replace(tmp, path)
     return path
 
@@ -74,12 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     if path is None:
         print("class archive: no java, nothing to make")
         return 0
-    if path.is_file() and not args.force:
+    if present() and not args.force:
         print(f"class archive: {path} (present)")
         return 0
     print(
-        "class archive: making the driver JVM's class archive, once for this Java and Spark (a "
-        "short job runs and restores; a minute or two): later drivers start faster",
+        "class archive: making the driver's and the launcher's JVM class archives, once for "
+        "this Java and Spark (a short job runs and restores; a minute or two): later drivers "
+        "start faster",
         flush=True,
     )
     started = time.monotonic()

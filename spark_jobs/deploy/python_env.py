@@ -1,5 +1,5 @@
-"""Which Python PySpark runs and what its processes import first: named in the environment
-before any thread starts.
+"""Which Python PySpark runs and what its processes import first, and the class-data archive of
+Spark's launcher: named in the environment before any thread starts.
 
 PySpark reads ``PYSPARK_PYTHON`` (its workers' interpreter) and, under spark-submit,
 ``PYSPARK_DRIVER_PYTHON`` from the environment. The driver JVM inherits this process's
@@ -8,14 +8,16 @@ runner) get its ``PYTHONPATH`` after Spark's zips: with :data:`WORKER_SITE` on i
 PySpark compiled instead of compiling it from the zip (spark_jobs/executor/python_path.py). Spark
 gives the executors' workers that directory itself (``spark.executorEnv.PYTHONPATH``), but not
 the planner that looks up installed data sources, which starts with every session: from the zip
-it took 0.5 s of CPU, on the path to the first micro-batch.
+it took 0.5 s of CPU, on the path to the first micro-batch. ``SPARK_LAUNCHER_OPTS`` names the
+launcher's class-data archive (spark_jobs/deploy/class_archive.py) when it exists.
 
 Writing the environment while another thread's native code reads it is undefined behaviour: a
 driver crashed in libc (``strlen``) while delta-rs read the catalog on its plan thread and the
 main thread set these variables. So the ``cutline`` command calls :func:`python_environment`
 first, while it is the process's only thread, and :func:`spark_jobs.deploy.session.build_spark`
 calls it again and finds nothing to write. A write of PySpark's Python with other threads running
-is refused, loudly; the worker site, only a speed-up, is then left out.
+is refused, loudly; the worker site and the launcher's archive, only speed-ups, are then left
+out (as they are where the environment names its own).
 """
 
 from __future__ import annotations
@@ -28,16 +30,24 @@ from pathlib import Path
 
 PYTHON_VARIABLES = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
 WORKER_SITE = Path(__file__).with_name("worker_site")  # its sitecustomize.py
+LAUNCHER_OPTS = "SPARK_LAUNCHER_OPTS"  # the JVM options spark-class gives Spark's launcher
 
 
 def python_environment() -> None:
-    """Name this interpreter as PySpark's Python where the environment names none, and put
-    :data:`WORKER_SITE` on ``PYTHONPATH`` when it is missing and this is the only thread;
-    raises ``RuntimeError`` instead of writing PySpark's Python while other threads run."""
+    """Name this interpreter as PySpark's Python where the environment names none, and, when
+    this is the only thread, put :data:`WORKER_SITE` on ``PYTHONPATH`` where it is missing and
+    name the launcher's archive where ``SPARK_LAUNCHER_OPTS`` is unset; raises ``RuntimeError``
+    instead of writing PySpark's Python while other threads run."""
+    from spark_jobs.deploy.class_archive import launcher_java_options
+
     values = {name: sys.executable for name in PYTHON_VARIABLES if name not in os.environ}
-    path = os.environ.get("PYTHONPATH", "")
-    if str(WORKER_SITE) not in path.split(os.pathsep) and (values or not _other_threads()):
-        values["PYTHONPATH"] = os.pathsep.join(p for p in (path, str(WORKER_SITE)) if p)
+    if values or not _other_threads():
+        path = os.environ.get("PYTHONPATH", "")
+        if str(WORKER_SITE) not in path.split(os.pathsep):
+            values["PYTHONPATH"] = os.pathsep.join(p for p in (path, str(WORKER_SITE)) if p)
+        launcher = None if LAUNCHER_OPTS in os.environ else launcher_java_options()
+        if launcher:
+            values[LAUNCHER_OPTS] = launcher
     set_environment(values)
 
 
