@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -221,30 +223,24 @@ print(build_spark("local[1]").range(3).count())
 
 
 @pytest.mark.spark
-def test_a_stale_launcher_archive_costs_only_its_speed_up(tmp_path):
+def test_a_stale_launcher_archive_costs_only_its_speed_up(tmp_path, monkeypatch):
     """The JVM's warning about a launcher archive that does not match (made for another class
     path) goes to stderr, not to the launcher's stdout (spark-class passes what precedes the
     command line there to the driver's stdout, where a run's events may go); the driver
     starts."""
-    import os
-
     from spark_jobs.deploy.distribution import spark_home
     from spark_jobs.deploy.java_check import find_java
 
-    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_LAUNCHER_OPTS", "THREADED")}
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_LAUNCHER_OPTS"}
     env.update(CUTLINE_CLASS_ARCHIVE_DIR=str(tmp_path), CUTLINE_CLASS_ARCHIVE="on")
-    stale = tmp_path / "stale.jsa"
-    launcher_jar = next((spark_home() / "jars").glob("spark-launcher_*.jar"))
+    monkeypatch.setenv("CUTLINE_CLASS_ARCHIVE_DIR", str(tmp_path))
+    stale = class_archive.archive_path("launcher")
+    # made over a copy of the launcher's jar: a class path no launcher ever runs with
+    jar = shutil.copy(next((spark_home() / "jars").glob("spark-launcher_*.jar")), tmp_path)
     java, _ = find_java()
-    dump = [java, f"-XX:ArchiveClassesAtExit={stale}", "-Xlog:disable", "-cp", str(launcher_jar)]
+    dump = [java, f"-XX:ArchiveClassesAtExit={stale}", "-Xlog:disable", "-cp", str(jar)]
     subprocess.run([*dump, "org.apache.spark.launcher.Main"], capture_output=True, check=False)
     assert stale.is_file()
-    path = subprocess.run(
-        [sys.executable, "-c", "from spark_jobs.deploy import class_archive as c\n"
-         "print(c.launcher_archive_path())"],
-        env=env, capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    stale.rename(path)
     out = subprocess.run(
         [sys.executable, "-c", STALE_LAUNCHER], env=env, capture_output=True, text=True
     )

@@ -18,11 +18,10 @@ from pathlib import Path
 
 from spark_jobs.deploy.class_archive import (
     DUMP_TO,
+    LAUNCHER_OPTS,
     archive_path,
-    launcher_archive_path,
     launcher_dump_options,
 )
-from spark_jobs.deploy.python_env import LAUNCHER_OPTS
 
 
 def _workload(home: Path) -> None:
@@ -45,36 +44,52 @@ def _workload(home: Path) -> None:
         gateway.proc.wait(timeout=600)
 
 
+def _wanted() -> list[Path]:
+    """The archives to have for this Java and this Spark: the driver's, and the launcher's where
+    its path can be given to spark-class (no blanks or glob characters)."""
+    path, launcher = archive_path(), archive_path("launcher")
+    if path is None or launcher is None:
+        return []
+    return [path] + ([launcher] if launcher_dump_options(launcher) else [])
+
+
 def present() -> bool:
-    """Both archives for this Java and this Spark exist."""
-    paths = (archive_path(), launcher_archive_path())
-    return all(p is not None and p.is_file() for p in paths)
+    """Every archive wanted exists (none is wanted without java)."""
+    return all(p.is_file() for p in _wanted())
 
 
 def build(force: bool = False) -> Path:
-    """Make the archives for this Java and this Spark unless both exist (or ``force``): run the
-    workload in a child process whose JVMs dump to temporary files, then move them into place.
-    Returns the driver's archive."""
-    path, launcher = archive_path(), launcher_archive_path()
-    if path is None or launcher is None:
+    """Make the archives for this Java and this Spark unless they exist (or ``force``): run the
+    workload in a child process whose JVMs dump to temporary files, then move each one made into
+    place. Returns the driver's archive."""
+    wanted = _wanted()
+    if not wanted:
         raise RuntimeError("no java: no class archive to make")
+    path = wanted[0]
     if present() and not force:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp, launcher_tmp = (p.with_suffix(f".{os.getpid()}.tmp") for p in (path, launcher))
-    with tempfile.TemporaryDirectory(prefix="cutline-class-archive-") as home:
-        env = {**os.environ, DUMP_TO: str(tmp), LAUNCHER_OPTS: launcher_dump_options(launcher_tmp)}
-        cmd = [sys.executable, "-m", "spark_jobs.commands.class_archive", "--workload", home]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    if proc.returncode != 0 or not tmp.is_file() or not launcher_tmp.is_file():
-        tmp.unlink(missing_ok=True)
-        launcher_tmp.unlink(missing_ok=True)
-        raise RuntimeError(
-            f"making the class archives failed (exit {proc.returncode}):\n"
-            + (proc.stdout + proc.stderr)[-3000:]
-        )
-    os.replace(launcher_tmp, launcher)
-    os.replace(tmp, path)
+    tmps = {p: p.with_suffix(f".{os.getpid()}.tmp") for p in wanted}
+    env = {**os.environ, DUMP_TO: str(tmps[path])}
+    for launcher in wanted[1:]:  # its temporary name is one word where its final name is
+        env[LAUNCHER_OPTS] = launcher_dump_options(tmps[launcher]) or ""
+    try:
+        with tempfile.TemporaryDirectory(prefix="cutline-class-archive-") as home:
+            cmd = [sys.executable, "-m", "spark_jobs.commands.class_archive", "--workload", home]
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        if proc.returncode == 0:  # each archive made is whole: the JVMs exited in order
+            for final, tmp in tmps.items():
+                if tmp.is_file():
+                    os.replace(tmp, final)
+        missing = [p.name for p in tmps if not p.is_file()]
+        if proc.returncode != 0 or missing:
+            raise RuntimeError(
+                f"making the class archives failed (exit {proc.returncode}; missing: "
+                f"{missing}):\n" + (proc.stdout + proc.stderr)[-3000:]
+            )
+    finally:
+        for tmp in tmps.values():
+            tmp.unlink(missing_ok=True)
     return path
 
 

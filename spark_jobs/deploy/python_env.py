@@ -28,9 +28,10 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
+from spark_jobs.deploy.class_archive import LAUNCHER_OPTS, launcher_java_options
+
 PYTHON_VARIABLES = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
 WORKER_SITE = Path(__file__).with_name("worker_site")  # its sitecustomize.py
-LAUNCHER_OPTS = "SPARK_LAUNCHER_OPTS"  # the JVM options spark-class gives Spark's launcher
 
 
 def python_environment() -> None:
@@ -38,8 +39,6 @@ def python_environment() -> None:
     this is the only thread, put :data:`WORKER_SITE` on ``PYTHONPATH`` where it is missing and
     name the launcher's archive where ``SPARK_LAUNCHER_OPTS`` is unset; raises ``RuntimeError``
     instead of writing PySpark's Python while other threads run."""
-    from spark_jobs.deploy.class_archive import launcher_java_options
-
     values = {name: sys.executable for name in PYTHON_VARIABLES if name not in os.environ}
     if values or not _other_threads():
         path = os.environ.get("PYTHONPATH", "")

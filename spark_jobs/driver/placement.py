@@ -28,6 +28,11 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+    from pyspark.core.rdd import RDD
 
 ANCHOR_COPIES = 2  # anchor parents in each union: outvote the batch's own preferred hosts
 
@@ -102,17 +107,20 @@ def wait_for_hosts(sc, hosts: set[str], timeout_s: float) -> set[str]:
         time.sleep(0.5)
 
 
-def _placed_jrdd(sc, elements: Sequence[object], hosts: Sequence[Sequence[str]]):
-    """A JVM RDD of ``len(hosts)`` partitions: partition *i* holds ``elements[i]`` and prefers
-    ``hosts[i]`` (no preference if empty)."""
+def _placed_jrdd(sc: SparkContext, elements: Sequence[object], hosts: Sequence[Sequence[str]]):
+    """A JVM RDD (of ``AnyRef``) of ``len(hosts)`` partitions: partition *i* holds
+    ``elements[i]`` and prefers ``hosts[i]`` (no preference if empty)."""
     jvm = sc._jvm
     seq = jvm.PythonUtils.toSeq
     pairs = [jvm.scala.Tuple2(e, seq(list(h))) for e, h in zip(elements, hosts, strict=True)]
-    tag = jvm.scala.reflect.ClassTag.AnyRef()
-    return sc._jsc.sc().makeRDD(seq(pairs), tag)
+    return sc._jsc.sc().makeRDD(seq(pairs), _any_ref(sc))
 
 
-def placed_rdd(sc, hosts: Sequence[Sequence[str]]):
+def _any_ref(sc: SparkContext):
+    return sc._jvm.scala.reflect.ClassTag.AnyRef()
+
+
+def placed_rdd(sc: SparkContext, hosts: Sequence[Sequence[str]]) -> RDD[str]:
     """An RDD of ``len(hosts)`` partitions: partition *i* holds the string ``"i"`` and prefers
     ``hosts[i]`` (no preference if empty)."""
     from pyspark.core.rdd import RDD
@@ -122,7 +130,7 @@ def placed_rdd(sc, hosts: Sequence[Sequence[str]]):
     return RDD(jrdd, sc, UTF8Deserializer())
 
 
-def anchor_rdd(sc, hosts: Sequence[Sequence[str]]):
+def anchor_rdd(sc: SparkContext, hosts: Sequence[Sequence[str]]) -> RDD[tuple[int, None]]:
     """The attempt's anchor (see the module docstring), materialised: its shuffle output for
     subtask *i* sits on ``hosts[i]`` when given, and its items are ``(i, None)``. Built and
     shuffled in the JVM alone (the items pickled here, the partitioner the one PySpark's
@@ -134,11 +142,10 @@ def anchor_rdd(sc, hosts: Sequence[Sequence[str]]):
 
     parallelism, jvm = len(hosts), sc._jvm
     pickled = sc._unbatched_serializer
+    # key i reaches the JVM as an Integer, which PythonPartitioner places by its hash code: i
     items = [jvm.scala.Tuple2(i, pickled.dumps([(i, None)])) for i in range(parallelism)]
-    tag = jvm.scala.reflect.ClassTag.AnyRef()
-    pairs = jvm.org.apache.spark.api.java.JavaPairRDD.fromRDD(
-        _placed_jrdd(sc, items, hosts), tag, tag
-    )
+    placed, tag = _placed_jrdd(sc, items, hosts), _any_ref(sc)
+    pairs = jvm.org.apache.spark.api.java.JavaPairRDD.fromRDD(placed, tag, tag)
     partitioner = jvm.PythonPartitioner(parallelism, id(subtask_partition))
     jrdd = jvm.PythonRDD.valueOfPair(pairs.partitionBy(partitioner))
     jrdd.count()
@@ -147,7 +154,7 @@ def anchor_rdd(sc, hosts: Sequence[Sequence[str]]):
     return anchor
 
 
-def pin_to_anchor(batch, anchor):
+def pin_to_anchor(batch: RDD, anchor: RDD) -> RDD:
     """``batch`` (keyed by subtask, partitioned with :func:`subtask_partition`) in one RDD with
     the anchor, so that partition *i* runs on subtask *i*'s host."""
     return batch.context.union([batch] + [anchor] * ANCHOR_COPIES)
