@@ -82,8 +82,8 @@ def test_the_command_names_them_before_anything_else():
 
 LAUNCHER_SCRIPT = """
 import os, threading
-from spark_jobs.deploy.class_archive import archive_path
-from spark_jobs.deploy.python_env import LAUNCHER_OPTS, python_environment
+from spark_jobs.deploy.class_archive import LAUNCHER_OPTS, archive_path
+from spark_jobs.deploy.python_env import python_environment
 stop = threading.Event()
 if os.environ.get("THREADED"):
     threading.Thread(target=stop.wait, name="cutline-plan_0").start()

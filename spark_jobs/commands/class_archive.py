@@ -20,6 +20,7 @@ from spark_jobs.deploy.class_archive import (
     DUMP_TO,
     LAUNCHER_OPTS,
     archive_path,
+    fits_launcher_opts,
     launcher_dump_options,
 )
 
@@ -50,7 +51,7 @@ def _wanted() -> list[Path]:
     path, launcher = archive_path(), archive_path("launcher")
     if path is None or launcher is None:
         return []
-    return [path] + ([launcher] if launcher_dump_options(launcher) else [])
+    return [path] + ([launcher] if fits_launcher_opts(launcher) else [])
 
 
 def present() -> bool:
@@ -71,8 +72,8 @@ def build(force: bool = False) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmps = {p: p.with_suffix(f".{os.getpid()}.tmp") for p in wanted}
     env = {**os.environ, DUMP_TO: str(tmps[path])}
-    for launcher in wanted[1:]:  # its temporary name is one word where its final name is
-        env[LAUNCHER_OPTS] = launcher_dump_options(tmps[launcher]) or ""
+    if len(wanted) > 1:  # the launcher's: its temporary name fits where its final name does
+        env[LAUNCHER_OPTS] = launcher_dump_options(tmps[wanted[1]])
     try:
         with tempfile.TemporaryDirectory(prefix="cutline-class-archive-") as home:
             cmd = [sys.executable, "-m", "spark_jobs.commands.class_archive", "--workload", home]

@@ -75,9 +75,9 @@ def _off() -> bool:
 _LAUNCHER_LOG = "-Xlog:disable -Xlog:all=warning:stderr"
 
 
-def _word(path: Path) -> bool:
-    """spark-class splits ``SPARK_LAUNCHER_OPTS`` on blanks and expands globs: ``path`` must
-    stay one word."""
+def fits_launcher_opts(path: Path) -> bool:
+    """``path`` stays one word in ``SPARK_LAUNCHER_OPTS``, which spark-class splits on blanks
+    and expands as globs."""
     return not re.search(r"[\s*?\[]", str(path))
 
 
@@ -85,15 +85,15 @@ def launcher_java_options() -> str | None:
     """``SPARK_LAUNCHER_OPTS`` for the launcher's archive when it exists (and use is not off);
     None otherwise, and where its path would not survive spark-class's word splitting."""
     path = None if _off() else archive_path("launcher")
-    if path is None or not path.is_file() or not _word(path):
+    if path is None or not path.is_file() or not fits_launcher_opts(path):
         return None
     return f"-Xshare:auto -XX:SharedArchiveFile={path} {_LAUNCHER_LOG}"
 
 
-def launcher_dump_options(path: Path) -> str | None:
-    """``SPARK_LAUNCHER_OPTS`` of the process that makes the archives: dump to ``path`` (None
-    where the path would not survive spark-class's word splitting)."""
-    return f"-XX:ArchiveClassesAtExit={path} {_LAUNCHER_LOG}" if _word(path) else None
+def launcher_dump_options(path: Path) -> str:
+    """``SPARK_LAUNCHER_OPTS`` of the process that makes the archives: dump to ``path`` (one
+    that :func:`fits_launcher_opts`)."""
+    return f"-XX:ArchiveClassesAtExit={path} {_LAUNCHER_LOG}"
 
 
 def driver_java_options() -> list[str]:
