@@ -47,6 +47,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from pyarrow import ipc
 
 from state.storage.tables import table_uri
 from tests.epoch_cuts import EPOCH, EpochCuts, committed_cuts, first_epoch_at_least, watermarks
@@ -65,9 +66,21 @@ VALID = {
 
 def read_log(home: Path, topic: str, *, bad: bool = False) -> pd.DataFrame:
     """The valid records of a topic of the local log (or, with ``bad``, the others), with
-    their partition and byte offset."""
+    their partition and offset: in bytes in JSON-lines files, in records in Arrow segments."""
     key, numeric = VALID[topic]
     rows, rejects = [], []
+    for directory in sorted(p for p in (home / "log" / topic).glob("partition-*") if p.is_dir()):
+        partition, offset = int(directory.name.split("-")[1]), 0
+        for path in sorted(directory.glob("*.arrow")):  # named by their first record's offset
+            assert int(path.stem) == offset, f"{path}: a gap or an overlap before it"
+            for record in ipc.open_file(str(path)).read_all().to_pylist():
+                where = {"partition": partition, "offset": offset, "raw": json.dumps(record)}
+                offset += 1
+                ok = isinstance(record.get(key), str)
+                if ok and all(isinstance(record.get(f), int | float) for f in numeric):
+                    rows.append({**record, **where})
+                else:
+                    rejects.append(where)
     for path in sorted((home / "log" / topic).glob("partition-*.jsonl")):
         partition, offset = int(path.stem.split("-")[1]), 0
         for line in path.read_bytes().splitlines(keepends=True):

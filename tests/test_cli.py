@@ -150,6 +150,16 @@ def test_generate_count_is_the_total_unless_per_partition(tmp_path, capsys):
     assert [records_in(tmp_path / "log", "clicks", p) for p in (0, 1)] == [8, 7]
 
 
+def test_generate_writes_the_format_asked_then_keeps_the_topics(tmp_path, capsys):
+    home = ["--home", str(tmp_path)]
+    assert main(["generate", "orders", "--count", "6", "--format", "arrow", *home]) == 0
+    assert main(["generate", "orders", "--count", "4", *home]) == 0  # the topic's: Arrow
+    assert [records_in(tmp_path / "log", "orders", p) for p in (0, 1)] == [5, 5]
+    assert not list((tmp_path / "log" / "orders").glob("*.jsonl"))
+    assert main(["generate", "orders", "--count", "2", "--format", "jsonl", *home]) == 2
+    assert "this topic is in the Arrow format" in capsys.readouterr().err
+
+
 @pytest.mark.s3
 def test_a_missing_bucket_fails_the_run_at_once_naming_the_role(
     s3_server, tmp_path, capsys, monkeypatch

@@ -15,7 +15,8 @@ time) has a request stored before it starts, as do a fifth of the others; one ki
 imports one starts with ``--restore`` of a savepoint taken earlier, as do a fifth of the others
 once there is one (so a restore from a savepoint completes, then the kill); every request must end
 served exactly once, whole, with nothing half-written left. Input is appended between attempts
-(records to the local log, or new files to the file source's directory). The output is compared
+(records to the local log, in JSON lines or, for ``ARROW_LOG``'s jobs, in Arrow segments; or new
+files to the file source's directory). The output is compared
 epoch by epoch with the reference (tests/reference.py). Some jobs run with every durable role on
 the S3 server on loopback (checkpoints, catalog, output tables, staged epochs; the file source's
 files too); after their kills a GC pass must leave exactly what the retained checkpoints need,
@@ -106,6 +107,8 @@ INPUTS = {
     # each file a partition: (kind, files at first, files added per attempt)
     FILE_JOB: [("files", 4, 1)],
 }
+# jobs whose local log is in Arrow segments (positions in records), the others' in JSON lines
+ARROW_LOG = {"windowed_revenue", "cutline_sessions.pipelines:country_clicks"}
 ON_S3 = {"windowed_revenue", "enriched_orders", "cutline_sessions.jobs:sessions", FILE_JOB}
 # per job: more arguments of every attempt (a file is read in micro-batches of 1,000 records)
 ARGS = {FILE_JOB: ["--max-records-per-partition", "1000"]}
@@ -153,7 +156,8 @@ def append_input(home: Path, job: str, attempt: int) -> None:
             for n in range(first, first + count):
                 put_file(os.environ[FILES_ENV], f"clicks-{n:03d}.json", clicks(4_000, n))
         else:
-            generate(home / "log", kind, kind, count=count, seed=7, users=3_000)
+            fmt = "arrow" if job in ARROW_LOG else "jsonl"
+            generate(home / "log", kind, kind, count=count, seed=7, users=3_000, fmt=fmt)
 
 
 def savepoints_of(paths: RuntimePaths, job: str) -> list[dict]:

@@ -1,8 +1,10 @@
-"""The replayable local log, the embedded default source: ``<root>/<topic>/partition-<p>.jsonl``,
-positions in bytes (the format: cutline/sources/log_format.py).
+"""The replayable local log, the embedded default source: ``<root>/<topic>/partition-<p>.jsonl``
+(JSON lines, positions in bytes: cutline/sources/log_format.py) or ``partition-<p>/`` (Arrow
+segments, positions in records: cutline/sources/log_segments.py), whichever the topic holds.
 
 Spark reads a topic through ``cutline_log``, a PySpark Python data source, vectorised: each
-partition's byte range is parsed with Arrow, the key's columns checked by the reader itself. As
+partition's range is parsed with Arrow (or, in the columnar format, mapped and sliced), the key's
+columns checked by the reader itself. As
 a stream it reads from recorded positions, at most ``maxRecordsPerPartition`` records per
 partition and micro-batch; as a batch it reads a fixed range of offsets (``startingOffsets`` to
 ``endingOffsets``), which is how a restore replays committed epochs exactly."""
@@ -23,8 +25,10 @@ from cutline.sources.log_format import (
     offset_after_records,
     partition_path,
     read_range,
+    topic_format,
     topic_partitions,
 )
+from cutline.sources.log_segments import offset_after, read_segments, segment_dir
 from cutline.validation import JobDefinitionError, check_name
 from state.errors import BadInputError
 
@@ -127,6 +131,7 @@ def _data_source_class():
                 self.route.records if self.route else to_arrow_schema(StructType(fields))
             )
             self.columns = [f.name for f in schema.fields]  # what Spark expects, in its order
+            self.columnar = topic_format(self.root, self.topic) == "arrow"
 
         def ranges(self, start: dict, end: dict) -> list:
             return [
@@ -135,12 +140,24 @@ def _data_source_class():
                 if int(end.get(str(p), 0)) > int(start.get(str(p), 0))
             ]
 
+        def path(self, partition: int):
+            """A partition's file (JSON lines) or directory (Arrow segments)."""
+            where = segment_dir if self.columnar else partition_path
+            return where(self.root, self.topic, partition)
+
+        def end(self, partition: int, start: int, max_records: int | None) -> int:
+            """The position after at most ``max_records`` records of a partition from ``start``."""
+            path = self.path(partition)
+            if self.columnar:
+                return offset_after(path, start, max_records)
+            return offset_after_records(path, start, max_records, complete_size(path))
+
         def read(self, partition) -> Iterator[pa.RecordBatch]:
             if not isinstance(partition, LogRange):  # Spark's stand-in when a range is empty
                 return
-            path = partition_path(self.root, self.topic, partition.partition)
-            table = read_range(
-                path,
+            read = read_segments if self.columnar else read_range
+            table = read(
+                self.path(partition.partition),
                 partition.partition,
                 partition.start,
                 partition.end,
@@ -169,12 +186,10 @@ def _data_source_class():
             per_partition = None
             if isinstance(limit, ReadMaxRows):
                 per_partition = max(1, limit.max_rows // len(self.partitions_))
-            out = {}
-            for p in self.partitions_:
-                path = partition_path(self.root, self.topic, p)
-                begin = int(start.get(str(p), 0))
-                out[str(p)] = offset_after_records(path, begin, per_partition, complete_size(path))
-            return out
+            return {
+                str(p): self.end(p, int(start.get(str(p), 0)), per_partition)
+                for p in self.partitions_
+            }
 
         def partitions(self, start: dict, end: dict):
             return self.ranges(start, end)

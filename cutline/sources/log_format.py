@@ -1,9 +1,12 @@
-"""The replayable local log's format: how it is written, and how a byte range of it is read.
+"""The replayable local log's layout, and its JSON-lines format: how it is written, and how a
+byte range of it is read.
 
-A topic is a directory of per-partition append-only JSON-lines files,
-``<root>/<topic>/partition-<p>.jsonl``. A position is a byte offset per partition (the offset of
-the next record), so a source can be rewound to any recorded position. Writers append whole lines
-with one write each; readers only consider data up to the last newline.
+A topic is a directory with one entry per partition, all of one format (:func:`topic_format`):
+an append-only JSON-lines file ``partition-<p>.jsonl`` (this module), or a directory of Arrow
+segments ``partition-<p>/`` (the columnar format, cutline/sources/log_segments.py). In a JSON-lines
+file a position is a byte offset (the offset of the next record), so a source can be rewound to
+any recorded position. Writers append whole lines with one write each; readers only consider data
+up to the last newline.
 
 A byte range is parsed by Arrow's JSON reader into a table, vectorised. Every record carries
 ``_partition`` and ``_next_offset`` (the position after it), from which the runtime takes the
@@ -45,15 +48,39 @@ def partition_path(root: str | Path, topic: str, partition: int) -> Path:
 
 def topic_partitions(root: str | Path, topic: str) -> list[int]:
     """Partition numbers of a topic, from the files present, ascending."""
+    return sorted(_entries(root, topic))
+
+
+def topic_format(root: str | Path, topic: str) -> str:
+    """``"jsonl"`` or ``"arrow"``: the format of a topic's partitions (``"jsonl"`` for a topic
+    with none yet). A topic with partitions of both formats is a :class:`BadInputError`."""
+    formats = set(_entries(root, topic).values())
+    if len(formats) > 1:
+        raise BadInputError(
+            f"topic {topic!r} under {root} mixes JSON-lines files and Arrow segment directories"
+        )
+    return formats.pop() if formats else "jsonl"
+
+
+def _entries(root: str | Path, topic: str) -> dict[int, str]:
+    """Partition number -> format, from the entries of the topic's directory."""
     directory = Path(root) / topic
     if not directory.is_dir():
-        return []
-    out = []
-    for p in directory.glob("partition-*.jsonl"):
-        suffix = p.stem.split("-", 1)[1]
-        if suffix.isdigit():
-            out.append(int(suffix))
-    return sorted(out)
+        return {}
+    out: dict[int, str] = {}
+    for entry in directory.iterdir():
+        number, dot, suffix = entry.name.removeprefix("partition-").partition(".")
+        if not entry.name.startswith("partition-") or not number.isdigit():
+            continue
+        if (dot, suffix) == (".", "jsonl"):
+            fmt = "jsonl"
+        elif not dot and entry.is_dir():
+            fmt = "arrow"
+        else:
+            continue
+        if out.setdefault(int(number), fmt) != fmt:
+            raise BadInputError(f"partition {number} of {directory} is in two formats")
+    return out
 
 
 def complete_size(path: Path) -> int:
@@ -97,6 +124,8 @@ def offset_after_records(path: Path, start: int, max_records: int | None, limit:
 def append_records(root: str | Path, topic: str, partition: int, lines: Sequence[bytes]) -> int:
     """Append JSON lines to one partition with one write; returns the new end offset."""
     path = partition_path(root, topic, partition)
+    if path.with_suffix("").is_dir():
+        raise BadInputError(f"{path.with_suffix('')} exists: this topic is in the Arrow format")
     path.parent.mkdir(parents=True, exist_ok=True)
     data = b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines)
     with open(path, "ab") as f:
@@ -164,13 +193,13 @@ def parse_lines(
     if null_key.any():
         good[np.flatnonzero(good)[null_key]] = False
         table = table.filter(pa.array(~null_key))
-    out = _with_positions(table, partition, ends[good])
+    out = with_positions(table, partition, ends[good])
     if good.all():
         return out
     bad = np.flatnonzero(~good)
     starts = np.concatenate([[start], ends[:-1]])[bad]
     raw = [lines[i][:_RAW_LIMIT].decode("utf-8", "replace") for i in bad]
-    rejects = _with_positions(schema.empty_table().slice(0, 0), partition, ends[bad], len(bad))
+    rejects = with_positions(schema.empty_table().slice(0, 0), partition, ends[bad], len(bad))
     for column, values in zip(BAD_COLUMNS, ([reasons[i] for i in bad], raw, starts), strict=True):
         rejects = rejects.set_column(
             rejects.schema.get_field_index(column.name), column, pa.array(values, column.type)
@@ -194,9 +223,11 @@ def _parse(data: bytes, schema: pa.Schema) -> pa.Table:
     )
 
 
-def _with_positions(table: pa.Table, partition: int, ends: np.ndarray, n: int | None = None):
-    """``table`` (or ``n`` all-null rows of its schema) with the position and bad-record
-    columns."""
+def with_positions(
+    table: pa.Table, partition: int, ends: np.ndarray, n: int | None = None
+) -> pa.Table:
+    """``table`` (or ``n`` all-null rows of its schema) with the position columns (``ends``: the
+    position after each record) and null bad-record columns."""
     if n is not None:
         table = pa.Table.from_arrays(
             [pa.nulls(n, f.type) for f in table.schema], schema=table.schema

@@ -381,6 +381,7 @@ def generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         users=args.users,
         rate=args.rate,
+        fmt=args.format,
     )
     print(f"appended {n:,} {args.kind} records to {root}/{args.topic or args.kind}")
     return 0

@@ -88,7 +88,7 @@ def _restore_choice(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from cutline.job import BAD_RECORD_POLICIES
-    from spark_jobs.sources.generate import KINDS, SCHEMAS
+    from spark_jobs.sources.generate import FORMATS, KINDS, SCHEMAS
 
     description = __doc__.split(" Each ")[0].replace("``", "")  # the docstring, as plain text
     parser = argparse.ArgumentParser(prog="cutline", description=description)
@@ -214,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = add(
         "generate",
         help="append synthetic events to the local log",
-        description=f"Append synthetic JSON-lines records to the local log. Kinds: {kinds}. "
+        description=f"Append synthetic records to the local log. Kinds: {kinds}. "
         "Event times are epoch ms, 10 ms apart per partition, up to 2 s out of order.",
     )
     gen.add_argument("kind", choices=KINDS, help="what to generate (the schemas above)")
@@ -232,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=42, help="the same seed, the same records (42)")
     gen.add_argument("--users", type=int, default=10_000, help="distinct users (10,000)")
     gen.add_argument("--rate", type=float, help="records per second (default: as fast as possible)")
+    gen.add_argument(
+        "--format",
+        choices=FORMATS,
+        help="the topic's format: JSON lines (byte positions) or Arrow segments (record "
+        "positions, read without parsing); default: the topic's, jsonl for a new one",
+    )
     gen.set_defaults(handler="generate")
     chk = add("checkpoints", help="a job's checkpoints, from the catalog")
     chk.add_argument("job", help=JOB_HELP)
