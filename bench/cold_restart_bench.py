@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from peer_bench import start_driver, wait_until  # noqa: E402
-from peer_input import Appender, build_input, log_writer  # noqa: E402
+from peer_input import FORMATS, Appender, build_input, log_writer  # noqa: E402
 
 from spark_jobs.deploy.session import DRIVER_JAVA_OPTIONS as JAVA  # noqa: E402
 
@@ -57,11 +57,11 @@ VARIANTS: dict[str, list[str]] = {
 }
 
 
-def build_state(home: Path, mib: int) -> tuple[int, int]:
-    """The peer benchmark's input for ``mib`` MiB of state, read once to its end by a driver
-    killed after that; returns the keys and the next event time."""
+def build_state(home: Path, mib: int, fmt: str) -> tuple[int, int]:
+    """The peer benchmark's input for ``mib`` MiB of state (its log in ``fmt``), read once to its
+    end by a driver killed after that; returns the keys and the next event time."""
     keys = mib * 2**20 // 150
-    backlog, ts = build_input(home / "log", keys, 1.0, seed=mib)
+    backlog, ts = build_input(home / "log", keys, 1.0, seed=mib, fmt=fmt)
     driver = start_driver("cutline", home, BATCH)
     if not wait_until(lambda: driver.records() >= backlog, time.monotonic() + 1800, driver, "it"):
         raise RuntimeError("the state was not built in 30 minutes")
@@ -86,7 +86,7 @@ def kill_mid_stream(home: Path, keys: int, ts: int, seconds: float) -> int:
 def after_kill(home: Path, args: argparse.Namespace) -> list[dict]:
     """``--repeat`` restarts (of each checkout in turn), each from a copy of one state a killed
     driver left."""
-    keys, ts = build_state(home, args.mib)
+    keys, ts = build_state(home, args.mib, args.log_format)
     ts = kill_mid_stream(home, keys, ts, args.after_kill)
     killed = home.with_name(home.name + "-killed")
     shutil.copytree(home, killed, symlinks=True)  # the local copies' hard links become files
@@ -157,7 +157,7 @@ def variants_result(args: argparse.Namespace) -> dict:
     runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="cutline-cold-restart-") as tmp:
         home = Path(tmp)
-        keys, ts = build_state(home, args.mib)
+        keys, ts = build_state(home, args.mib, args.log_format)
         appender = Appender(log_writer(home / "log"), keys, 1, ts, seed=3)
         for i in range(args.repeat):
             for name, more in VARIANTS.items():
@@ -187,6 +187,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--mib", type=int, default=100)
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="arrow",
+        help="the input log's (jsonl for a checkout from before Arrow segments)",
+    )
     parser.add_argument("--batches", type=int, default=8, help="micro-batches per restart")
     parser.add_argument("--after-kill", type=float, metavar="S", help="see the module's doc")
     parser.add_argument("--work", type=Path, help="--after-kill: keep the state here")

@@ -1,9 +1,9 @@
 """Peer benchmark: one stateful workload run six ways on the same input and machine.
 
 The workload keeps, per user, the event count, the amount sum and the latest 100-byte payload
-(by event time), over JSON events that Cutline and Spark read from the local log through the
-same Python data source (``cutline_log``) and Flink from the same lines as files, with
-parallelism 2 on 2 cores:
+(by event time), over events that Cutline and Spark read from the local log (Arrow segments, or
+JSON lines with ``--log-format jsonl``) through the same Python data source (``cutline_log``) and
+Flink from the same records as JSON files, with parallelism 2 on 2 cores:
 
 - ``cutline``: the ``user_activity`` job (``cutline run``): Arrow batches and RocksDB per subtask,
   checkpoints every 3 s with task-local recovery, output to Delta exactly once; retention GC
@@ -73,7 +73,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.peer_flink import JVM_UP as FLINK_JVM_UP  # noqa: E402
-from bench.peer_input import PARTITIONS, Appender, FileDrop, Write, build_input, log_writer  # noqa: E402
+from bench.peer_input import (  # noqa: E402
+    FORMATS,
+    PARTITIONS,
+    Appender,
+    FileDrop,
+    Write,
+    build_input,
+    log_writer,
+)
 from bench.peer_report import write_report  # noqa: E402
 from bench.peer_spark import EVENT  # noqa: E402
 
@@ -483,6 +491,13 @@ def main() -> None:
         "--bytes-per-key", type=int, default=150, help="logical state per key: key and value"
     )
     parser.add_argument("--steady", type=float, default=1.0, help="x keys after the fill")
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="arrow",
+        help="the local log's, read by Cutline "
+        "and Spark (Flink reads the same records as JSON files)",
+    )
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--rate", type=int, default=20_000, help="records/s, sustained phase")
     parser.add_argument("--batch-records", type=int, default=100_000, help="per partition")
@@ -528,7 +543,7 @@ def main() -> None:
             keys = size * 2**20 // args.bytes_per_key
             base = work / f"input-{size}"
             started = time.monotonic()
-            backlog, ts = build_input(base, keys, args.steady, seed=size)
+            backlog, ts = build_input(base, keys, args.steady, seed=size, fmt=args.log_format)
             print(f"{size} MiB: {keys:,} keys, {backlog:,} records written in "
                   f"{time.monotonic() - started:.0f} s", flush=True)  # fmt: skip
             entry = {"size_mib": size, "keys": keys, "backlog_records": backlog, "systems": {}}

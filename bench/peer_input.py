@@ -1,12 +1,12 @@
-"""The peer benchmark's input (bench/peer_bench.py): JSON events of the local log that Cutline
-and Spark read through ``cutline_log``, one topic of ``PARTITIONS`` partitions, each record a
-user, an amount, a payload of ``PAYLOAD_BYTES`` and an event time that only grows. Flink reads
-the same lines as immutable files (:class:`FileDrop`): its filesystem source discovers new files
-but does not follow a growing one."""
+"""The peer benchmark's input (bench/peer_bench.py): events of the local log that Cutline and
+Spark read through ``cutline_log``, one topic of ``PARTITIONS`` partitions, each record a user, an
+amount, a payload of ``PAYLOAD_BYTES`` and an event time that only grows. The log is in Arrow
+segments (``--log-format arrow``, the default) or JSON lines. Flink reads the same records as
+immutable JSON files (:class:`FileDrop`): its filesystem source discovers new files but does not
+follow a growing one."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import sys
 import threading
@@ -15,24 +15,38 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cutline.sources.log_format import append_records  # noqa: E402
-from spark_jobs.sources.generate import PAYLOAD_BYTES, event_lines  # noqa: E402
+from cutline.sources.log_format import (  # noqa: E402
+    append_records,
+    partition_path,
+    topic_format,
+    topic_partitions,
+)
+from cutline.sources.log_segments import append_table, segment_dir, segments  # noqa: E402
+from spark_jobs.sources.generate import PAYLOAD_BYTES, record_lines, record_table  # noqa: E402
 
 TOPIC = "events"  # under <home>/log
 PARTITIONS = 2
 SCHEMA = "user string, amount double, payload string, ts long"  # the records' fields
 CHUNK = 100_000  # records per append while writing the input
+FORMATS = ("arrow", "jsonl")
 
-Write = Callable[[int, list[bytes]], None]  # appends a partition's lines
+Values = dict[str, np.ndarray]  # a partition's records: user, cents, payload, ts
+Write = Callable[[int, Values], None]  # appends a partition's records
 
 
-def log_writer(log: Path) -> Write:
-    """Appends to the local log under ``log``."""
-    return lambda partition, lines: append_records(log, TOPIC, partition, lines)
+def log_writer(log: Path, fmt: str | None = None) -> Write:
+    """Appends to the local log under ``log``, in ``fmt`` (default: the topic's format, Arrow for
+    a new one)."""
+    if fmt is None:
+        fmt = topic_format(log, TOPIC) if topic_partitions(log, TOPIC) else "arrow"
+    if fmt == "arrow":
+        return lambda p, values: append_table(log, TOPIC, p, record_table(TOPIC, p, values))
+    return lambda p, values: append_records(log, TOPIC, p, record_lines(TOPIC, p, values))
 
 
 class FileDrop:
@@ -44,7 +58,10 @@ class FileDrop:
         directory.mkdir(parents=True, exist_ok=True)
         self.files = 0
 
-    def __call__(self, partition: int, lines: list[bytes]) -> None:
+    def __call__(self, partition: int, values: Values) -> None:
+        self.put(partition, record_lines(TOPIC, partition, values))
+
+    def put(self, partition: int, lines: list[bytes]) -> None:
         name = f"events-{partition}-{self.files:08d}.json"
         tmp = self.directory / ("." + name)
         tmp.write_bytes(b"\n".join(lines) + b"\n")
@@ -52,11 +69,23 @@ class FileDrop:
         self.files += 1
 
     def copy_log(self, log: Path) -> None:
-        """Every record of the log under ``log``, in files of at most ``CHUNK`` lines."""
+        """Every record of the log under ``log`` (either format), in files of at most ``CHUNK``
+        records."""
         for partition in range(PARTITIONS):
-            with open(log / TOPIC / f"partition-{partition}.jsonl", "rb") as f:
-                while lines := list(itertools.islice(f, CHUNK)):
-                    self(partition, [line.rstrip(b"\n") for line in lines])
+            for _, path in segments(segment_dir(log, TOPIC, partition)):
+                table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+                for lo in range(0, table.num_rows, CHUNK):
+                    self.put(partition, json_lines(table.slice(lo, CHUNK)))
+            if partition_path(log, TOPIC, partition).exists():
+                with open(partition_path(log, TOPIC, partition), "rb") as f:
+                    while lines := f.readlines(CHUNK * 160):
+                        self.put(partition, [line.rstrip(b"\n") for line in lines])
+
+
+def json_lines(table: pa.Table) -> list[bytes]:
+    """An events table's records as JSON lines."""
+    text = table.to_pandas().to_json(orient="records", lines=True, double_precision=15)
+    return [line.encode() for line in text.splitlines()]
 
 
 def write_events(write: Write, users: np.ndarray, rng: np.random.Generator, start_ts: int) -> int:
@@ -67,17 +96,24 @@ def write_events(write: Write, users: np.ndarray, rng: np.random.Generator, star
         ts = start_ts + np.arange(len(part))
         cents = rng.integers(0, 10_000, len(part))
         payload = rng.bytes(PAYLOAD_BYTES // 2 * len(part)).hex().encode()
-        lines = event_lines(part, cents, ts, payload)
+        values = {
+            "user": part,
+            "cents": cents,
+            "payload": np.frombuffer(payload, f"S{PAYLOAD_BYTES}"),
+            "ts": ts,
+        }
         for p in range(PARTITIONS):
-            write(p, lines[p::PARTITIONS])
+            write(p, {k: v[p::PARTITIONS] for k, v in values.items()})
         start_ts += len(part)
     return start_ts
 
 
-def build_input(log: Path, keys: int, steady: float, seed: int) -> tuple[int, int]:
-    """Every key once in random order, then ``steady`` x keys uniform records; returns the
-    record count and the next event time."""
-    rng, write = np.random.default_rng(seed), log_writer(log)
+def build_input(
+    log: Path, keys: int, steady: float, seed: int, fmt: str = "arrow"
+) -> tuple[int, int]:
+    """Every key once in random order, then ``steady`` x keys uniform records, in ``fmt``;
+    returns the record count and the next event time."""
+    rng, write = np.random.default_rng(seed), log_writer(log, fmt)
     ts = write_events(write, rng.permutation(keys), rng, 1_767_225_600_000)
     extra = int(keys * steady)
     ts = write_events(write, rng.integers(0, keys, extra), rng, ts)

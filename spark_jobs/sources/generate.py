@@ -51,12 +51,12 @@ def _records(
         hi = min(start + n, (chunk + 1) * _CHUNK) - chunk * _CHUNK
         columns = {k: v[lo:hi] for k, v in _chunk(kind, seed, partition, chunk, users).items()}
         if fmt == "arrow":
-            out.append(_table(kind, partition, columns))
+            out.append(record_table(kind, partition, columns))
         else:
-            out.extend(_lines(kind, partition, columns))
+            out.extend(record_lines(kind, partition, columns))
     if fmt != "arrow":
         return out
-    return pa.concat_tables(out) if out else _table(kind, partition, _empty(kind))
+    return pa.concat_tables(out) if out else record_table(kind, partition, _empty(kind))
 
 
 def _chunk(kind: str, seed: int, partition: int, chunk: int, users: int) -> dict[str, np.ndarray]:
@@ -91,8 +91,9 @@ def _empty(kind: str) -> dict[str, np.ndarray]:
     return {k: v[:0] for k, v in _chunk(kind, 0, 0, 0, 1).items()}
 
 
-def _lines(kind: str, partition: int, c: dict[str, np.ndarray]) -> list[bytes]:
-    """Records as JSON lines."""
+def record_lines(kind: str, partition: int, c: dict[str, np.ndarray]) -> list[bytes]:
+    """Records of ``kind`` in ``partition`` as JSON lines, from their values (``c``: as
+    :func:`_chunk` gives them; ``events`` needs only user, cents, payload and ts)."""
     user, ts = c["user"].tolist(), c["ts"].tolist()
     if kind == "clicks":
         return [
@@ -108,15 +109,22 @@ def _lines(kind: str, partition: int, c: dict[str, np.ndarray]) -> list[bytes]:
             )
         ]
     if kind == "events":
-        return event_lines(c["user"], c["cents"], c["ts"], c["payload"].tobytes())
+        return [
+            b'{"user":"user-%d","amount":%d.%02d,"payload":"%s","ts":%d}'
+            % (u, cents // 100, cents % 100, payload, t)
+            for u, cents, payload, t in zip(
+                user, c["cents"].tolist(), c["payload"].tolist(), ts, strict=True
+            )
+        ]
     return [
         b'{"user":"user-%d","country":"%s","tier":%d,"ts":%d}' % row
         for row in zip(user, c["country"].tolist(), c["tier"].tolist(), ts, strict=True)
     ]
 
 
-def _table(kind: str, partition: int, c: dict[str, np.ndarray]) -> pa.Table:
-    """Records as an Arrow table of the kind's schema, the values :func:`_lines` writes."""
+def record_table(kind: str, partition: int, c: dict[str, np.ndarray]) -> pa.Table:
+    """The same records as an Arrow table of the kind's schema, the values
+    :func:`record_lines` writes."""
     user = pa.array(np.char.add(b"user-", c["user"].astype("S20")).astype(str))
     ts = pa.array(c["ts"], pa.int64())
     if kind == "clicks":
@@ -131,17 +139,6 @@ def _table(kind: str, partition: int, c: dict[str, np.ndarray]) -> pa.Table:
         return pa.table({"order_id": order, "user": user, "amount": amount, "ts": ts})
     tier = pa.array(c["tier"], pa.int32())
     return pa.table({"user": user, "country": c["country"].astype(str), "tier": tier, "ts": ts})
-
-
-def event_lines(user: np.ndarray, cents: np.ndarray, ts: np.ndarray, payload: bytes) -> list[bytes]:
-    """``events`` records as JSON lines: a user, an amount in cents, ``PAYLOAD_BYTES`` characters
-    of ``payload`` per record, and an event time."""
-    w = PAYLOAD_BYTES
-    return [
-        b'{"user":"user-%d","amount":%d.%02d,"payload":"%s","ts":%d}'
-        % (u, c // 100, c % 100, payload[i * w : (i + 1) * w], t)
-        for i, (u, c, t) in enumerate(zip(user.tolist(), cents.tolist(), ts.tolist(), strict=True))
-    ]
 
 
 def records_in(root: str | Path, topic: str, partition: int) -> int:
