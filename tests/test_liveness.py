@@ -9,8 +9,9 @@ import subprocess
 import sys
 import threading
 
-from spark_jobs.driver.liveness import alive, heartbeat
+from spark_jobs.driver.liveness import heartbeat
 from state.catalog import FencedError
+from state.processes import alive
 
 JOB = "clicks"
 

@@ -120,23 +120,50 @@ def test_spark_stream_reads_bounded_batches_from_recorded_positions(spark, tmp_p
     register_data_source(spark)
     ends = [complete_size(partition_path(tmp_path, "t", p)) for p in (0, 1)]
     start = {"0": offset_after_records(partition_path(tmp_path, "t", 0), 0, 5, ends[0]), "1": 0}
-    batches = []
-    query = (
+    batches = stream_batches(spark, tmp_path, "user string, n long", start)
+    assert [len(b) for b in batches] == [20, 20, 5]
+    assert sorted(n for b in batches for n in b) == list(range(5, 25)) + list(range(100, 125))
+
+
+def stream_batches(spark, root, ddl: str, start: dict, **options: str) -> list[list[int]]:
+    """``cutline_log`` over topic ``t`` of partitions 0 and 1 under ``root`` as a stream from
+    ``start``, 10 records per partition and micro-batch: each micro-batch's ``n``, sorted."""
+    batches: list[list[int]] = []
+    reader = (
         spark.readStream.format("cutline_log")
-        .schema("user string, n long, _partition int, _next_offset long")
-        .option("path", str(tmp_path))
+        .schema(f"{ddl}, _partition int, _next_offset long")
+        .option("path", str(root))
         .option("topic", "t")
         .option("partitions", "[0, 1]")
         .option("startingOffsets", json.dumps(start))
         .option("maxRecordsPerPartition", "10")
+    )
+    query = (
+        reader.options(**options)
         .load()
         .writeStream.foreachBatch(lambda df, i: batches.append(sorted(r.n for r in df.collect())))
-        .option("checkpointLocation", str(tmp_path / "spark-chk"))
+        .option("checkpointLocation", str(root / "spark-chk"))
         .start()
     )
     try:
         query.processAllAvailable()
     finally:
         query.stop()
-    assert [len(b) for b in batches] == [20, 20, 5]
-    assert sorted(n for b in batches for n in b) == list(range(5, 25)) + list(range(100, 125))
+    return batches
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("fmt", ["jsonl", "arrow"])
+def test_a_position_past_the_logs_end_fails_the_stream_naming_it(spark, tmp_path, fmt):
+    """A recorded position beyond what a partition holds (the log truncated or replaced, or
+    another log under the same topic) fails the query, as Spark's ``failOnDataLoss`` does,
+    instead of waiting for records that will never come."""
+    from pyspark.errors import StreamingQueryException
+
+    from cutline.sources.log import register_data_source
+    from spark_jobs.sources.generate import generate
+
+    generate(tmp_path, "t", "clicks", count=30, partitions=2, fmt=fmt)
+    register_data_source(spark)
+    with pytest.raises(StreamingQueryException, match=r"partition 1 ends at .* before the posit"):
+        stream_batches(spark, tmp_path, "user string, n long", {"0": 0, "1": 10**9})

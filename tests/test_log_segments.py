@@ -28,12 +28,12 @@ from cutline.sources.log_format import (
 from cutline.sources.log_segments import (
     append_table,
     end_offset,
-    offset_after,
     read_segments,
     segment_dir,
     segments,
 )
 from state.errors import BadInputError
+from tests.test_local_log import stream_batches
 
 SCHEMA = pa.schema([("user", pa.string()), ("n", pa.int64())])
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,8 +59,6 @@ def test_append_read_and_positions_in_records(tmp_path):
     d = segment_dir(tmp_path, "t", 0)
     assert [first for first, _ in segments(d)] == [0, 5]
     assert end_offset(d) == 8
-    assert offset_after(d, 0, 3) == 3 and offset_after(d, 3, 100) == 8
-    assert offset_after(d, 2, None) == 8 and offset_after(d, 8, 4) == 8
     table = read_segments(d, 0, 3, 7, SCHEMA, key="user")  # across the two segments
     assert table.column("n").to_pylist() == [3, 4, 5, 6]
     assert table.column("_next_offset").to_pylist() == [4, 5, 6, 7]
@@ -239,31 +237,13 @@ def test_spark_reads_a_columnar_topic_in_bounded_batches_and_replays_a_range(spa
             append_table(tmp_path, "t", p, rows(100 * p + lo, {0: 7, 7: 12, 19: 6}[lo]))
     append_table(tmp_path, "t", 1, pa.table({"user": [None], "n": [999]}))  # a bad record
     register_data_source(spark)
-    ddl = "user string, n long, _partition int, _next_offset long, _bad_reason string"
-    batches = []
-    query = (
-        spark.readStream.format("cutline_log")
-        .schema(ddl)
-        .option("path", str(tmp_path))
-        .option("topic", "t")
-        .option("partitions", "[0, 1]")
-        .option("startingOffsets", json.dumps({"0": 5, "1": 0}))
-        .option("maxRecordsPerPartition", "10")
-        .option("keyColumn", "user")
-        .load()
-        .writeStream.foreachBatch(lambda df, i: batches.append(sorted(r.n for r in df.collect())))
-        .option("checkpointLocation", str(tmp_path / "spark-chk"))
-        .start()
-    )
-    try:
-        query.processAllAvailable()
-    finally:
-        query.stop()
+    ddl = "user string, n long, _bad_reason string"
+    batches = stream_batches(spark, tmp_path, ddl, {"0": 5, "1": 0}, keyColumn="user")
     assert [len(b) for b in batches] == [20, 20, 6]
     assert sorted(n for b in batches for n in b) == [*range(5, 25), *range(100, 125), 999]
     replay = (
         spark.read.format("cutline_log")
-        .schema(ddl)
+        .schema(f"{ddl}, _partition int, _next_offset long")
         .option("path", str(tmp_path))
         .option("topic", "t")
         .option("startingOffsets", json.dumps({"0": 3, "1": 20}))

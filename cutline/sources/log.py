@@ -4,10 +4,11 @@ segments, positions in records: cutline/sources/log_segments.py), whichever the 
 
 Spark reads a topic through ``cutline_log``, a PySpark Python data source, vectorised: each
 partition's range is parsed with Arrow (or, in the columnar format, mapped and sliced), the key's
-columns checked by the reader itself. As
-a stream it reads from recorded positions, at most ``maxRecordsPerPartition`` records per
-partition and micro-batch; as a batch it reads a fixed range of offsets (``startingOffsets`` to
-``endingOffsets``), which is how a restore replays committed epochs exactly."""
+columns checked by the reader itself. As a stream it reads from recorded positions, at most
+``maxRecordsPerPartition`` records per partition and micro-batch; a recorded position past a
+partition's end is an error (the log was truncated or replaced: Spark's ``failOnDataLoss``), never
+a wait. As a batch it reads a fixed range of offsets (``startingOffsets`` to ``endingOffsets``),
+which is how a restore replays committed epochs exactly."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from cutline.sources.log_format import (
     topic_format,
     topic_partitions,
 )
-from cutline.sources.log_segments import offset_after, read_segments, segment_dir
+from cutline.sources.log_segments import end_offset, read_segments, segment_dir
 from cutline.validation import JobDefinitionError, check_name
 from state.errors import BadInputError
 
@@ -148,9 +149,19 @@ def _data_source_class():
         def end(self, partition: int, start: int, max_records: int | None) -> int:
             """The position after at most ``max_records`` records of a partition from ``start``."""
             path = self.path(partition)
-            if self.columnar:
-                return offset_after(path, start, max_records)
-            return offset_after_records(path, start, max_records, complete_size(path))
+            if self.columnar:  # positions are record offsets
+                last = end_offset(path)
+                after = last if max_records is None else min(last, start + max_records)
+            else:
+                last = complete_size(path)
+                after = offset_after_records(path, start, max_records, last)
+            if start > last:
+                raise BadInputError(
+                    f"topic {self.topic!r} under {self.root}: partition {partition} ends at "
+                    f"{last}, before the position {start} the job has read to (the log was "
+                    "truncated or replaced, or this is another log)"
+                )
+            return after
 
         def read(self, partition) -> Iterator[pa.RecordBatch]:
             if not isinstance(partition, LogRange):  # Spark's stand-in when a range is empty

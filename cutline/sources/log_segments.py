@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from cutline.sources.base import BAD_COLUMNS
 from cutline.sources.log_format import MalformedRecordError, with_positions
 from state.errors import BadInputError
+from state.processes import alive
 
 SUFFIX = ".arrow"
 _NAME = re.compile(r"^(\d{20})\.arrow$")
@@ -84,14 +85,6 @@ def append_table(root: str | Path, topic: str, partition: int, table: pa.Table) 
         _fsync(directory)
         return start + table.num_rows
     raise BadInputError(f"{directory}: could not append after {_APPEND_TRIES} concurrent appends")
-
-
-def offset_after(directory: Path, start: int, max_records: int | None) -> int:
-    """The offset after at most ``max_records`` records from ``start`` (all there are if None)."""
-    end = end_offset(directory)
-    if max_records is None:
-        return max(start, end)
-    return max(start, min(end, start + max_records))
 
 
 def read_segments(
@@ -185,18 +178,8 @@ def _remove_abandoned(directory: Path) -> None:
     """Removes the temporary files of writers on this host that are gone."""
     for name in os.listdir(directory):
         m = _TMP.match(name)
-        if m and not _alive(int(m.group(2))):
+        if m and not alive(int(m.group(2))):
             (directory / name).unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _fsync(path: Path) -> None:

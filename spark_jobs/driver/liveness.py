@@ -5,24 +5,13 @@ restore that replaces it)."""
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 
 from state.catalog import FencedError, JobCatalog
+from state.processes import alive
 
 STOP_TIMEOUT_S = 60.0  # how long a stopping driver waits for its heartbeat's call in progress
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` exists."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def heartbeat(

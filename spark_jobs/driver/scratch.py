@@ -10,7 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from spark_jobs.driver.liveness import alive
+from state.processes import alive
 
 
 def query_scratch(job_name: str) -> str:

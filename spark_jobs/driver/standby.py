@@ -36,10 +36,10 @@ from collections.abc import Callable
 from enum import Enum
 from typing import IO
 
-from spark_jobs.driver.liveness import alive
 from spark_jobs.errors import EXIT_FAILED, ConfigurationError
 from spark_jobs.events import EVENT_LINE, EventChannel
 from state import faults
+from state.processes import alive
 
 STANDBY_FLAG = "--as-standby"  # the hidden `cutline run` option of a supervisor's standby child
 TAKEOVERS_FLAG = "--takeovers"  # `cutline run --standby`'s, the supervisor's alone
