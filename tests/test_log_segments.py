@@ -33,6 +33,7 @@ from cutline.sources.log_segments import (
     segments,
 )
 from state.errors import BadInputError
+from tests.test_liveness import exited_pid
 from tests.test_local_log import stream_batches
 
 SCHEMA = pa.schema([("user", pa.string()), ("n", pa.int64())])
@@ -78,6 +79,22 @@ def test_a_topic_has_one_format(tmp_path):
     append_records(tmp_path, "t", 1, [b'{"user": "a", "n": 1}'])
     with pytest.raises(BadInputError, match="mixes"):
         topic_format(tmp_path, "t")
+
+
+def test_a_torn_append_is_invisible_and_the_next_writer_removes_it(tmp_path):
+    """What a writer killed mid-append leaves (a hidden, half-written file under its pid) is no
+    segment: readers never see it; the next append removes it unless its writer still lives."""
+    append_table(tmp_path, "t", 0, rows(0, 3))
+    d = segment_dir(tmp_path, "t", 0)
+    whole = (d / f"{0:020d}.arrow").read_bytes()
+    torn = d / f".{3:020d}.{exited_pid()}.0123456789ab.tmp"
+    torn.write_bytes(whole[: len(whole) // 2])
+    live = d / f".{3:020d}.{os.getpid()}.0123456789ab.tmp"  # a writer still appending
+    live.write_bytes(whole[:10])
+    assert end_offset(d) == 3 and read_segments(d, 0, 0, 3, SCHEMA).num_rows == 3
+    assert append_table(tmp_path, "t", 0, rows(3, 2)) == 5
+    assert not torn.exists() and live.exists()
+    assert read_segments(d, 0, 0, 5, SCHEMA).column("n").to_pylist() == [0, 1, 2, 3, 4]
 
 
 def test_a_null_key_is_a_bad_record_with_its_row_as_raw(tmp_path):
