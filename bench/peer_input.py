@@ -26,7 +26,12 @@ from cutline.sources.log_format import (  # noqa: E402
     topic_format,
     topic_partitions,
 )
-from cutline.sources.log_segments import append_table, segment_dir, segments  # noqa: E402
+from cutline.sources.log_segments import (  # noqa: E402
+    append_table,
+    read_segment,
+    segment_dir,
+    segments,
+)
 from spark_jobs.sources.generate import PAYLOAD_BYTES, record_lines, record_table  # noqa: E402
 
 TOPIC = "events"  # under <home>/log
@@ -73,7 +78,7 @@ class FileDrop:
         records."""
         for partition in range(PARTITIONS):
             for _, path in segments(segment_dir(log, TOPIC, partition)):
-                table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+                table = read_segment(path)
                 for lo in range(0, table.num_rows, CHUNK):
                     self.put(partition, json_lines(table.slice(lo, CHUNK)))
             if partition_path(log, TOPIC, partition).exists():

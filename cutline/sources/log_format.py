@@ -182,16 +182,12 @@ def parse_lines(
             raise MalformedRecordError(
                 f"malformed record in {where} between byte offsets {start} and {end}: {e}"
             ) from e
-    null_key = np.zeros(table.num_rows, bool)
-    # the key's columns: a null in any of them makes the record bad
-    for column in (key,) if isinstance(key, str) else key:
-        nulls = np.asarray(table.column(column).is_null())
-        positions = np.flatnonzero(good)[nulls & ~null_key]
-        for i in positions:
-            reasons[i] = f"null key {column!r}"
-        null_key |= nulls
+    null_key, why = null_keys(table, key)
     if null_key.any():
-        good[np.flatnonzero(good)[null_key]] = False
+        parsed = np.flatnonzero(good)[null_key]  # the lines of the records with a null key
+        for i, reason in zip(parsed, why[null_key], strict=True):
+            reasons[i] = reason
+        good[parsed] = False
         table = table.filter(pa.array(~null_key))
     out = with_positions(table, partition, ends[good])
     if good.all():
@@ -200,11 +196,29 @@ def parse_lines(
     starts = np.concatenate([[start], ends[:-1]])[bad]
     raw = [lines[i][:_RAW_LIMIT].decode("utf-8", "replace") for i in bad]
     rejects = with_positions(schema.empty_table().slice(0, 0), partition, ends[bad], len(bad))
-    for column, values in zip(BAD_COLUMNS, ([reasons[i] for i in bad], raw, starts), strict=True):
+    return pa.concat_tables([out, as_bad(rejects, [reasons[i] for i in bad], raw, starts)])
+
+
+def null_keys(table: pa.Table, key: str | tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Which records have a null in a column of ``key`` (a null in any makes a record bad), and
+    for each the reason naming its first such column (None for the others)."""
+    null_key = np.zeros(table.num_rows, bool)
+    reasons = np.full(table.num_rows, None, object)
+    for column in (key,) if isinstance(key, str) else key:
+        nulls = np.asarray(table.column(column).is_null())
+        reasons[nulls & ~null_key] = f"null key {column!r}"
+        null_key |= nulls
+    return null_key, reasons
+
+
+def as_bad(rejects: pa.Table, reasons, raw, offsets) -> pa.Table:
+    """``rejects`` (with :func:`with_positions`' columns) with their bad-record columns set:
+    why each is bad, its raw form, and where it starts in its partition."""
+    for column, values in zip(BAD_COLUMNS, (reasons, raw, offsets), strict=True):
         rejects = rejects.set_column(
             rejects.schema.get_field_index(column.name), column, pa.array(values, column.type)
         )
-    return pa.concat_tables([out, rejects])
+    return rejects
 
 
 class _LineByLine(Exception):

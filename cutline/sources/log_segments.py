@@ -26,8 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutline.sources.base import BAD_COLUMNS
-from cutline.sources.log_format import MalformedRecordError, with_positions
+from cutline.sources.log_format import MalformedRecordError, as_bad, null_keys, with_positions
 from state.errors import BadInputError
 from state.processes import alive
 
@@ -57,7 +56,7 @@ def end_offset(directory: Path) -> int:
     if not found:
         return 0
     start, path = found[-1]
-    return start + _open(path).num_rows
+    return start + read_segment(path).num_rows
 
 
 def append_table(root: str | Path, topic: str, partition: int, table: pa.Table) -> int:
@@ -108,13 +107,13 @@ def read_segments(
             raise MalformedRecordError(
                 f"{path}: starts at record {first}, where record {at} was expected"
             )
-        table = _open(path)
+        table = read_segment(path)
         last = first + table.num_rows
         if last <= at:
             continue  # ``start`` lies past this segment: the next one must hold it
         pieces.append(_conform(table.slice(at - first, min(end, last) - at), schema, path))
         at = min(end, last)
-    if at < end and end > start:
+    if at < end:
         raise MalformedRecordError(
             f"{directory}: records {start} to {end} asked, the log ends at record {at}"
         )
@@ -124,26 +123,15 @@ def read_segments(
 
 def _with_bad_keys(table: pa.Table, partition: int, start: int, key) -> pa.Table:
     offsets = start + np.arange(table.num_rows, dtype=np.int64)
-    null_key = np.zeros(table.num_rows, bool)
-    reasons = np.full(table.num_rows, None, object)
-    for column in (key,) if isinstance(key, str) else key:
-        nulls = np.asarray(table.column(column).is_null())
-        reasons[nulls & ~null_key] = f"null key {column!r}"
-        null_key |= nulls
+    null_key, reasons = null_keys(table, key)
     if not null_key.any():
         return with_positions(table, partition, offsets + 1)
     good = with_positions(table.filter(pa.array(~null_key)), partition, offsets[~null_key] + 1)
     bad_rows = table.filter(pa.array(null_key))
     raw = [json.dumps(row, default=str) for row in bad_rows.to_pylist()]
     rejects = with_positions(bad_rows, partition, offsets[null_key] + 1)
-    values = (list(reasons[null_key]), raw, offsets[null_key])
-    for column, column_values in zip(BAD_COLUMNS, values, strict=True):
-        rejects = rejects.set_column(
-            rejects.schema.get_field_index(column.name),
-            column,
-            pa.array(column_values, column.type),
-        )
-    return pa.concat_tables([good, rejects])
+    bad = as_bad(rejects, list(reasons[null_key]), raw, offsets[null_key])
+    return pa.concat_tables([good, bad])
 
 
 def _conform(table: pa.Table, schema: pa.Schema, path: Path) -> pa.Table:
@@ -166,7 +154,7 @@ def _conform(table: pa.Table, schema: pa.Schema, path: Path) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def _open(path: Path) -> pa.Table:
+def read_segment(path: Path) -> pa.Table:
     """A segment's records, mapped into memory (not copied)."""
     try:
         return pa.ipc.open_file(pa.memory_map(str(path))).read_all()
