@@ -1,7 +1,5 @@
 """``python -m spark_jobs.commands``: the ``cutline`` command."""
 
-import sys
+from spark_jobs.commands.process_exit import cli
 
-from spark_jobs.commands.main import main
-
-sys.exit(main())
+cli()

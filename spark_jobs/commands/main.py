@@ -40,5 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the script spark-submit runs (spark_jobs/deploy/session.py)
+    from spark_jobs.commands.process_exit import cli
+
+    cli()
