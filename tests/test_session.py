@@ -248,3 +248,32 @@ def test_a_stale_launcher_archive_costs_only_its_speed_up(tmp_path, monkeypatch)
     assert out.stdout.splitlines()[-1] == "3"
     assert "Unable to use shared archive" in out.stderr, "the archive was named, and stale"
     assert "shared archive" not in out.stdout
+
+
+STOPPED = """
+import threading
+from pyspark import SparkContext
+from spark_jobs.deploy.session import build_spark, stop_spark
+
+spark = build_spark("local[1]", "stop", quiet=True)
+context = spark.sparkContext
+total = context.accumulator(0)
+context.parallelize(range(10), 2).foreach(lambda x: total.add(x))
+server, jvm_context = context._accumulatorServer, context._jsc.sc()
+stop_spark(spark)
+stopping = [t for t in threading.enumerate() if t.name == "accumulator-stop"]
+for thread in stopping:
+    thread.join(30)
+print(total.value, jvm_context.isStopped(), SparkContext._active_spark_context is None,
+      len(stopping), any(t.is_alive() for t in stopping), server.server_shutdown)
+"""
+
+
+@pytest.mark.spark
+def test_a_stopped_session_stops_its_context_and_its_accumulator_server_ends_beside_it():
+    """``stop_spark`` stops the JVM's context and forgets the session as PySpark's own stop
+    does; the accumulator server it no longer waits for ends on a thread of its own, after the
+    updates of the session's jobs arrived."""
+    out = subprocess.run([sys.executable, "-c", STOPPED], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["45", "True", "True", "1", "False", "True"]

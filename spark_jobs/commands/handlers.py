@@ -187,7 +187,7 @@ def job_for_run(args: argparse.Namespace) -> JobDefinition:
 def run(args: argparse.Namespace) -> int:
     from cutline.sources.log import with_log_root
     from spark_jobs.catalog.tables import CatalogReader
-    from spark_jobs.deploy.session import build_spark
+    from spark_jobs.deploy.session import build_spark, stop_spark
     from spark_jobs.deploy.settings import check_roles
     from spark_jobs.driver.attempt_start import abandon_plan, plan_start_early
     from spark_jobs.driver.placement import executor_hosts
@@ -247,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
             if executor_hosts(spark.sparkContext):
                 warm_up_query(spark, with_log_root(job, paths.log_root), events.log)
             if not stand_by(events.log, warm):
-                spark.stop()
+                stop_spark(spark)
                 return 0
             timeline = StartupTimeline(time.monotonic(), "the takeover's order")
             if not spark.sparkContext.master.startswith("local"):  # each subtask where its copy is
@@ -291,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
                 **({"executor_wait_s": args.executor_wait_s} if args.executor_wait_s else {}),
             )
         finally:
-            spark.stop()  # Spark's threads log nothing after the run's last line
+            stop_spark(spark)  # Spark's threads log nothing after the run's last line
         events.emit("finished", {"attempt": summary.attempt, "batches": summary.batches})
     print(
         f"{job.name} attempt {summary.attempt}: {summary.batches} micro-batches, "
