@@ -26,12 +26,14 @@ and ``country_clicks`` (two stages, the second re-keyed) change parallelism at e
 before its restore completes rescales nothing). The restart after each kill is drawn from the
 seed (``TAKEOVER``): a cold start (the next ``cutline run``) or a standby's takeover (the attempt
 runs with ``--standby`` and its active driver is killed; the warm standby restores the latest
-checkpoint and runs to the end of the input). Such an attempt gets its input once its standby is
-warm, and a point it reaches at every micro-batch or checkpoint counts only from then; a point
-reached once, at the start, comes before any standby (launched after the first micro-batch), and
-its restart is cold. After the attempts, the Delta logs of the catalog and of every sink's table,
-read commit by commit, show no commit from a fenced attempt (tests/fence_check.py). Reproduce a
-run with ``CUTLINE_TEST_SEED``; set ``CUTLINE_TEST_KILLS`` for more kills.
+checkpoint and runs to the end of the input). Such an attempt starts with a lead of its input (a
+quarter of its records, or a small file of its own: its first micro-batch, after which the
+standby is launched) and gets the rest once its standby is warm; a point it reaches at every
+micro-batch or checkpoint counts only from then; a point reached once, at the start, comes before
+any standby (launched after the first micro-batch), and its restart is cold. After the attempts,
+the Delta logs of the catalog and of every sink's table, read commit by commit, show no commit
+from a fenced attempt (tests/fence_check.py). Reproduce a run with ``CUTLINE_TEST_SEED``; set
+``CUTLINE_TEST_KILLS`` for more kills.
 """
 
 from __future__ import annotations
@@ -134,7 +136,10 @@ MODES = [*KILL_POINTS, *SAVEPOINT_KILL_POINTS, "random", "uploads in flight"]
 ALSO_SAVED = 0.2  # how often an attempt killed elsewhere has a savepoint request too
 ALSO_RESTORED = 0.2  # how often one starts from a savepoint taken earlier (killed after that)
 TAKEOVER = 0.5  # how often an attempt runs with a standby, which its kill's restart is
-TAKEOVER_IDLE_S = 15  # a standby's attempt killed at random waits this long for its input
+# A standby's attempt waits this long for its input: the standby is launched after the active
+# driver's first micro-batch (the input's lead) and is warm 8 to 20 s later on two busy cores
+TAKEOVER_IDLE_S = 60
+LEAD_FILE_CLICKS = 1_000  # the file job's lead: one file of this many clicks
 INTERRUPTED = 130  # a takeover's attempt, interrupted once the new driver read the whole input
 
 
@@ -146,16 +151,24 @@ def other_than_latest(paths: RuntimePaths, job: str) -> int:
     return next(p for p in RESCALED[job] if p != taken)
 
 
-def append_input(home: Path, job: str, attempt: int) -> None:
+def append_input(home: Path, job: str, attempt: int, part: str = "all") -> None:
     """Attempt ``attempt``'s new input (from 0, the first has more): records appended to the
-    local log, or new files in ``$CUTLINE_TEST_FILES``."""
+    local log, or new files in ``$CUTLINE_TEST_FILES``. ``part``: ``"all"`` of it, or its
+    ``"lead"`` (a quarter of each partition's records, or a lead file) and later the
+    ``"rest"``, for an attempt whose input arrives once its standby is warm."""
     for kind, initial, more in INPUTS[job]:
         count = initial if attempt == 0 else more
         if kind == "files":
+            if part == "lead":  # one more file, of its own name
+                put_file(os.environ[FILES_ENV], f"clicks-lead-{attempt:03d}.json",
+                         clicks(LEAD_FILE_CLICKS, 1_000 + attempt))  # fmt: skip
+                continue
             first = 0 if attempt == 0 else initial + (attempt - 1) * more
             for n in range(first, first + count):
                 put_file(os.environ[FILES_ENV], f"clicks-{n:03d}.json", clicks(4_000, n))
-        else:
+        else:  # the log's records follow from their offsets: a lead and its rest are the whole
+            lead = count // 4
+            count = {"all": count, "lead": lead, "rest": count - lead}[part]
             fmt = "arrow" if job in ARROW_LOG else "jsonl"
             generate(home / "log", kind, kind, count=count, seed=7, users=3_000, fmt=fmt)
 
@@ -191,15 +204,18 @@ def one_attempt(
     mode: str,
     flags: list[str],
     from_savepoint: list[str],
-    append: Callable[[], None],
+    append: Callable[[str], None],
     takeover: bool = False,
 ) -> str | None:
     """Start an attempt and kill it in ``mode`` (details as ``rng`` says); what killed it, or
-    None if it ended. ``append`` adds the attempt's new input, before it starts. An attempt
-    started from a savepoint appends its mode to ``from_savepoint``. With ``takeover`` the
-    attempt runs with a standby driver, which takes over after the kill (if it was launched by
-    then) and runs to the end of the input; killed at a random moment, such an attempt waits
-    for its standby to be warm (``TAKEOVER_IDLE_S`` without input) and gets its input then."""
+    None if it ended. ``append(part)`` adds the attempt's new input (``append_input``), before
+    it starts. An attempt started from a savepoint appends its mode to ``from_savepoint``. With
+    ``takeover`` the attempt runs with a standby driver, which takes over after the kill (if it
+    was launched by then) and runs to the end of the input; killed at a random moment or at a
+    point reached at every micro-batch, such an attempt starts with its input's lead (its first
+    micro-batch, after which the supervisor launches the standby; without one a restore that
+    left nothing to read would launch none), waits for its standby to be warm
+    (``TAKEOVER_IDLE_S`` without input) and gets the rest then."""
     saved = [r["location"] for r in savepoints_of(paths, job) if r["status"] == "COMPLETED"]
     if mode in IMPORTING and not saved:
         mode = "savepoint-written"  # nothing to import yet: one is taken
@@ -215,15 +231,11 @@ def one_attempt(
     # with a standby, a point reached at every micro-batch or checkpoint is armed once the
     # standby is warm, and the attempt's input arrives then: its kill's restart is a takeover
     armed_later = takeover and mode in REPEATED
-    if not (takeover and (timed or armed_later)):
-        append()
+    warm_first = takeover and (timed or armed_later)  # its input's rest once its standby is warm
+    append("lead" if warm_first else "all")
     if not timed:
         # armed later: the first time after that (one micro-batch of input, one checkpoint)
-        nth = (
-            1
-            if mode in ONCE or armed_later
-            else rng.randint(1, 2 if mode in IN_TASKS | PER_FILE else 3)
-        )
+        nth = 1 if mode in ONCE or armed_later else rng.randint(1, times_reached(mode, job))
         if from_savepoint and from_savepoint[-1] == mode and "--restore" in flags:
             from_savepoint[-1] = f"{mode}@{nth}"
         record = home / "faults.log"  # where the kill point says it fired (state/faults.py)
@@ -240,7 +252,7 @@ def one_attempt(
         if armed_later:
             if standby_warm(proc, home, since):
                 gate.touch()
-            append()
+            append("rest")
         rc = end_of_takeover(proc, home, since) if takeover else finish(proc, timeout=300)
         fired = record.exists() and f"killed at {mode}\n" in record.read_text()
         log = (home / "driver.log").read_text(errors="replace")
@@ -267,7 +279,7 @@ def one_attempt(
     # with a standby, from its standby's being warm and the input's arrival
     if takeover:
         standby_warm(proc, home, since)
-        append()
+        append("rest")
     while proc.poll() is None and b"\nstartup: " not in log.read_bytes()[since:]:
         time.sleep(0.1)
     deadline = time.monotonic() + delay
@@ -302,6 +314,16 @@ def one_attempt(
             else None
         )
     return f"{mode} {delay:.1f} s after the first micro-batch{how}"
+
+
+def times_reached(mode: str, job: str) -> int:
+    """How many times an attempt surely reaches the point ``mode`` in one of its processes: a
+    subtask's restore once per stage in each Python worker (a slot's task restores every
+    stage's subtask in turn), a point in tasks or per file copied twice, the others three
+    times (micro-batches and checkpoints)."""
+    if mode == "subtask-restored":
+        return len(get_job(job).stages)
+    return 2 if mode in IN_TASKS | PER_FILE else 3
 
 
 def log_size(home: Path) -> int:
