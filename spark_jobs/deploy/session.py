@@ -252,12 +252,11 @@ def build_spark(
 
 
 def stop_spark(spark: SparkSession) -> None:
-    """Stop the session (its JVM's context: jobs, executors, listeners) without the second
-    PySpark's own stop waits for its accumulator server: that server's one connection handler
-    polls for its end once a second, so ``SparkSession.stop`` took about 1 s at the end of every
-    run. The server is told to end and ends on a daemon thread of its own (its socket is
-    closed then, or with the process); no accumulator update can come after the context
-    stopped."""
+    """Stop the session (its JVM's context: jobs, executors, listeners) without waiting for
+    PySpark's accumulator server, as ``SparkSession.stop`` does: that server's one connection
+    handler looks for its end once a second, which cost about 1 s at the end of every run. The
+    server is told to end and ends on a daemon thread of its own (its socket closed then, or
+    with the process); no accumulator update can come after the context stopped."""
     context = spark.sparkContext
     server = getattr(context, "_accumulatorServer", None)
     context._accumulatorServer = None  # PySpark's stop skips what it does not have
