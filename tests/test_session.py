@@ -11,6 +11,7 @@ import time
 import pytest
 
 from spark_jobs.deploy import class_archive
+from spark_jobs.deploy.class_archive import JVM_LOG_TO_STDERR
 from spark_jobs.deploy.session import (
     LATE_C2,
     QUIET_LOG4J,
@@ -101,6 +102,7 @@ def test_drivers_use_the_class_archive_made_for_their_java_and_spark(monkeypatch
     assert options == [
         "-Xshare:auto",
         f"-XX:SharedArchiveFile={path}",
+        *JVM_LOG_TO_STDERR,
         *LATE_C2,
         f"-Dlog4j2.configurationFile={QUIET_LOG4J}",
     ]
@@ -109,7 +111,8 @@ def test_drivers_use_the_class_archive_made_for_their_java_and_spark(monkeypatch
     # the process making the archive dumps it instead
     monkeypatch.setenv(class_archive.DUMP_TO, str(tmp_path / "new.jsa"))
     options = session_conf()["spark.driver.extraJavaOptions"].split()
-    assert options == [f"-XX:ArchiveClassesAtExit={tmp_path / 'new.jsa'}", *LATE_C2]
+    dump = f"-XX:ArchiveClassesAtExit={tmp_path / 'new.jsa'}"
+    assert options == [dump, *JVM_LOG_TO_STDERR, *LATE_C2]
 
 
 def test_two_environments_with_the_same_spark_never_share_an_archive(monkeypatch, tmp_path):
@@ -127,6 +130,51 @@ def test_two_environments_with_the_same_spark_never_share_an_archive(monkeypatch
     there = class_archive.archive_path()
     assert here is not None and there is not None and here != there
     assert here.parent == there.parent
+
+
+def test_a_spark_installed_again_in_the_same_place_gets_an_archive_of_its_own(
+    monkeypatch, tmp_path
+):
+    """The JVM checks each jar's size and time against the archive's: a virtualenv made again
+    where it was (CI's fresh environment, ``make clean``) must not find the old archive and
+    start without it, with a warning, every time."""
+    from spark_jobs.deploy import distribution
+
+    monkeypatch.setenv("CUTLINE_CLASS_ARCHIVE_DIR", str(tmp_path / "archives"))
+    spark = tmp_path / "venv" / "pyspark"
+    (spark / "jars").mkdir(parents=True)
+    jar = spark / "jars" / "spark-core_2.13-4.2.0.jar"
+    jar.write_bytes(b"PK")
+    monkeypatch.setattr(distribution, "spark_home", lambda: spark)
+    first = class_archive.archive_path()
+    assert class_archive.archive_path() == first, "the same install: the same archive"
+    os.utime(jar, (jar.stat().st_atime, jar.stat().st_mtime + 60))
+    assert class_archive.archive_path() != first, "installed again: another time"
+    jar.write_bytes(b"PK..")
+    assert class_archive.archive_path() != first
+
+
+def test_archives_of_an_earlier_install_in_the_same_place_are_superseded(monkeypatch, tmp_path):
+    """What ``python -m spark_jobs.commands.class_archive`` deletes once it made the archives of
+    this install: those of an earlier one in the same place, never another place's."""
+    from spark_jobs.deploy import distribution
+
+    monkeypatch.setenv("CUTLINE_CLASS_ARCHIVE_DIR", str(tmp_path / "archives"))
+    (tmp_path / "archives").mkdir()
+    homes = [tmp_path / name / "pyspark" for name in ("venv", "other-venv")]
+    for home in homes:
+        (home / "jars").mkdir(parents=True)
+        (home / "jars" / "spark-core_2.13-4.2.0.jar").write_bytes(b"PK")
+    monkeypatch.setattr(distribution, "spark_home", lambda: homes[1])
+    elsewhere = class_archive.archive_path()
+    monkeypatch.setattr(distribution, "spark_home", lambda: homes[0])
+    earlier = [class_archive.archive_path(jvm) for jvm in ("driver", "launcher")]
+    jar = homes[0] / "jars" / "spark-core_2.13-4.2.0.jar"
+    os.utime(jar, (jar.stat().st_atime, jar.stat().st_mtime + 60))  # installed again
+    current = class_archive.archive_path()
+    for path in [elsewhere, *earlier, current]:
+        path.write_bytes(b"archive")
+    assert class_archive.superseded_archives() == sorted(earlier)
 
 
 def _child_writes(text: str) -> subprocess.Popen:
@@ -213,7 +261,7 @@ def test_a_callers_driver_java_options_come_after_cutlines_instead_of_replacing_
     assert conf["spark.driver.extraJavaOptions"].split() == [*LATE_C2, *own.split()]
 
 
-STALE_LAUNCHER = """
+STALE_ARCHIVES = """
 import sys
 from spark_jobs.deploy.python_env import python_environment
 from spark_jobs.deploy.session import build_spark
@@ -223,31 +271,31 @@ print(build_spark("local[1]").range(3).count())
 
 
 @pytest.mark.spark
-def test_a_stale_launcher_archive_costs_only_its_speed_up(tmp_path, monkeypatch):
-    """The JVM's warning about a launcher archive that does not match (made for another class
-    path) goes to stderr, not to the launcher's stdout (spark-class passes what precedes the
-    command line there to the driver's stdout, where a run's events may go); the driver
-    starts."""
+def test_stale_archives_cost_only_their_speed_up(tmp_path, monkeypatch):
+    """The JVMs' warnings about archives that do not match (made for another class path) go to
+    stderr, never to stdout: the launcher's is the command line spark-class runs (what precedes
+    it reaches the driver's stdout), the driver's is its Python process's, where a run's events
+    and a caller's parsed output go; the driver starts."""
     from spark_jobs.deploy.distribution import spark_home
     from spark_jobs.deploy.java_check import find_java
 
     env = {k: v for k, v in os.environ.items() if k != "SPARK_LAUNCHER_OPTS"}
     env.update(CUTLINE_CLASS_ARCHIVE_DIR=str(tmp_path), CUTLINE_CLASS_ARCHIVE="on")
     monkeypatch.setenv("CUTLINE_CLASS_ARCHIVE_DIR", str(tmp_path))
-    stale = class_archive.archive_path("launcher")
-    # made over a copy of the launcher's jar: a class path no launcher ever runs with
+    # made over a copy of the launcher's jar: a class path no launcher or driver runs with
     jar = shutil.copy(next((spark_home() / "jars").glob("spark-launcher_*.jar")), tmp_path)
     java, _ = find_java()
-    dump = [java, f"-XX:ArchiveClassesAtExit={stale}", "-Xlog:disable", "-cp", str(jar)]
-    subprocess.run([*dump, "org.apache.spark.launcher.Main"], capture_output=True, check=False)
-    assert stale.is_file()
+    for jvm in ("launcher", "driver"):
+        stale = class_archive.archive_path(jvm)
+        dump = [java, f"-XX:ArchiveClassesAtExit={stale}", "-Xlog:disable", "-cp", str(jar)]
+        subprocess.run([*dump, "org.apache.spark.launcher.Main"], capture_output=True, check=False)
+        assert stale.is_file()
     out = subprocess.run(
-        [sys.executable, "-c", STALE_LAUNCHER], env=env, capture_output=True, text=True
+        [sys.executable, "-c", STALE_ARCHIVES], env=env, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.splitlines()[-1] == "3"
-    assert "Unable to use shared archive" in out.stderr, "the archive was named, and stale"
-    assert "shared archive" not in out.stdout
+    assert out.stdout.splitlines() == ["3"]
+    assert out.stderr.count("Unable to use shared archive") == 2, "both named, and stale"
 
 
 STOPPED = """
@@ -276,4 +324,4 @@ def test_a_stopped_session_stops_its_context_and_its_accumulator_server_ends_bes
     updates of the session's jobs arrived."""
     out = subprocess.run([sys.executable, "-c", STOPPED], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split() == ["45", "True", "True", "1", "False", "True"]
+    assert out.stdout.splitlines()[-1].split() == ["45", "True", "True", "1", "False", "True"]

@@ -22,6 +22,7 @@ from spark_jobs.deploy.class_archive import (
     archive_path,
     fits_launcher_opts,
     launcher_dump_options,
+    superseded_archives,
 )
 
 
@@ -62,6 +63,7 @@ def present() -> bool:
 def build(force: bool = False) -> Path:
     """Make the archives for this Java and this Spark unless they exist (or ``force``): run the
     workload in a child process whose JVMs dump to temporary files, then move each one made into
+    place, and delete those made for an earlier install of this Java and Spark in the same
     place. Returns the driver's archive."""
     wanted = _wanted()
     if not wanted:
@@ -82,6 +84,8 @@ def build(force: bool = False) -> Path:
             for final, tmp in tmps.items():
                 if tmp.is_file():
                     os.replace(tmp, final)
+            for old in superseded_archives():  # a JVM mapping one keeps its pages
+                old.unlink(missing_ok=True)
         missing = [p.name for p in tmps if not p.is_file()]
         if proc.returncode != 0 or missing:
             raise RuntimeError(
