@@ -12,7 +12,7 @@ import pytest
 
 from cutline.sources.log import with_log_root
 from cutline.sources.log_format import partition_path
-from spark_jobs.driver.warm_up import warm_up_query
+from spark_jobs.driver.warm_up import WARM_READ, warm_up_job, warm_up_query
 from spark_jobs.job_loader import get_job
 from spark_jobs.sources.generate import generate
 
@@ -39,6 +39,24 @@ def test_the_warm_up_query_runs_a_micro_batch_of_the_job_and_leaves_nothing(spar
     mine = f"cutline-{job.name}-warm-up-query-{os.getpid()}-*"
     left = list(Path(tempfile.gettempdir()).glob(mine))
     assert not left, f"its scratch checkpoint is removed: {left}"
+
+
+def test_the_warm_up_reads_a_bounded_number_of_records_over_all_partitions(tmp_path):
+    """However many partitions its sources have (a file source's directory may hold thousands
+    of files), the warm-up's one micro-batch reads about ``read`` records in all, and never more
+    per partition than the job's own micro-batches."""
+    log = tmp_path / "log"
+    generate(log, "clicks", "clicks", count=40, partitions=4, seed=3, users=50)
+    job = with_log_root(get_job("clicks_per_user"), str(log))
+    (own,) = {s.max_records_per_partition for s in job.sources}
+
+    def bounds(read: int) -> list[int]:
+        return [s.max_records_per_partition for s in warm_up_job(job, read).sources]
+
+    assert bounds(1_000) == [250] and own > 250
+    assert bounds(2) == [1], "one record a partition at least"
+    assert bounds(100 * own) == [own], "never a bigger micro-batch than the job's own"
+    assert warm_up_job(job).sources[0].max_records_per_partition == min(own, WARM_READ // 4)
 
 
 def test_a_failed_warm_up_query_is_logged_and_stops(spark, tmp_path):
