@@ -18,7 +18,7 @@ database is rebuilt from a checkpoint after any failure.
 from __future__ import annotations
 
 import shutil
-import time
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from state.backend import (
 from state.errors import BadInputError
 from state.keygroups import KeyGroupRange
 from state.rocksdb_options import StoreOptions, open_rdict
+from state.rocksdb_release import open_when_released, release_after_compactions
 from state.store_encoding import U32 as _U32
 
 
@@ -53,10 +54,11 @@ class RocksDBStore(KeyedStateBackend):
     """One subtask's working keyed state in a RocksDB directory on local disk.
 
     Open it for the duration of one task and close it in ``finally`` (or use it as a context
-    manager): RocksDB allows one opener per directory, and Spark moves tasks between Python
-    worker processes. ``compactions=False``: an open that writes little and closes at once (a
-    restore's progress marker) starts no compaction, which its close would only cancel; the
-    next open decides.
+    manager), or end a task's work with :meth:`close_after_compactions`: RocksDB allows one
+    opener per directory, and Spark moves tasks between Python worker processes; an open waits
+    for a lock still held by such a close (state/rocksdb_release.py). ``compactions=False``: an
+    open that writes little and closes at once (a restore's progress marker) starts no
+    compaction, which its close would only cancel; the next open decides.
     """
 
     def __init__(
@@ -75,7 +77,7 @@ class RocksDBStore(KeyedStateBackend):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             opts = self.options.to_rocksdb()
             opts.set_disable_auto_compactions(not compactions)
-            self._db = open_rdict(self.path, opts)
+            self._db = open_when_released(self.path, lambda: open_rdict(self.path, opts))
             if compactions:  # the file list is read only when the open may start one
                 trigger = self.options.level0_trigger(self._db.live_files())
                 if trigger != self.options.l0_max_files:
@@ -244,18 +246,18 @@ class RocksDBStore(KeyedStateBackend):
         """Compact the whole database into few files (bounds the files a restore must read)."""
         self.db.compact_range(None, None)
 
-    def finish_compactions(self, poll_s: float = 0.005) -> float:
-        """Wait until no background compaction runs; returns the seconds waited.
-
-        Closing the database cancels a running compaction and discards its work. RocksDB starts
-        a level-0 compaction when a task opens the store; a task shorter than that compaction
-        would cancel it at every close, so it would never complete and level 0 would grow until
-        writes stall. A task calls this once its own work is done, before :meth:`close`.
-        """
-        started = time.perf_counter()
-        while self.db.property_int_value("rocksdb.num-running-compactions"):
-            time.sleep(poll_s)
-        return time.perf_counter() - started
+    def close_after_compactions(self) -> threading.Thread | None:
+        """Flush the memtable, then release the database once no background compaction runs,
+        without waiting for one (state/rocksdb_release.py): every write is in an SST file when
+        this returns; the thread that closes it later, if any, is returned."""
+        db = self.db
+        self._db = None
+        try:
+            db.flush(True)
+        except Exception as e:
+            db.close()
+            raise self._failed("flush", e) from e
+        return release_after_compactions(db, self.path)
 
     # -- snapshots ---------------------------------------------------------------------------
 

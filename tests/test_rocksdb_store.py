@@ -130,10 +130,11 @@ def _random_values(rng: np.random.Generator, n: int, size: int = 100) -> list[by
     return [raw[i : i + size] for i in range(0, size * n, size)]
 
 
-def test_a_compaction_a_task_starts_completes_before_it_closes(tmp_path):
+def test_a_compaction_a_task_starts_completes_after_it_and_before_the_next_open(tmp_path):
     """RocksDB starts a level-0 compaction when a task opens the store, and closing cancels it:
     with tasks shorter than the compaction, none would ever finish and level 0 would grow by a
-    file per task. finish_compactions() keeps level 0 at its trigger (a count alone here)."""
+    file per task. A task's close_after_compactions() leaves it running on a thread of its own
+    and the next open waits for it: level 0 stays at its trigger (a count alone here)."""
     path, r = tmp_path / "db", KeyGroupRange(0, 127)
     options = StoreOptions(l0_compaction_trigger=4, l0_bytes_ratio=0)
     rng = np.random.default_rng(7)
@@ -144,20 +145,28 @@ def test_a_compaction_a_task_starts_completes_before_it_closes(tmp_path):
         txn.put("v", np.arange(n) % 128, keys, _random_values(rng, n))
         txn.commit()
         s.compact()
-    waited = 0.0
+    released_later = 0
     for task in range(10):  # each writes 1 MB over the whole key range: one level-0 file
-        s = RocksDBStore(path, r, options)
+        s = RocksDBStore(path, r, options)  # waits for the last task's release
         try:
             level0 = s.db.property_int_value("rocksdb.num-files-at-level0")
             assert level0 <= options.l0_compaction_trigger, f"task {task}: {level0} files in L0"
             some = rng.integers(0, n, 10_000)
             txn = s.begin()
-            txn.put("v", some % 128, [keys[i] for i in some], _random_values(rng, len(some)))
+            values = _random_values(rng, len(some))
+            txn.put("v", some % 128, [keys[i] for i in some], values)
             txn.commit()
-            waited += s.finish_compactions()
+            released_later += s.close_after_compactions() is not None
         finally:
             s.close()
-    assert waited > 0, "no compaction ran: the test no longer exercises one"
+    last = dict(
+        zip(some.tolist(), values, strict=True)
+    )  # the last task's writes, the last of each key
+    with RocksDBStore(path, r, options, compactions=False) as s:
+        assert s.get_many("v", np.array(list(last)) % 128, [keys[i] for i in last]) == list(
+            last.values()
+        )
+    assert released_later, "no compaction ran past a task: the test no longer exercises one"
 
 
 def test_the_compacted_state_is_entropy_coded(tmp_path):
@@ -233,7 +242,7 @@ def test_small_increments_do_not_rewrite_the_whole_state(tmp_path):
                 txn = s.begin()
                 txn.put("v", some % 128, [keys[i] for i in some], _random_values(rng, 2_000))
                 txn.commit()
-                s.finish_compactions()
+                s.close_after_compactions()
         raise AssertionError("unreachable")
 
     counted, _ = written(StoreOptions(l0_compaction_trigger=4, l0_bytes_ratio=0), tmp_path / "a")

@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 # rocksdict loaded beside deltalake's runtime aborts the interpreter at exit.
 
 PROGRESS = "__progress__"
+# set by Spark in its Python workers' environment when a worker runs task after task (the
+# default, spark.python.worker.reuse): only then does a store's release outlive its task
+REUSED_WORKER = "SPARK_REUSE_WORKER"
 
 
 @contextmanager
@@ -265,9 +268,11 @@ def run_subtask(
             future.add_done_callback(lambda f: _send_ack(ctx, cid, uid, subtask, f))
             sync_ms = (time.perf_counter() - started) * 1000
             kill_point("snapshot-taken")
-        store.finish_compactions()  # beside the upload: closing would cancel them
+        release = store.close_after_compactions()  # the next task's open waits for them
+        if release is not None and not os.environ.get(REUSED_WORKER):
+            release.join()  # the worker exits with its task: they would die with it
     finally:
-        store.close()
+        store.close()  # on a failure: at once (a closed store's close does nothing)
     from_sources = _from(table, sources, len(op.inputs))
     read = pa.concat_tables([from_sources, bad]) if bad.num_rows else from_sources
     stats = SubtaskStats(
