@@ -79,6 +79,7 @@ class MicroBatches:
         self.lock = threading.Lock()
         self.idle_barrier: threading.Thread | None = None
         self.barriers: dict[int, int] = {}  # checkpoint id -> its barrier's epoch (under lock)
+        self._executed_one = False  # the attempt's first micro-batch starts no compaction
 
     @property
     def routes(self) -> Routes:
@@ -232,6 +233,7 @@ class MicroBatches:
             compact=self.compaction.subtasks_at(checkpoint_id),
             emit=emit,
             processing_time=now_ms() if processing_time is None else processing_time,
+            compactions=self._executed_one,
             source_columns=self.source_columns,
             # routed at the read, the map side's schema is known here; else execute takes it
             schema=next(iter(self.routes.values())).chunks if self.routes else None,
@@ -240,7 +242,9 @@ class MicroBatches:
     def _execute(self, df, plan: BatchPlan) -> list[SubtaskStats]:
         """One micro-batch through every stage, each subtask on its slot's host. Returns the
         subtasks' statistics."""
-        return execute(df, plan, self.anchor, routed_at_read=self.routes is not None)
+        stats = execute(df, plan, self.anchor, routed_at_read=self.routes is not None)
+        self._executed_one = True
+        return stats
 
     def _after(self, plan: BatchPlan, stats: list[SubtaskStats], *, count: bool = True) -> int:
         """Fold the statistics into the progress, record the epoch's end (and planned

@@ -121,6 +121,10 @@ class BatchPlan:
     schema: pa.Schema | None = None  # of the first stage's routed records (for an idle subtask)
     emit: bool = True  # False: a replayed epoch whose output the sinks already committed
     processing_time: int = 0  # ms since the epoch, as the driver planned the micro-batch
+    # False in an attempt's first micro-batch: its stores' opens start no compaction (one due
+    # at a restore would share the cores with the micro-batch a restart waits for; the next
+    # micro-batch's open starts it)
+    compactions: bool = True
     # the columns of each source a later stage reads, after its transforms (dataflow.py)
     source_columns: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
@@ -228,7 +232,7 @@ def run_subtask(
             f"which has no working state at {copies.db_dir}: restore from a checkpoint"
         )
     sync_ms = compact_ms = 0.0
-    store = RocksDBStore(copies.db_dir, ctx.key_groups(subtask))
+    store = RocksDBStore(copies.db_dir, ctx.key_groups(subtask), compactions=plan.compactions)
     try:
         progress = read_progress(store)
         expected = {"attempt": ctx.attempt, "epoch": plan.previous_epoch}
