@@ -23,7 +23,8 @@ def test_an_attempts_first_micro_batch_starts_no_compaction_and_its_next_one_doe
     ctx = RunContext(clicks_per_user(), 3, str(tmp_path / "c"), str(tmp_path / "l"), str(tmp_path))
     op = ctx.job.stages[0]
     prepare_subtask(ctx, op.uid, 0, (), epoch=4)  # the restore: empty, marked at epoch 4
-    bound = StoreOptions().l0_max_files
+    options = StoreOptions()  # the store's own defaults, which run_subtask opens with
+    bound = options.l0_max_files
     first = ctx.key_groups(0).start
     for i in range(bound):  # level 0 at its bound: a compaction is due at the next open
         with RocksDBStore(ctx.copies(op.uid, 0).db_dir, ctx.key_groups(0), compactions=False) as s:
@@ -39,6 +40,6 @@ def test_an_attempts_first_micro_batch_starts_no_compaction_and_its_next_one_doe
     # its open scheduled starts running, and cancel it: the next open schedules it again)
     for epoch in (6, 7, 8):
         run_subtask(BatchPlan(ctx, epoch=epoch, previous_epoch=epoch - 1), 0, 0, records)
-        if _level0(ctx, op.uid) < StoreOptions().l0_compaction_trigger:
+        if _level0(ctx, op.uid) < options.l0_compaction_trigger:
             return
     raise AssertionError(f"level 0 not compacted by three micro-batches: {_level0(ctx, op.uid)}")
