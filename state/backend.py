@@ -48,6 +48,12 @@ def disk_full(error: BaseException) -> bool:
     return getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error)
 
 
+def corrupt_file(error: BaseException) -> bool:
+    """Whether ``error`` is RocksDB finding a file's bytes not what it wrote (a block or
+    footer whose checksum does not match)."""
+    return "Corruption:" in str(error)
+
+
 class Transaction(ABC):
     """Buffered writes of one micro-batch; applied atomically by :meth:`commit`.
 

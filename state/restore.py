@@ -1,8 +1,9 @@
 """Restore a subtask's working database from a state handle, local copy first.
 
 Order of preference, per file: the subtask's local copy of the same checkpoint (verified against
-the handle's size and checksum, hard-linked for immutable SST files), otherwise the primary copy
-in durable storage (verified the same way). So a restore is fully local, partly local and partly
+the handle's size and checksum, read from the file unless this host recorded it for the file as
+it is: state/local_copies.py; hard-linked for immutable SST files), otherwise the primary copy in
+durable storage (verified the same way). So a restore is fully local, partly local and partly
 remote, or fully remote, and the report says how many bytes came from where. A corrupt local file
 falls back to the remote copy; a missing or corrupt remote file raises an error naming it.
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from state.handles import StateFile, SubtaskStateHandle, file_checksum
-from state.local_copies import LocalCopies
+from state.local_copies import LocalCopies, file_identity, settled_identity
 from state.manifest import CheckpointManifest
 from state.paths import JobLayout
 from state.storage import DurableStorage, MissingFileError, StorageError
@@ -39,6 +40,7 @@ class RestoreReport:
     bytes_remote: int = 0
     fallbacks: list[str] = field(default_factory=list)
     duration_s: float = 0.0
+    files_unread: int = 0  # local files taken by their recorded checksum, not read again
 
     @property
     def source(self) -> str:
@@ -48,15 +50,32 @@ class RestoreReport:
         return "remote" if self.files_local == 0 else "mixed"
 
 
-def _usable_local(candidate: Path, expected: StateFile, report: RestoreReport) -> bool:
+def _usable_local(
+    candidate: Path,
+    expected: StateFile,
+    report: RestoreReport,
+    verified: dict[str, str],
+    read: dict[str, str],
+) -> bool:
+    """Whether the local file ``candidate`` holds ``expected``'s bytes: its checksum as this
+    host recorded it for the file as it is (``verified``), else as read now (added to ``read``
+    by the file's settled identity)."""
     try:
         size = candidate.stat().st_size
+        identity = file_identity(candidate)
     except FileNotFoundError:
         return False
     if size != expected.size:
         report.fallbacks.append(f"local {expected.local_name}: size {size} != {expected.size}")
         return False
-    if file_checksum(candidate) != expected.checksum:
+    if verified.get(identity) == expected.checksum:
+        report.files_unread += 1
+        return True
+    settled = settled_identity(candidate)
+    checksum = file_checksum(candidate)
+    if settled is not None:
+        read[settled] = checksum
+    if checksum != expected.checksum:
         report.fallbacks.append(f"local {expected.local_name}: checksum mismatch")
         return False
     return True
@@ -94,10 +113,14 @@ def restore_subtask(
     staging = target.with_name(target.name + ".restoring")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
+    verified = copies.verified() if local is not None else {}
+    read: dict[str, str] = {}
     try:
         for f in handle.files:
             dest = staging / f.local_name
-            if local is not None and _usable_local(local[0] / f.local_name, f, report):
+            if local is not None and _usable_local(
+                local[0] / f.local_name, f, report, verified, read
+            ):
                 try:
                     _place_local(local[0] / f.local_name, dest)
                     report.files_local += 1
@@ -119,6 +142,8 @@ def restore_subtask(
         os.replace(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    if local is not None:
+        copies.record_verified(read)
     report.duration_s = time.perf_counter() - started
     return report
 

@@ -205,7 +205,10 @@ class RocksDBStore(KeyedStateBackend):
                     break
                 yield key, it.value()
                 it.next()
+            else:  # no longer valid: at the end, or stopped by an error (a corrupt block)
+                it.status()
         except Exception as e:
+            it = None  # the error's traceback must not keep the database open
             raise self._failed("scan", e) from e
 
     def _failed(self, what: str, error: BaseException) -> StateBackendError:

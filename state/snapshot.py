@@ -24,7 +24,7 @@ from pathlib import Path
 from state.backend import KeyedStateBackend
 from state.handles import StateFile, SubtaskStateHandle, file_checksum
 from state.keygroups import KeyGroupRange
-from state.local_copies import HANDLE_FILE, LocalCopies
+from state.local_copies import HANDLE_FILE, LocalCopies, settled_identity
 from state.paths import JobLayout
 from state.storage import DurableStorage
 
@@ -49,8 +49,11 @@ def upload_snapshot(
     key_group_range: KeyGroupRange,
     base: SubtaskStateHandle | None = None,
     incremental: bool = True,
+    read: dict[str, str] | None = None,
 ) -> SubtaskStateHandle:
-    """Upload snapshot ``directory`` and return its handle (timings left at zero).
+    """Upload snapshot ``directory`` and return its handle (timings left at zero). ``read``
+    collects the checksums of the files it read, by their settled identity
+    (state/local_copies.py).
 
     With ``incremental``, an SST file whose name and size match a file of ``base`` is re-referenced
     instead of uploaded. ``base`` must come from the last *confirmed* checkpoint; a base of
@@ -79,7 +82,10 @@ def upload_snapshot(
             path = layout.shared_file(operator, subtask, f"{stem}-{token}.sst")
         else:
             path = layout.private_file(checkpoint_id, operator, subtask, f"{entry.name}.{token}")
+        settled = settled_identity(entry.path) if read is not None else None
         checksum = file_checksum(entry.path)
+        if settled is not None:
+            read[settled] = checksum
         uploaded += storage.put_file(entry.path, layout.job_path(path))
         files.append(StateFile(entry.name, path, size, checksum))
     return SubtaskStateHandle(
@@ -145,6 +151,7 @@ class SubtaskSnapshotter:
         sync_ms: float,
     ) -> SubtaskStateHandle:
         started = time.perf_counter()
+        read: dict[str, str] = {}
         try:
             handle = upload_snapshot(
                 self.storage,
@@ -156,6 +163,7 @@ class SubtaskSnapshotter:
                 key_group_range,
                 base,
                 self.incremental,
+                read,
             )
         except BaseException:
             self.copies.discard(checkpoint_id)
@@ -167,4 +175,6 @@ class SubtaskSnapshotter:
         )
         if not (self.local_recovery and self.copies.retain(handle)):
             self.copies.discard(checkpoint_id)
+            return handle
+        self.copies.record_verified(read)  # a restore from this copy need not read them again
         return handle

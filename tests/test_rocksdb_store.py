@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from state.backend import KeyGroupError, TransactionError, TransactionState
+from state.backend import KeyGroupError, StateBackendError, TransactionError, TransactionState
 from state.keygroups import KeyGroupRange, key_group_range
 from state.rocksdb_options import StoreOptions
 from state.rocksdb_store import RocksDBStore
@@ -103,6 +103,26 @@ def test_items_iterates_one_key_group(store):
     txn.put("v", [2, 2, 3], [b"x", b"y", b"x"], [b"1", b"2", b"3"])
     txn.commit()
     assert list(store.items("v", 2)) == [(b"x", b"1"), (b"y", b"2")]
+
+
+def test_a_scan_over_a_corrupt_block_raises_instead_of_ending_early(tmp_path):
+    """RocksDB stops an iterator at a block whose checksum does not match: a scan (timers, map
+    state, a rescale copying keys, a state read) must say so, not return fewer entries."""
+    path, r = tmp_path / "db", KeyGroupRange(0, 0)
+    keys = [f"k{i:06d}".encode() for i in range(20_000)]
+    with RocksDBStore(path, r) as s:
+        txn = s.begin()
+        txn.put("v", [0] * len(keys), keys, _random_values(np.random.default_rng(0), len(keys)))
+        txn.commit()
+    (sst,) = path.glob("*.sst")
+    with open(sst, "r+b") as f:
+        f.seek(sst.stat().st_size // 3)
+        f.write(b"\0" * 64)
+    corrupt = pytest.raises(StateBackendError, match=r"scan failed .*Corruption")
+    with RocksDBStore(path, r, StoreOptions(block_cache_mib=1)) as s, corrupt:  # none cached
+        sum(1 for _ in s.items("v", 0))
+    with RocksDBStore(path, r, StoreOptions(block_cache_mib=2)) as s:  # the scan closed its db
+        assert s.get_many("v", [0], keys[:1]) != [None]
 
 
 def test_state_survives_close_and_snapshot_is_openable(tmp_path):

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 import state.restore as restore_module
+from spark_jobs.executor.subtask import naming_the_subtask
+from state.backend import StateBackendError
 from state.keygroups import KeyGroupRange
 from state.local_copies import LocalCopies
 from state.paths import JobLayout
@@ -53,8 +56,8 @@ class Subtask:
         return {k: v for kg in RANGE for k, v in self.store.items("v", kg)}
 
 
-def contents_of(path) -> dict[bytes, bytes]:
-    with RocksDBStore(path, RANGE) as s:
+def contents_of(path, options: StoreOptions | None = None) -> dict[bytes, bytes]:
+    with RocksDBStore(path, RANGE, options) as s:
         return {k: v for kg in RANGE for k, v in s.items("v", kg)}
 
 
@@ -133,6 +136,101 @@ def test_corrupt_local_file_falls_back_to_the_remote_copy(sub):
     assert report.bytes_remote == sst.size
     assert any("checksum mismatch" in f for f in report.fallbacks)
     assert contents_of(sub.copies.db_dir) == expected
+
+
+def age_files(directory, seconds: float = 60.0) -> None:
+    """Dates the SST files of ``directory`` back by ``seconds``: files written long before the
+    snapshot that reads them (their identity settled: state/local_copies.py)."""
+    then = time.time_ns() - int(seconds * 1e9)
+    for path in directory.glob("*.sst"):
+        os.utime(path, ns=(then, then))
+
+
+def counting_reads(monkeypatch) -> list[str]:
+    """The names of the local files a restore reads for their checksum."""
+    read, checksum = [], restore_module.file_checksum
+
+    def counted(path):
+        read.append(os.path.basename(path))
+        return checksum(path)
+
+    monkeypatch.setattr(restore_module, "file_checksum", counted)
+    return read
+
+
+def test_a_restore_reads_no_local_file_whose_bytes_the_upload_read(sub, monkeypatch):
+    sub.write(0, 20_000, b"a" * 100)
+    sub.store.db.flush(True)
+    age_files(sub.copies.db_dir)
+    h1 = sub.snapshotter.snapshot(sub.store, 1, None).result()
+    expected = sub.contents()
+    sub.store.close()
+    settled = {f.local_name for f in h1.files if f.local_name.endswith(".sst")}
+    assert settled
+    read = counting_reads(monkeypatch)
+    report = restore_subtask(h1, sub.storage, JobLayout(JOB), sub.copies.db_dir, sub.copies)
+    assert report.source == "local" and report.files_unread == len(settled)
+    assert not settled & set(read), "files the upload read are taken by their checksum"
+    assert sorted(read) == sorted({f.local_name for f in h1.files} - settled)  # written just now
+    assert contents_of(sub.copies.db_dir) == expected
+
+
+def test_a_local_file_written_after_the_upload_read_it_is_read_again_and_replaced(sub, monkeypatch):
+    sub.write(0, 20_000, b"a" * 100)
+    sub.store.db.flush(True)
+    age_files(sub.copies.db_dir)
+    h1 = sub.snapshotter.snapshot(sub.store, 1, None).result()
+    expected = sub.contents()
+    sub.store.close()
+    directory, _ = sub.copies.find(1)
+    sst = max((f for f in h1.files if f.shared), key=lambda f: f.size)
+    with open(directory / sst.local_name, "r+b") as f:  # in place: same inode, same size
+        f.seek(sst.size // 2)
+        byte = f.read(1)
+        f.seek(sst.size // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    read = counting_reads(monkeypatch)
+    report = restore_subtask(h1, sub.storage, JobLayout(JOB), sub.copies.db_dir, sub.copies)
+    assert sst.local_name in read
+    assert report.source == "mixed" and report.bytes_remote == sst.size
+    assert any("checksum mismatch" in f for f in report.fallbacks)
+    assert contents_of(sub.copies.db_dir) == expected
+
+
+def test_bytes_changed_behind_the_file_system_are_found_by_rocksdb_then_replaced(sub):
+    """A failing disk changes bytes without a new modification time: the restore takes the
+    file by its recorded checksum, RocksDB's block checksum finds it, the subtask's failure
+    makes the next restore read every local file, and the file comes from the primary copy."""
+    sub.write(0, 20_000, b"a" * 100)
+    sub.store.db.flush(True)
+    age_files(sub.copies.db_dir)
+    h1 = sub.snapshotter.snapshot(sub.store, 1, None).result()
+    expected = sub.contents()
+    sub.store.close()
+    directory, _ = sub.copies.find(1)
+    sst = max((f for f in h1.files if f.shared), key=lambda f: f.size)
+    path = directory / sst.local_name
+    stat = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(sst.size // 3)
+        f.write(b"\0" * 64)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the time it had
+
+    layout = JobLayout(JOB)
+    report = restore_subtask(h1, sub.storage, layout, sub.copies.db_dir, sub.copies)
+    assert report.source == "local" and report.files_unread >= 1
+    # read through block caches of their own: the process's holds the file's blocks as read
+    # before the damage (RocksDB keys them by the file, whatever its path)
+    uncached = [StoreOptions(block_cache_mib=mib) for mib in (3, 5)]
+    corrupt = pytest.raises(StateBackendError, match="Corruption")
+    with corrupt as failed, naming_the_subtask("count", 0, sub.copies):
+        contents_of(sub.copies.db_dir, uncached[0])
+    assert "stage 'count' subtask 0" in str(failed.value)
+
+    report = restore_subtask(h1, sub.storage, layout, sub.copies.db_dir, sub.copies)
+    assert report.files_unread == 0
+    assert report.source == "mixed" and report.bytes_remote == sst.size
+    assert contents_of(sub.copies.db_dir, uncached[1]) == expected
 
 
 def test_a_local_file_gone_after_its_check_is_read_from_the_remote_copy(sub, monkeypatch):

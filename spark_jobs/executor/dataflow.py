@@ -141,7 +141,8 @@ def run_stage(plan: BatchPlan, stage: int, subtask: int, items: Iterable) -> Ite
         table = read_chunks(chunks, schema)
         if forwarded:
             table = stage_input(table, forwarded, plan.source_columns)
-        with naming_the_subtask(job.stages[stage].uid, subtask):
+        uid = job.stages[stage].uid
+        with naming_the_subtask(uid, subtask, plan.ctx.copies(uid, subtask)):
             stats, output = run_subtask(plan, stage, subtask, table)
         passed.append(stats)
         if stage == len(job.stages) - 1:

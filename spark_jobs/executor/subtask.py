@@ -38,7 +38,7 @@ from spark_jobs.errors import IncompatibleStateError, carry_to_driver
 from spark_jobs.executor.reports import SubtaskRestoreReport, SubtaskStats
 from spark_jobs.sources.bad_records import dead_letters, first_bad, split_bad
 from state.acks import Ack, ack_path
-from state.backend import StateBackendError, disk_full
+from state.backend import StateBackendError, corrupt_file, disk_full
 from state.faults import kill_point, upload_executor
 from state.handles import SubtaskStateHandle
 from state.keygroups import key_group_range
@@ -60,13 +60,17 @@ REUSED_WORKER = "SPARK_REUSE_WORKER"
 
 
 @contextmanager
-def naming_the_subtask(stage: str, subtask: int) -> Iterator[None]:
+def naming_the_subtask(stage: str, subtask: int, copies: LocalCopies) -> Iterator[None]:
     """Around a subtask's work: a failure of its local state (the state backend's, or a full
     disk under it) names the stage, the subtask and the host, so the run's last line says which
-    subtask could not write where."""
+    subtask could not write where. A corrupt block makes the next restore read every local file
+    of ``copies`` again (their recorded checksums are forgotten): the one whose bytes changed
+    is then taken from the primary copy."""
     try:
         yield
     except StateBackendError as e:
+        if corrupt_file(e):
+            copies.distrust()
         raise StateBackendError(f"stage {stage!r} subtask {subtask}: {e}") from e
     except OSError as e:
         if not disk_full(e):
@@ -312,7 +316,7 @@ def prepare_slot(
     reports = []
     with carry_to_driver():
         for uid, h in handles.items():
-            with naming_the_subtask(uid, subtask):
+            with naming_the_subtask(uid, subtask, ctx.copies(uid, subtask)):
                 reports.append(prepare_subtask(ctx, uid, subtask, h, epoch))
     return reports
 
