@@ -138,12 +138,20 @@ def test_corrupt_local_file_falls_back_to_the_remote_copy(sub):
     assert contents_of(sub.copies.db_dir) == expected
 
 
-def age_files(directory, seconds: float = 60.0) -> None:
-    """Dates the SST files of ``directory`` back by ``seconds``: files written long before the
-    snapshot that reads them (their identity settled: state/local_copies.py)."""
-    then = time.time_ns() - int(seconds * 1e9)
-    for path in directory.glob("*.sst"):
+def settled_snapshot(sub) -> tuple:
+    """Checkpoint 1 of state whose SST files were written a minute before the snapshot that
+    reads them (their identity settled: state/local_copies.py); the store closed. Returns the
+    handle, the state, the local copy's directory and its largest shared file."""
+    sub.write(0, 20_000, b"a" * 100)
+    sub.store.db.flush(True)
+    then = time.time_ns() - 60 * 10**9
+    for path in sub.copies.db_dir.glob("*.sst"):
         os.utime(path, ns=(then, then))
+    h1 = sub.snapshotter.snapshot(sub.store, 1, None).result()
+    expected = sub.contents()
+    sub.store.close()
+    directory, _ = sub.copies.find(1)
+    return h1, expected, directory, max((f for f in h1.files if f.shared), key=lambda f: f.size)
 
 
 def counting_reads(monkeypatch) -> list[str]:
@@ -159,31 +167,18 @@ def counting_reads(monkeypatch) -> list[str]:
 
 
 def test_a_restore_reads_no_local_file_whose_bytes_the_upload_read(sub, monkeypatch):
-    sub.write(0, 20_000, b"a" * 100)
-    sub.store.db.flush(True)
-    age_files(sub.copies.db_dir)
-    h1 = sub.snapshotter.snapshot(sub.store, 1, None).result()
-    expected = sub.contents()
-    sub.store.close()
+    h1, expected, _, _ = settled_snapshot(sub)
     settled = {f.local_name for f in h1.files if f.local_name.endswith(".sst")}
-    assert settled
     read = counting_reads(monkeypatch)
     report = restore_subtask(h1, sub.storage, JobLayout(JOB), sub.copies.db_dir, sub.copies)
-    assert report.source == "local" and report.files_unread == len(settled)
+    assert report.source == "local" and report.files_unread == len(settled) > 0
     assert not settled & set(read), "files the upload read are taken by their checksum"
     assert sorted(read) == sorted({f.local_name for f in h1.files} - settled)  # written just now
     assert contents_of(sub.copies.db_dir) == expected
 
 
 def test_a_local_file_written_after_the_upload_read_it_is_read_again_and_replaced(sub, monkeypatch):
-    sub.write(0, 20_000, b"a" * 100)
-    sub.store.db.flush(True)
-    age_files(sub.copies.db_dir)
-    h1 = sub.snapshotter.snapshot(sub.store, 1, None).result()
-    expected = sub.contents()
-    sub.store.close()
-    directory, _ = sub.copies.find(1)
-    sst = max((f for f in h1.files if f.shared), key=lambda f: f.size)
+    h1, expected, directory, sst = settled_snapshot(sub)
     with open(directory / sst.local_name, "r+b") as f:  # in place: same inode, same size
         f.seek(sst.size // 2)
         byte = f.read(1)
@@ -201,14 +196,7 @@ def test_bytes_changed_behind_the_file_system_are_found_by_rocksdb_then_replaced
     """A failing disk changes bytes without a new modification time: the restore takes the
     file by its recorded checksum, RocksDB's block checksum finds it, the subtask's failure
     makes the next restore read every local file, and the file comes from the primary copy."""
-    sub.write(0, 20_000, b"a" * 100)
-    sub.store.db.flush(True)
-    age_files(sub.copies.db_dir)
-    h1 = sub.snapshotter.snapshot(sub.store, 1, None).result()
-    expected = sub.contents()
-    sub.store.close()
-    directory, _ = sub.copies.find(1)
-    sst = max((f for f in h1.files if f.shared), key=lambda f: f.size)
+    h1, expected, directory, sst = settled_snapshot(sub)
     path = directory / sst.local_name
     stat = path.stat()
     with open(path, "r+b") as f:
