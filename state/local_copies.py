@@ -43,17 +43,14 @@ log = logging.getLogger(__name__)
 
 HANDLE_FILE = "_handle.json"
 VERIFIED_FILE = "_verified.json"
-
-
-# File systems stamp modification times from a coarse clock (a kernel tick; FAT in steps of 2 s)
+# file systems stamp modification times from a coarse clock (a kernel tick; FAT in steps of 2 s)
 SETTLED_S = 2.0
 
 
 def file_identity(path: str | Path) -> str:
     """What changes whenever a file's bytes are written through the file system: its inode,
     size and modification time (ns)."""
-    st = os.stat(path)
-    return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+    return _identity(os.stat(path))
 
 
 def settled_identity(path: str | Path) -> str | None:
@@ -61,8 +58,10 @@ def settled_identity(path: str | Path) -> str | None:
     ``SETTLED_S`` ago (else None): any write after this moment then stamps a later time, so a
     file with this identity still holds the bytes read next."""
     st = os.stat(path)
-    if time.time_ns() - st.st_mtime_ns < SETTLED_S * 1e9:
-        return None
+    return _identity(st) if time.time_ns() - st.st_mtime_ns >= SETTLED_S * 1e9 else None
+
+
+def _identity(st: os.stat_result) -> str:
     return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
 
 
