@@ -522,6 +522,7 @@ def main() -> None:
     if set(args.systems) & set(FLINK) and not FLINK_PYTHON.exists():
         parser.error(f"Flink runs in {FLINK_PYTHON.parent.parent}: make flink-venv creates it")
     work = args.work or Path(tempfile.mkdtemp(prefix="cutline-peer-bench-"))
+    args.out.mkdir(parents=True, exist_ok=True)  # now, not after an hour of runs
     results = {"args": {k: str(v) for k, v in vars(args).items()}, "sizes": []}
     results["setup"] = (
         f"2 cores, local[2], parallelism 2, RocksDB everywhere; micro-batches of "
