@@ -31,11 +31,10 @@ class StoreOptions:
     Small memtables flush in the background while a micro-batch runs, so the flush left for the
     synchronous part of a snapshot is at most one small memtable, whatever the state size.
 
-    Every level is compressed with LZ4: cheap enough for the flush in a snapshot's synchronous
-    part, and fast to decompress on each lookup that misses the block cache (a multi-get at 1
-    GiB of state spent half its time decompressing zstd blocks). LZ4 cannot shrink text (hex,
-    base64, numbers as digits); zstd, which can, is applied to the whole file on its way to
-    durable storage instead (``CheckpointConfig.snapshot_compression``, state/file_codec.py).
+    Level 0 (memtable flushes: a checkpoint's increment) is compressed with LZ4, which is cheap
+    enough for the flush in a snapshot's synchronous part; what compaction writes to the bottom
+    level (the rewritten state, the largest uploads and most of the storage) with zstd, whose
+    entropy coding also shrinks values LZ4 cannot (hex, base64, numbers as text).
 
     The block cache is the process's (:func:`block_cache`), shared by every store it opens: a
     Python worker runs the tasks of several subtasks in turn, each opening its store anew, and
@@ -52,7 +51,7 @@ class StoreOptions:
     bloom_bits_per_key: float = 10.0
     block_cache_mib: int = 64
     compression: str = "lz4"
-    bottommost_compression: str = "lz4"
+    bottommost_compression: str = "zstd"
 
     def __post_init__(self) -> None:
         if not 0 < self.l0_compaction_trigger <= self.l0_max_files:
