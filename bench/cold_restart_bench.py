@@ -130,6 +130,17 @@ def restart(
     }
 
 
+def add_checkouts(parser: argparse.ArgumentParser, runs: str) -> None:
+    """``--checkouts``: git worktrees of the commits compared, whose drivers take turns."""
+    parser.add_argument(
+        "--checkouts",
+        type=lambda p: Path(p).resolve(),
+        nargs="+",
+        default=[ROOT],
+        help=f"{runs} these checkouts' drivers in turn (default: this one)",
+    )
+
+
 def after_kill_result(args: argparse.Namespace) -> dict:
     """``--after-kill``: the restarts from one killed driver's state."""
     with tempfile.TemporaryDirectory(prefix="cutline-cold-restart-") as tmp:
@@ -196,13 +207,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=8, help="micro-batches per restart")
     parser.add_argument("--after-kill", type=float, metavar="S", help="see the module's doc")
     parser.add_argument("--work", type=Path, help="--after-kill: keep the state here")
-    parser.add_argument(
-        "--checkouts",
-        type=lambda p: Path(p).resolve(),
-        nargs="+",
-        default=[ROOT],
-        help="--after-kill: restart these checkouts' drivers in turn (default: this one)",
-    )
+    add_checkouts(parser, "--after-kill: restart with")
     parser.add_argument("--out", help="default: bench/results/cold_restart[_after_kill].json")
     args = parser.parse_args()
     name = "cold_restart_after_kill" if args.after_kill else "cold_restart"

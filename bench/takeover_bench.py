@@ -39,7 +39,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from cold_restart_bench import BATCH, build_state, commit_of, kill_mid_stream  # noqa: E402
+from cold_restart_bench import (  # noqa: E402
+    BATCH,
+    add_checkouts,
+    build_state,
+    commit_of,
+    kill_mid_stream,
+)
 from peer_bench import start_driver, takeover, wait_until  # noqa: E402
 from peer_input import FORMATS, PARTITIONS, Appender, log_writer  # noqa: E402
 
@@ -107,13 +113,7 @@ def main() -> None:
     parser.add_argument(
         "--work", type=Path, help="keep the state here, and take it again (default: a temp dir)"
     )
-    parser.add_argument(
-        "--checkouts",
-        type=lambda p: Path(p).resolve(),
-        nargs="+",
-        default=[ROOT],
-        help="take over with these checkouts' drivers in turn (default: this one)",
-    )
+    add_checkouts(parser, "take over with")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "takeover.json")
     args = parser.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
