@@ -134,7 +134,8 @@ def main() -> None:
         runs = []
         for i in range(args.repeat):
             for root in args.checkouts:
-                shutil.rmtree(home)
+                if home.exists():  # the last trial's, or a --work's left
+                    shutil.rmtree(home)
                 shutil.copytree(killed, home, symlinks=True, copy_function=link_or_copy)
                 appender = Appender(log_writer(home / "log"), keys, 1, ts, seed=3 + i)
                 run = {"commit": commit_of(root), **trial(home, appender, args.after, root)}
