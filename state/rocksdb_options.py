@@ -52,6 +52,9 @@ class StoreOptions:
     block_cache_mib: int = 64
     compression: str = "lz4"
     bottommost_compression: str = "zstd"
+    # RocksDB's info LOGs kept per store: every task's open starts a new one, so this is how many
+    # micro-batches back its flush and compaction events can still be read
+    info_logs: int = 16
 
     def __post_init__(self) -> None:
         if not 0 < self.l0_compaction_trigger <= self.l0_max_files:
@@ -89,7 +92,7 @@ class StoreOptions:
         opts.set_level_zero_slowdown_writes_trigger(self.l0_slowdown_trigger)
         opts.set_level_zero_stop_writes_trigger(self.l0_slowdown_trigger * 2)
         opts.set_max_background_jobs(2)
-        opts.set_keep_log_file_num(2)  # every task opens the store: one info LOG per open
+        opts.set_keep_log_file_num(self.info_logs)
         opts.set_compression_type(getattr(rd.DBCompressionType, self.compression)())
         opts.set_bottommost_compression_type(
             getattr(rd.DBCompressionType, self.bottommost_compression)()
