@@ -81,7 +81,11 @@ def test_a_standby_takes_over_within_the_run_and_the_sensor_restores_when_both_d
     try:
         register_partitions(home)
         first = launch_streaming_run(
-            dagster.client(), JOB, {"standby": True, "idle_timeout_s": 15.0}
+            # idle for 45 s before it stops: the input (about 100 s) must not run out, and the
+            # active driver stop, before the second standby is warm on a loaded machine
+            dagster.client(),
+            JOB,
+            {"standby": True, "idle_timeout_s": 45.0},
         )
 
         # 1. kill the active driver once its standby is warm: the standby takes over in the run
