@@ -59,9 +59,8 @@ def link_or_copy(source: str, target: str) -> None:
 
 
 def kill_all(home: Path) -> None:
-    """``kill -9`` of every driver working on ``home`` and its process group (the supervisor's
-    drivers lead groups of their own, and a standby started after a takeover outlives it), then
-    wait until they are gone."""
+    """``kill -9`` of every process whose command line names ``home`` and of its process group
+    (the supervisor's drivers lead groups of their own), then wait until none is left."""
     for _ in range(100):
         pids = []
         for proc in Path("/proc").iterdir():
@@ -130,7 +129,8 @@ def main() -> None:
             # every trial's at the same path: a job's roots are recorded, and a wrong one refused
             shutil.copytree(home, killed, symlinks=True, copy_function=link_or_copy)
             built.write_text(json.dumps({"keys": keys, "ts": ts, "mib": args.mib}))
-        keys, ts = json.loads(built.read_text())["keys"], json.loads(built.read_text())["ts"]
+        state = json.loads(built.read_text())
+        keys, ts = state["keys"], state["ts"]
         runs = []
         for i in range(args.repeat):
             for root in args.checkouts:

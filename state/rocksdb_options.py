@@ -62,6 +62,8 @@ class StoreOptions:
                 f"l0_compaction_trigger must be in 1..l0_max_files ({self.l0_max_files}), "
                 f"got {self.l0_compaction_trigger}"
             )
+        if self.info_logs < 1:
+            raise BadInputError(f"info_logs must be >= 1, got {self.info_logs}")
         if self.l0_bytes_ratio < 0:
             raise BadInputError(f"l0_bytes_ratio must be >= 0, got {self.l0_bytes_ratio}")
 
