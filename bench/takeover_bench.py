@@ -78,6 +78,17 @@ def kill_all(home: Path) -> None:
     raise RuntimeError(f"drivers on {home} still running: {pids}")
 
 
+def evict(home: Path) -> None:
+    """Drop ``home``'s SST files from the page cache: the state as a machine leaves one idle for
+    minutes, the same for every trial whatever the one before it read."""
+    for sst in home.rglob("*.sst"):
+        fd = os.open(sst, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def trial(home: Path, appender: Appender, after: int, root: Path) -> dict:
     """One takeover on ``home`` by ``root``'s driver, then ``after`` micro-batches."""
     run = start_driver("cutline", home, BATCH, "--standby", root=root)
@@ -112,6 +123,9 @@ def main() -> None:
     parser.add_argument(
         "--work", type=Path, help="keep the state here, and take it again (default: a temp dir)"
     )
+    parser.add_argument(
+        "--evict", action="store_true", help="start each trial with the state's files uncached"
+    )
     add_checkouts(parser, "take over with")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "takeover.json")
     args = parser.parse_args()
@@ -137,6 +151,8 @@ def main() -> None:
                 if home.exists():  # the last trial's, or a --work's left
                     shutil.rmtree(home)
                 shutil.copytree(killed, home, symlinks=True, copy_function=link_or_copy)
+                if args.evict:
+                    evict(home)
                 appender = Appender(log_writer(home / "log"), keys, 1, ts, seed=3 + i)
                 run = {"commit": commit_of(root), **trial(home, appender, args.after, root)}
                 runs.append(run)
@@ -155,7 +171,9 @@ def main() -> None:
         print(f"{commit}: medians {json.dumps(by_commit[commit])}")
     result = {
         "what": f"takeover of the peer benchmark's job at {args.mib} MiB of state, from a state a "
-        f"driver killed after {args.sustain:.0f} s of sustained input left: kill -9 of the active "
+        f"driver killed after {args.sustain:.0f} s of sustained input left"
+        f"{' (its files evicted from the page cache before each trial)' if args.evict else ''}"
+        f": kill -9 of the active "
         f"driver to the standby's first micro-batch ({BATCH:,} records per partition, local[2]), "
         f"then {args.after} micro-batches of as many records",
         "runs": runs,

@@ -36,6 +36,10 @@ class StoreOptions:
     level (the rewritten state, the largest uploads and most of the storage) with zstd, whose
     entropy coding also shrinks values LZ4 cannot (hex, base64, numbers as text).
 
+    A store's files are read into the page cache at every open (:attr:`prefetch_mib`): a
+    lookup's block read at random from disk costs several times one read from memory, and
+    files read in order arrive far faster than lookups would fault them in.
+
     The block cache is the process's (:func:`block_cache`), shared by every store it opens: a
     Python worker runs the tasks of several subtasks in turn, each opening its store anew, and
     the blocks one task read stay cached for the next instead of being read and decompressed
@@ -52,6 +56,9 @@ class StoreOptions:
     block_cache_mib: int = 64
     compression: str = "lz4"
     bottommost_compression: str = "zstd"
+    # a store whose SST files total at most this many MiB has them read into the page cache at
+    # every open (state/page_cache.py); 0: never
+    prefetch_mib: int = 4096
     # RocksDB's info LOGs kept per store: every task's open starts a new one, so this is how many
     # micro-batches back its flush and compaction events can still be read
     info_logs: int = 16
@@ -64,6 +71,8 @@ class StoreOptions:
             )
         if self.info_logs < 1:
             raise BadInputError(f"info_logs must be >= 1, got {self.info_logs}")
+        if self.prefetch_mib < 0:
+            raise BadInputError(f"prefetch_mib must be >= 0, got {self.prefetch_mib}")
         if self.l0_bytes_ratio < 0:
             raise BadInputError(f"l0_bytes_ratio must be >= 0, got {self.l0_bytes_ratio}")
 

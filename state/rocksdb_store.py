@@ -38,6 +38,7 @@ from state.backend import (
 )
 from state.errors import BadInputError
 from state.keygroups import KeyGroupRange
+from state.page_cache import prefetch
 from state.rocksdb_options import StoreOptions, open_rdict
 from state.rocksdb_release import open_when_released, release_after_compactions
 from state.store_encoding import U32 as _U32
@@ -78,8 +79,11 @@ class RocksDBStore(KeyedStateBackend):
             opts = self.options.to_rocksdb()
             opts.set_disable_auto_compactions(not compactions)
             self._db = open_when_released(self.path, lambda: open_rdict(self.path, opts))
-            if compactions:  # the file list is read only when the open may start one
-                trigger = self.options.level0_trigger(self._db.live_files())
+            files = self._db.live_files()
+            if 0 < sum(f["size"] for f in files) <= self.options.prefetch_mib << 20:
+                prefetch(self.path / f["name"].lstrip("/") for f in files)
+            if compactions:
+                trigger = self.options.level0_trigger(files)
                 if trigger != self.options.l0_max_files:
                     self._db.set_options({"level0_file_num_compaction_trigger": str(trigger)})
         except Exception as e:
