@@ -12,7 +12,9 @@ micro-batch of new records (the peer benchmark's takeover), then ``--after`` mor
 of new records, one at a time (a takeover that leaves the state path slower shows there). The
 copy hard-links the SST files, which nothing rewrites, so the page cache and the identities the
 local copies recorded (state/local_copies.py) are the killed driver's, as in a takeover; every
-other file is copied. With ``--checkouts A B ...`` (git worktrees of the commits compared) the
+other file is copied. ``--evict`` drops the copy's SST files from the page cache before each
+trial, so that every trial starts as a state idle for minutes would, whatever the one before
+read. With ``--checkouts A B ...`` (git worktrees of the commits compared) the
 trials alternate between those checkouts' drivers, so that a change's effect is not the
 machine's drift.
 
