@@ -446,13 +446,13 @@ def uploads(system: str, home: Path, driver: Driver, since: float, since_ms: flo
     return out
 
 
-def takeover(run: Driver, appender: Appender, batch_records: int) -> dict:
-    """``cutline run --standby`` (started): once its standby is warm, ``kill -9`` of the active
-    driver's process group and one micro-batch of new records; seconds from the kill to the
-    replacing attempt's first completed micro-batch with records, and that attempt's phases."""
+def takeover(run: Driver, appender: Appender, batch_records: int, idle_s: float = 2.0) -> dict:
+    """``cutline run --standby`` (started): ``idle_s`` after its standby is warm, ``kill -9`` of
+    the active driver's process group and one micro-batch of new records; seconds from the kill
+    to the replacing attempt's first completed micro-batch with records, and its phases."""
     deadline = run.started + 600
     wait_until(lambda: run.warm.is_set() and run.active, deadline, run, "a warm standby")
-    time.sleep(2.0)
+    time.sleep(idle_s)
     seen, before = len(run.batches), run.startup
     killed = time.monotonic()
     os.killpg(run.active, signal.SIGKILL)

@@ -14,7 +14,10 @@ copy hard-links the SST files, which nothing rewrites, so the page cache and the
 local copies recorded (state/local_copies.py) are the killed driver's, as in a takeover; every
 other file is copied. ``--evict`` drops the copy's SST files from the page cache before each
 trial, so that every trial starts as a state idle for minutes would, whatever the one before
-read. With ``--checkouts A B ...`` (git worktrees of the commits compared) the
+read. ``--idle S ...``: how long the warm standby (and the active driver, given no input) waits
+before the kill, 2 s as in the peer benchmark; several values, the trials take them in turn (a
+standby idle for minutes: the kernel may have paged out what it loaded). With
+``--checkouts A B ...`` (git worktrees of the commits compared) the
 trials alternate between those checkouts' drivers, so that a change's effect is not the
 machine's drift.
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -91,11 +95,12 @@ def evict(home: Path) -> None:
             os.close(fd)
 
 
-def trial(home: Path, appender: Appender, after: int, root: Path) -> dict:
-    """One takeover on ``home`` by ``root``'s driver, then ``after`` micro-batches."""
+def trial(home: Path, appender: Appender, after: int, root: Path, idle_s: float) -> dict:
+    """One takeover on ``home`` by ``root``'s driver, its standby warm for ``idle_s`` before
+    the kill, then ``after`` micro-batches."""
     run = start_driver("cutline", home, BATCH, "--standby", root=root)
     try:
-        out = takeover(run, appender, BATCH)
+        out = {"idle_s": idle_s, **takeover(run, appender, BATCH, idle_s)}
         durations = []
         for _ in range(after):
             seen = len(run.batches)
@@ -128,6 +133,14 @@ def main() -> None:
     parser.add_argument(
         "--evict", action="store_true", help="start each trial with the state's files uncached"
     )
+    parser.add_argument(
+        "--idle",
+        type=float,
+        nargs="+",
+        default=[2.0],
+        help="seconds the warm standby (and the active driver, without input) idle before the "
+        "kill; several: the trials take them in turn",
+    )
     add_checkouts(parser, "take over with")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "takeover.json")
     args = parser.parse_args()
@@ -149,20 +162,22 @@ def main() -> None:
         keys, ts = state["keys"], state["ts"]
         runs = []
         for i in range(args.repeat):
-            for root in args.checkouts:
+            for root, idle_s in itertools.product(args.checkouts, args.idle):
                 if home.exists():  # the last trial's, or a --work's left
                     shutil.rmtree(home)
                 shutil.copytree(killed, home, symlinks=True, copy_function=link_or_copy)
                 if args.evict:
                     evict(home)
                 appender = Appender(log_writer(home / "log"), keys, 1, ts, seed=3 + i)
-                run = {"commit": commit_of(root), **trial(home, appender, args.after, root)}
+                run = {"commit": commit_of(root), **trial(home, appender, args.after, root, idle_s)}
                 runs.append(run)
                 print(f"takeover {i + 1}: {json.dumps(run)}", flush=True)
     by_commit = {}
-    for commit in dict.fromkeys(r["commit"] for r in runs):
-        mine = [r for r in runs if r["commit"] == commit and r["takeover_to_first_batch_s"]]
+    for commit, idle_s in dict.fromkeys((r["commit"], r["idle_s"]) for r in runs):
+        mine = [r for r in runs if (r["commit"], r["idle_s"]) == (commit, idle_s)]
+        mine = [r for r in mine if r["takeover_to_first_batch_s"]]
         later = [ms for r in mine for ms in r["after_batch_ms"]]
+        commit = commit if len(args.idle) == 1 else f"{commit}, idle {idle_s:g} s"
         by_commit[commit] = {
             "takeover_s": statistics.median(r["takeover_to_first_batch_s"] for r in mine),
             "first_batch_s": statistics.median(
