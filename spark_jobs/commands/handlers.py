@@ -187,7 +187,6 @@ def job_for_run(args: argparse.Namespace) -> JobDefinition:
 def run(args: argparse.Namespace) -> int:
     from cutline.sources.log import with_log_root
     from spark_jobs.catalog.tables import CatalogReader
-    from spark_jobs.deploy.class_archive import archive_path
     from spark_jobs.deploy.session import build_spark, stop_spark
     from spark_jobs.deploy.settings import check_roles
     from spark_jobs.driver.attempt_start import abandon_plan, plan_start_early
@@ -196,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     from spark_jobs.driver.savepoints import check_savepoint, is_location
     from spark_jobs.driver.standby import TAKEOVERS, Supervisor, driver_command, stand_by
     from spark_jobs.driver.startup_phases import StartupTimeline
-    from spark_jobs.driver.warm_up import keep_start_files_cached, warm_up_query, warm_up_workers
+    from spark_jobs.driver.warm_up import warm_up_query, warm_up_workers
     from spark_jobs.events import open_events
     from spark_jobs.job_loader import ship_user_code
 
@@ -240,11 +239,7 @@ def run(args: argparse.Namespace) -> int:
         if args.as_standby:  # warm first; the attempt begins only at the takeover
             spark = session()
 
-            archive = archive_path()
-            start_files = [archive] if archive is not None and archive.exists() else []
-
             def warm() -> None:  # on a cluster, only while it has executors (their workers)
-                keep_start_files_cached(start_files)
                 if executor_hosts(spark.sparkContext):
                     warm_up_workers(spark, job.parallelism, timeline, events.log)
 

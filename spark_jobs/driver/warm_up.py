@@ -3,10 +3,6 @@ steady one does.
 
 - :func:`warm_up_workers`: Spark's Python workers started, with what a micro-batch's map side
   imports loaded; every start does it beside its restore, but a takeover (its standby did).
-- :func:`keep_start_files_cached`: a standby's rewarm reads into the page cache the files a
-  takeover's start reads again (the modules' code, the JVM's class archive), which a kernel may
-  page out while the standby idles: one idle for three minutes planned its first trigger about a
-  second slower (bench/results/README.md).
 - :func:`warm_up_query`: a standby's throwaway streaming query over the job's own sources,
   transforms and map side (every partition's first records, up to ``WARM_READ`` in all, through
   ``foreachBatch`` and the subtask shuffle), run to its first micro-batch and stopped. A new JVM
@@ -21,19 +17,14 @@ Both are best effort: a failure is logged and costs only the time they would hav
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import importlib.util
 import shutil
-import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 
 from cutline.job import JobDefinition
 from spark_jobs.driver.startup_phases import StartupTimeline
-from state.page_cache import prefetch
 
 # The warm-up query's one micro-batch reads up to WARM_READ records over every partition of
 # every source, never more per partition than the job's own micro-batches: a takeover's first
@@ -61,28 +52,6 @@ def warm_up_workers(spark, parallelism: int, timeline: StartupTimeline, log) -> 
         log(f"warming up Python workers failed (the first micro-batch does it): {e}")
         return
     timeline.note_overlapped("Python workers warmed", time.perf_counter() - started)
-
-
-def loaded_module_files() -> list[str]:
-    """The files this process's modules came from: sources, their cached bytecode, extensions.
-    Spark's Python planner and streaming-runner processes, started at a query's start, import
-    the same PySpark and job modules from them."""
-    files = set()
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if not isinstance(path, str):
-            continue
-        files.add(path)
-        if path.endswith(".py"):
-            with contextlib.suppress(ValueError, NotImplementedError):
-                files.add(importlib.util.cache_from_source(path))
-    return sorted(files)
-
-
-def keep_start_files_cached(more: Sequence[Path] = ()) -> int:
-    """Read :func:`loaded_module_files` and ``more`` (the class archive) into the page cache, as
-    a standby's rewarm does; the bytes asked for (cached pages cost a lookup each)."""
-    return prefetch([*loaded_module_files(), *more])
 
 
 def warm_up_job(job: JobDefinition, read: int = WARM_READ) -> JobDefinition:
