@@ -55,6 +55,8 @@ from cold_restart_bench import (  # noqa: E402
 from peer_bench import start_driver, takeover, wait_until  # noqa: E402
 from peer_input import FORMATS, PARTITIONS, Appender, log_writer  # noqa: E402
 
+from state.page_cache import drop  # noqa: E402
+
 
 def link_or_copy(source: str, target: str) -> None:
     """SST files hard-linked (immutable), every other file copied (logs, MANIFESTs grow)."""
@@ -82,17 +84,6 @@ def kill_all(home: Path) -> None:
                 os.killpg(os.getpgid(pid), signal.SIGKILL)
         time.sleep(0.1)
     raise RuntimeError(f"drivers on {home} still running: {pids}")
-
-
-def evict(home: Path) -> None:
-    """Drop ``home``'s SST files from the page cache: the state as a machine leaves one idle for
-    minutes, the same for every trial whatever the one before it read."""
-    for sst in home.rglob("*.sst"):
-        fd = os.open(sst, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def trial(home: Path, appender: Appender, after: int, root: Path, idle_s: float) -> dict:
@@ -166,8 +157,8 @@ def main() -> None:
                 if home.exists():  # the last trial's, or a --work's left
                     shutil.rmtree(home)
                 shutil.copytree(killed, home, symlinks=True, copy_function=link_or_copy)
-                if args.evict:
-                    evict(home)
+                if args.evict:  # as a machine leaves a state idle for minutes, every trial alike
+                    drop(home.rglob("*.sst"))
                 appender = Appender(log_writer(home / "log"), keys, 1, ts, seed=3 + i)
                 run = {"commit": commit_of(root), **trial(home, appender, args.after, root, idle_s)}
                 runs.append(run)

@@ -7,6 +7,7 @@ memory to spare (this project's machine pages out file pages idle for a minute o
 order, a store's files arrive several times faster than through the random reads that would
 fault them in one block at a time (bench/results/README.md). :func:`prefetch` asks the kernel
 for every byte of a set of files; pages already cached cost a lookup each, nothing more.
+:func:`drop` is its inverse, for benchmarks and tests: files as a kernel leaves them idle.
 """
 
 from __future__ import annotations
@@ -43,3 +44,16 @@ def prefetch(paths: Iterable[str | Path]) -> int:
         finally:
             os.close(fd)
     return asked
+
+
+def drop(paths: Iterable[str | Path]) -> None:
+    """Ask the kernel to drop ``paths`` from the page cache (their written pages are flushed
+    first: dirty pages are not dropped). File systems that hold files in memory (tmpfs) keep
+    them."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)

@@ -16,7 +16,7 @@ import pytest
 from state import page_cache
 from state.errors import BadInputError
 from state.keygroups import KeyGroupRange
-from state.page_cache import prefetch
+from state.page_cache import drop, prefetch
 from state.rocksdb_options import StoreOptions
 from state.rocksdb_store import RocksDBStore
 
@@ -50,12 +50,7 @@ def resident(path) -> float:
 
 def evicted(path) -> bool:
     """Drop ``path``'s pages from the page cache; False where the file system keeps them."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    drop([path])
     return resident(path) < 0.1
 
 
