@@ -161,17 +161,7 @@ class RocksDBStore(KeyedStateBackend):
     # -- reads -------------------------------------------------------------------------------
 
     def get_many(self, name: str, key_groups: KeyGroups, keys: Keys) -> list[bytes | None]:
-        """One multi-get, in key order (neighbouring keys share blocks: 100,000 random keys
-        of a 150 MB store took 15% less time sorted), answered in the caller's order."""
-        if not keys:
-            return []
-        full = self._keys(name, key_groups, keys)
-        order = sorted(range(len(full)), key=full.__getitem__)
-        values = self.multi_get([full[i] for i in order])
-        out: list[bytes | None] = [None] * len(full)
-        for i, value in zip(order, values, strict=True):
-            out[i] = value
-        return out
+        return self.sorted_multi_get(self._keys(name, key_groups, keys)) if keys else []
 
     def map_get_many(
         self, name: str, key_groups: KeyGroups, keys: Keys, map_keys: Keys
@@ -191,6 +181,17 @@ class RocksDBStore(KeyedStateBackend):
         prefix = self._prefix_table(name)[self._check_groups([key_group])[0]]
         for k, v in self._scan(prefix):
             yield k[len(prefix) :], v
+
+    def sorted_multi_get(self, full_keys: list[bytes]) -> list[bytes | None]:
+        """The values of ``full_keys`` (encoded), in their order, read with one multi-get in key
+        order: neighbouring keys share blocks, and 100,000 random keys of a 1 GiB state took
+        about 5% less time sorted, the sort included (RocksDB sorts an unsorted batch itself)."""
+        order = sorted(range(len(full_keys)), key=full_keys.__getitem__)
+        values = self.multi_get([full_keys[i] for i in order])
+        out: list[bytes | None] = [None] * len(full_keys)
+        for i, value in zip(order, values, strict=True):
+            out[i] = value
+        return out
 
     def multi_get(self, full_keys: list[bytes]) -> list[bytes | None]:
         """The values of ``full_keys`` (encoded) in one multi-get."""

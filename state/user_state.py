@@ -27,6 +27,7 @@ from state.state_types import (
     MapStateSpec,
     StateAccessError,
     StateSpec,
+    binary_values,
     decode_values,
     encode_list_items,
     encode_values,
@@ -145,13 +146,13 @@ class ListState(_StateView):
             .group_by("k", use_threads=False)  # keeps arrival order within a key
             .aggregate([("g", "min"), ("v", "list")])
         )
-        groups, kb = grouped.column("g_min").to_numpy(), grouped.column("k").to_pylist()
+        groups, kb = grouped.column("g_min").to_numpy(), binary_values(grouped.column("k"))
         old = pa.array(self._read(groups, kb), pa.binary())
         appended = pc.binary_join(grouped.column("v_list"), b"")  # each key's, in arrival order
         merged = pc.binary_join_element_wise(
             old, appended, b"", null_handling="replace", null_replacement=b""
         )
-        self.txn.put(self.spec.name, groups, kb, self._stamp(merged.to_pylist()))
+        self.txn.put(self.spec.name, groups, kb, self._stamp(binary_values(merged)))
         self._cleanup_at_expiry(groups, kb)
 
     def update(self, keys: pa.Array, lists: pa.ListArray) -> None:

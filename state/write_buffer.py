@@ -12,6 +12,7 @@ Reads stay vectorised: the keys the buffer does not hold are read with one multi
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -44,19 +45,17 @@ class BufferedTransaction(Transaction):
     # -- reads -------------------------------------------------------------------------------
 
     def _read(self, full: list[bytes]) -> list[bytes | None]:
+        if not self._writes:  # nothing written yet in this micro-batch: all from the database
+            return self.store.sorted_multi_get(full)
         out: list[bytes | None] = [None] * len(full)
-        if self._writes:
-            missing = []
-            for i, k in enumerate(full):
-                if k in self._writes:
-                    out[i] = self._writes[k]
-                else:
-                    missing.append(i)
-        else:  # nothing written yet in this micro-batch: all from the database
-            missing = list(range(len(full)))
+        missing = []
+        for i, k in enumerate(full):
+            if k in self._writes:
+                out[i] = self._writes[k]
+            else:
+                missing.append(i)
         if missing:
-            missing.sort(key=full.__getitem__)  # key order: neighbours share blocks
-            values = self.store.multi_get([full[i] for i in missing])
+            values = self.store.sorted_multi_get([full[i] for i in missing])
             for i, value in zip(missing, values, strict=True):
                 out[i] = value
         return out
@@ -106,8 +105,7 @@ class BufferedTransaction(Transaction):
 
     def put(self, name: str, key_groups: KeyGroups, keys: Keys, values: Sequence[bytes]) -> None:
         self._check_open()
-        for k, v in zip(self.store._keys(name, key_groups, keys), values, strict=True):
-            self._writes[k] = v
+        self._writes.update(zip(self.store._keys(name, key_groups, keys), values, strict=True))
 
     def delete(self, name: str, key_groups: KeyGroups, keys: Keys) -> None:
         self._check_open()
@@ -150,16 +148,24 @@ class BufferedTransaction(Transaction):
             marks[(t, g, bytes(k))] = registered
 
     def commit(self) -> None:
-        """Apply every write in one RocksDB write batch."""
+        """Apply every write in one RocksDB write batch, in key order: RocksDB inserts a batch
+        of 100,000 random keys into its memtable about ten times faster sorted (each insert
+        starts where the one before ended), far more than the sort costs."""
         self._check_open()
         import rocksdict as rd  # loaded already: this transaction's store is open
 
         batch = rd.WriteBatch(raw_mode=True)
-        for k, v in self._writes.items():
-            if v is _DELETED:
-                batch.delete(k)
-            else:
-                batch.put(k, v)
+        writes = self._writes
+        keys = sorted(writes)
+        if _DELETED in writes.values():
+            for k in keys:
+                v = writes[k]
+                if v is _DELETED:
+                    batch.delete(k)
+                else:
+                    batch.put(k, v)
+        else:  # puts alone: one C-level pass, no Python loop per key
+            deque(map(batch.put, keys, map(writes.__getitem__, keys)), maxlen=0)
         self.store.commit_batch(self, batch)
 
     def abort(self) -> None:
