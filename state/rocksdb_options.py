@@ -25,7 +25,9 @@ class StoreOptions:
     micro-batches' size: every task's close flushes its memtable (the WAL is off), so a
     light input's short micro-batches make many small level-0 files, which a count alone
     turned into a rewrite of the whole state every ``l0_compaction_trigger`` tasks. The files
-    level 0 keeps cost lookups a bloom filter probe each. A requested compaction
+    level 0 keeps cost lookups a bloom filter probe each, and a block read for each false
+    positive: at 10 bits a key, a third of a 1 GiB state's block reads (31,000 of 100,000 random
+    keys past 33 level-0 files); at 20 bits, almost none. A requested compaction
     (:meth:`RocksDBStore.compact`) bounds the chain a restore reads.
 
     Small memtables flush in the background while a micro-batch runs, so the flush left for the
@@ -52,7 +54,7 @@ class StoreOptions:
     l0_compaction_trigger: int = 24
     l0_max_files: int = 96
     l0_bytes_ratio: float = 2.0
-    bloom_bits_per_key: float = 10.0
+    bloom_bits_per_key: float = 20.0
     block_cache_mib: int = 64
     compression: str = "lz4"
     bottommost_compression: str = "zstd"
