@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from cutline_examples.jobs import clicks_per_user
 
 from spark_jobs.executor.dataflow import empty_input
@@ -43,3 +45,14 @@ def test_an_attempts_first_micro_batch_starts_no_compaction_and_its_next_one_doe
         if _level0(ctx, op.uid) < options.l0_compaction_trigger:
             return
     raise AssertionError(f"level 0 not compacted by three micro-batches: {_level0(ctx, op.uid)}")
+
+
+def test_a_subtasks_statistics_time_its_own_task(tmp_path):
+    """``task_ms``, the subtask's part of a micro-batch (the ``batch`` event reports the
+    slowest): more than nothing, never more than the call took."""
+    ctx = RunContext(clicks_per_user(), 3, str(tmp_path / "c"), str(tmp_path / "l"), str(tmp_path))
+    op = ctx.job.stages[0]
+    prepare_subtask(ctx, op.uid, 0, (), epoch=4)
+    started = time.perf_counter()
+    stats, _ = run_subtask(BatchPlan(ctx, epoch=5, previous_epoch=4), 0, 0, empty_input(op))
+    assert 0 < stats.task_ms <= (time.perf_counter() - started) * 1000

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from cutline.job import JobDefinition
 from cutline.sinks import SinkWriter
@@ -41,6 +42,17 @@ from state.coordinator import CheckpointCoordinator
 from state.manifest import CheckpointManifest
 
 EXPIRY_GRACE_S = 30.0  # past a checkpoint's timeout, for the ack poller's pass that aborts it
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """One micro-batch, as its ``batch`` event reports it."""
+
+    epoch: int
+    checkpoint_id: int | None  # the barrier it carried
+    records: int  # read from the sources
+    in_flight: bool  # a checkpoint was in flight while it ran
+    task_ms: float  # its slowest subtask's task (SubtaskStats.task_ms); the rest is Spark's
 
 
 class MicroBatches:
@@ -91,9 +103,8 @@ class MicroBatches:
         """Every (stage uid, subtask) of the job: the coordinator's tasks."""
         return [(stage.uid, i) for stage in self.job.stages for i in range(self.job.parallelism)]
 
-    def run(self, df) -> tuple[int, int | None, int, bool]:
-        """The next micro-batch on ``df``, with a barrier if the coordinator triggers one.
-        Returns its epoch, checkpoint id, records, and whether a checkpoint was in flight."""
+    def run(self, df) -> BatchOutcome:
+        """The next micro-batch on ``df``, with a barrier if the coordinator triggers one."""
         self.progress.epoch += 1
         epoch = self.progress.epoch
         pending = self.coordinator.trigger(epoch, None, now_ms())
@@ -102,8 +113,10 @@ class MicroBatches:
         self.savepoints.at_barrier(cid)
         in_flight = bool(self.coordinator.pending_ids())
         plan = self._plan(epoch, cid)
-        records = self._after(plan, self._execute(df, plan))
-        return epoch, cid, records, in_flight
+        stats = self._execute(df, plan)
+        records = self._after(plan, stats)
+        slowest = max((s.task_ms for s in stats), default=0.0)
+        return BatchOutcome(epoch, cid, records, in_flight, slowest)
 
     def final_checkpoint(self) -> None:
         """A barrier with no records: commits all output. It waits as long as the job's own

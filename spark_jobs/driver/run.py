@@ -387,11 +387,12 @@ class StreamingRun:
         if first:
             self.timeline.mark("first trigger planned")
         started = time.perf_counter()
-        epoch, cid, records, in_flight = self.batches.run(df)
+        done = self.batches.run(df)
         ms = (time.perf_counter() - started) * 1000
-        self.state.time_batch(ms, in_flight)
+        self.state.time_batch(ms, done.in_flight)
         self.events.emit("batch", {
-            "epoch": epoch, "records": records, "checkpoint": cid, "ms": round(ms, 1),
+            "epoch": done.epoch, "records": done.records, "checkpoint": done.checkpoint_id,
+            "ms": round(ms, 1), "task_ms": round(done.task_ms, 1),
             "at_ms": int(time.time() * 1000),  # when it ended, on the wall clock
         })  # fmt: skip
         if first:

@@ -35,6 +35,7 @@ class SubtaskStats:
     # event time of the well-formed records applied; empty without event time or records
     event_times: Positions = field(default_factory=dict)
     source_records: int = 0  # of ``records``, those read from sources
+    task_ms: float = 0.0  # its part of the micro-batch: its store's open to its statistics
 
 
 @dataclass(frozen=True)

@@ -222,6 +222,7 @@ def run_subtask(
     from state.rocksdb_store import RocksDBStore
     from state.snapshot import SubtaskSnapshotter
 
+    task_started = time.perf_counter()
     ctx = plan.ctx
     op = ctx.job.stages[stage]
     sources = [n for n in op.inputs if n in ctx.job.source_inputs]
@@ -298,6 +299,7 @@ def run_subtask(
         event_times=result.event_times,
         bad_records=bad.num_rows,
         first_bad=first_bad(bad),
+        task_ms=(time.perf_counter() - task_started) * 1000,
     )
     return stats, output
 
