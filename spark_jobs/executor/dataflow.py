@@ -109,14 +109,28 @@ def keyed_records(df, job: JobDefinition):
 
 def chunk_items(chunks):
     """The subtask shuffle's items (``(subtask, chunk)``) of a DataFrame of map-side chunks
-    (``CHUNKS_DDL``: :func:`split_by_subtask`'s, or the readers' when they route)."""
-    return chunks.rdd.map(_routed)
+    (``CHUNKS_DDL``: :func:`split_by_subtask`'s, or the readers' when they route). The chunks
+    leave the JVM as Arrow record batches: ``DataFrame.rdd`` pickled each row, megabytes of
+    chunk, through the JVM's pickler (0.3 s more for two chunks of 10 MB, measured alone)."""
+    from pyspark.rdd import RDD
+    from pyspark.serializers import NoOpSerializer
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    spark = chunks.sparkSession
+    large = spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
+    schema = to_arrow_schema(chunks.schema, prefers_large_types=large)  # as the JVM writes them
+    batches = RDD(chunks._jdf.toArrowBatchRdd().toJavaRDD(), spark.sparkContext, NoOpSerializer())
+    return batches.flatMap(lambda message: _routed(message, schema))
 
 
-def _routed(row) -> tuple:
-    """A map-side chunk as a shuffle item: the first stage's records, or forwarded ones."""
-    chunk = bytes(row.chunk)
-    return (row.subtask, chunk if row.stage == 0 else Forwarded(row.stage, chunk))
+def _routed(message: bytes, schema: pa.Schema) -> list[tuple]:
+    """One Arrow record batch of map-side chunks as shuffle items: the first stage's records,
+    or forwarded ones."""
+    rows = pa.ipc.read_record_batch(pa.py_buffer(message), schema).to_pydict()
+    return [
+        (subtask, chunk if stage == 0 else Forwarded(stage, chunk))
+        for subtask, stage, chunk in zip(rows["subtask"], rows["stage"], rows["chunk"], strict=True)
+    ]
 
 
 def run_stage(plan: BatchPlan, stage: int, subtask: int, items: Iterable) -> Iterator:
