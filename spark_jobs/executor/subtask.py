@@ -3,14 +3,14 @@ dataflow.py routes the records to it), and the setup of a subtask's working stat
 attempt.
 
 Partition *i* of a stage's shuffle is exactly subtask *i* and runs on the host that holds its
-working state (placement.py). The task opens the
-subtask's working RocksDB on the executor's local disk (one per attempt: a zombie attempt never
-touches it), checks that it holds the state the driver expects (right attempt, previous
-micro-batch applied), applies the batch and records its progress, stages the sink output (under
-this attempt's staging directory; a replayed epoch stages nothing), and at a barrier takes the
-synchronous snapshot and leaves the upload to a background thread, whose
-:class:`~state.acks.Ack` lands in this attempt's inbox in durable storage for the driver's
-coordinator. Bad records are split off first (spark_jobs/sources/bad_records.py). It returns its
+working state (placement.py). The task opens the subtask's working RocksDB on the executor's
+local disk (one per attempt: a zombie attempt never touches it), checks that it holds the state
+the driver expects (right attempt, previous micro-batch applied), applies the batch and records
+its progress, stages the sink output (under this attempt's staging directory; a replayed epoch
+stages nothing), and at a barrier takes the synchronous snapshot and leaves the upload to a
+background thread, whose :class:`~state.acks.Ack` lands in this attempt's inbox in durable
+storage for the driver's coordinator. Bad records are split off first
+(spark_jobs/sources/bad_records.py). It returns its
 :class:`~spark_jobs.executor.reports.SubtaskStats`; a restore returns its
 :class:`~spark_jobs.executor.reports.SubtaskRestoreReport`.
 """
