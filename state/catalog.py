@@ -83,7 +83,7 @@ def shared_file_rows(manifest: CheckpointManifest, known: set[str]) -> list[dict
             "path": f.path,
             "operator": h.operator,
             "subtask": h.subtask,
-            "size": f.size,
+            "size": f.stored_size,
             "created_by": manifest.checkpoint_id,
             "last_used": manifest.checkpoint_id,
             "refcount": 1,

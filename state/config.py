@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from state.errors import BadInputError
+from state.file_codec import CODECS, DEFAULT_CODEC
 
 EXACTLY_ONCE = "exactly_once"
 AT_LEAST_ONCE = "at_least_once"
@@ -34,6 +35,10 @@ class CheckpointConfig:
     local_recovery: keep a secondary copy of each snapshot on the executor's disk and restore
         from it first (Flink: false).
     mode: ``exactly_once`` (two-phase-commit sinks) or ``at_least_once`` (Flink: exactly once).
+    snapshot_compression: how state files are encoded in durable storage, ``zstd`` or ``none``
+        (Flink: ``execution.checkpointing.snapshot-compression``, off). The working state and
+        its local copies stay in RocksDB's uncompressed blocks, read in place; zstd shrinks
+        the durable copy (state/file_codec.py).
     compaction_max_files / compaction_max_checkpoints: a subtask whose latest checkpoint
     references more files than this, or files uploaded by more checkpoints than this, is asked
     to compact its RocksDB at the next barrier (``cutline compact``; Flink has no equivalent).
@@ -56,6 +61,7 @@ class CheckpointConfig:
     incremental: bool = True
     local_recovery: bool = True
     mode: str = EXACTLY_ONCE
+    snapshot_compression: str = DEFAULT_CODEC
     compaction_max_files: int = 64
     compaction_max_checkpoints: int = 16
 
@@ -76,6 +82,11 @@ class CheckpointConfig:
         if self.mode not in (EXACTLY_ONCE, AT_LEAST_ONCE):
             raise ConfigError(
                 f"checkpoint.mode must be {EXACTLY_ONCE!r} or {AT_LEAST_ONCE!r}, got {self.mode!r}"
+            )
+        if self.snapshot_compression not in CODECS:
+            raise ConfigError(
+                f"checkpoint.snapshot_compression must be one of {', '.join(CODECS)}, "
+                f"got {self.snapshot_compression!r}"
             )
 
     def to_dict(self) -> dict[str, Any]:

@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from state.file_codec import NONE, check_codec
 from state.keygroups import KeyGroupRange
 from state.paths import check_relative
-
-_CHUNK = 4 << 20
-
-
-def file_checksum(path: str | Path) -> str:
-    """CRC-32 of a file's contents, as ``crc32:<8 hex digits>``."""
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-    return f"crc32:{crc:08x}"
 
 
 @dataclass(frozen=True)
@@ -27,39 +15,57 @@ class StateFile:
     """One file of a snapshot: its name in the RocksDB checkpoint and its copy in storage.
 
     ``path`` is relative to the job root: ``shared/...`` for immutable SST files that later
-    checkpoints may re-reference, ``chk-<n>/...`` for files private to checkpoint n.
+    checkpoints may re-reference, ``chk-<n>/...`` for files private to checkpoint n. ``size`` and
+    ``checksum`` are the file's own bytes (as RocksDB wrote them); its copy in storage is
+    encoded with ``codec`` (state/file_codec.py) and holds :attr:`stored_size` bytes.
     """
 
     local_name: str
     path: str
     size: int
     checksum: str
+    codec: str = NONE
+    stored: int | None = None  # the stored copy's bytes, when encoded
 
     @property
     def shared(self) -> bool:
         return self.path.startswith("shared/")
 
+    @property
+    def stored_size(self) -> int:
+        """Bytes of the copy in durable storage (what storage lists, copies and deletes)."""
+        return self.size if self.stored is None else self.stored
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "local_name": self.local_name,
             "path": self.path,
             "size": self.size,
             "checksum": self.checksum,
         }
+        if self.codec != NONE:
+            d.update(codec=self.codec, stored_size=self.stored_size)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StateFile:
         local_name = check_relative(str(d["local_name"]), what="local_name")
         if "/" in local_name:
             raise ValueError(f"local_name {local_name!r} must be a plain file name")
-        size = d["size"]
-        if not isinstance(size, int) or size < 0:
-            raise ValueError(f"size of {local_name!r} must be a non-negative integer, got {size!r}")
+        size, stored = d["size"], d.get("stored_size", d["size"])
+        for name, n in (("size", size), ("stored_size", stored)):
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise ValueError(
+                    f"{name} of {local_name!r} must be a non-negative integer, got {n!r}"
+                )
+        codec = check_codec(str(d.get("codec", NONE)), what=f"codec of {local_name!r}")
         return cls(
             local_name=local_name,
             path=check_relative(str(d["path"]), what="file path"),
             size=size,
             checksum=str(d["checksum"]),
+            codec=codec,
+            stored=None if codec == NONE else stored,
         )
 
 
@@ -68,7 +74,7 @@ class SubtaskStateHandle:
     """The snapshot of one subtask of one operator for one checkpoint.
 
     ``uploaded_bytes`` counts what this snapshot wrote to durable storage (the increment);
-    ``full_size`` is what a restore reads.
+    ``full_size`` is what it holds there in all (what a remote restore reads).
     """
 
     operator: str
@@ -87,7 +93,7 @@ class SubtaskStateHandle:
 
     @property
     def full_size(self) -> int:
-        return sum(f.size for f in self.files)
+        return sum(f.stored_size for f in self.files)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -76,7 +76,7 @@ class CheckpointManifest:
 
     @property
     def full_size(self) -> int:
-        return sum(f.size for f in self.files())
+        return sum(f.stored_size for f in self.files())
 
     @property
     def uploaded_bytes(self) -> int:

@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from state.handles import StateFile, SubtaskStateHandle, file_checksum
+from state.file_codec import NONE, UndecodableFileError, decode_file, file_checksum
+from state.handles import StateFile, SubtaskStateHandle
 from state.local_copies import LocalCopies, file_identity, settled_identity
 from state.manifest import CheckpointManifest
 from state.paths import JobLayout
@@ -81,6 +82,33 @@ def _usable_local(
     return True
 
 
+def fetch_file(storage: DurableStorage, path: str, f: StateFile, target: Path) -> None:
+    """Copy ``f``'s stored copy at ``path`` to ``target`` as the file's own bytes (decoded),
+    checked against its size and checksum. Raises MissingFileError, CorruptFileError (its size
+    in storage) or :class:`ChecksumMismatchError` (it does not decode to ``f``'s bytes)."""
+    if f.codec == NONE:
+        storage.get_file(path, target, expected_size=f.stored_size)
+        checksum, problem = file_checksum(target), None
+    else:
+        encoded = target.with_name(target.name + f".{f.codec}")
+        storage.get_file(path, encoded, expected_size=f.stored_size)
+        try:
+            checksum, problem = decode_file(encoded, target, f.codec), None
+        except UndecodableFileError as e:
+            checksum, problem = None, str(e)
+        finally:
+            encoded.unlink(missing_ok=True)
+    if problem is None and checksum == f.checksum and target.stat().st_size == f.size:
+        return
+    target.unlink(missing_ok=True)
+    raise ChecksumMismatchError(
+        f"{path!r} in {storage.url} does not match its checksum {f.checksum}"
+        + (f" ({problem})" if problem else ""),
+        path=path,
+        url=storage.url,
+    )
+
+
 def _place_local(candidate: Path, target: Path) -> None:
     # SST files are immutable: a hard link costs nothing. RocksDB rewrites the others in place.
     if target.name.endswith(".sst"):
@@ -128,14 +156,7 @@ def restore_subtask(
                     continue
                 except OSError as e:  # gone meanwhile (a cleanup on this host): the primary copy
                     report.fallbacks.append(f"local {f.local_name}: {e}")
-            remote = layout.job_path(f.path)
-            storage.get_file(remote, dest, expected_size=f.size)
-            if file_checksum(dest) != f.checksum:
-                raise ChecksumMismatchError(
-                    f"{remote!r} in {storage.url} does not match its checksum {f.checksum}",
-                    path=remote,
-                    url=storage.url,
-                )
+            fetch_file(storage, layout.job_path(f.path), f, dest)
             report.files_remote += 1
             report.bytes_remote += f.size
         shutil.rmtree(target, ignore_errors=True)
@@ -179,15 +200,15 @@ def validate_checkpoint(
                 info = storage.stat(path)
             except MissingFileError:
                 return f"missing {path}"
-            if info.size != f.size:
-                return f"{path}: size {info.size} != {f.size}"
+            if info.size != f.stored_size:
+                return f"{path}: size {info.size} != {f.stored_size}"
             if checksums:
                 local = Path(scratch) / str(n)
-                storage.get_file(path, local, expected_size=f.size)
-                matches = file_checksum(local) == f.checksum
-                local.unlink()
-                if not matches:
+                try:
+                    fetch_file(storage, path, f, local)
+                except ChecksumMismatchError:
                     return f"{path}: checksum mismatch (expected {f.checksum})"
+                local.unlink()
             return None
 
         files = list(manifest.files())

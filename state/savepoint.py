@@ -107,7 +107,7 @@ def write_savepoint(
     started = time.perf_counter()
     check_free(target)
     layout = JobLayout(manifest.job_id)
-    files = [(layout.job_path(f.path), f.path, f.size) for f in manifest.files()]
+    files = [(layout.job_path(f.path), f.path, f.stored_size) for f in manifest.files()]
     copy_files(files, storage, target)
     target.put_bytes(
         SavepointLayout.METADATA, dataclasses.replace(manifest, savepoint=True).to_json()
@@ -180,7 +180,7 @@ def import_savepoint(
     layout = JobLayout(job_id)
     moved = imported_paths(manifest, checkpoint_id)
     copy_files(
-        [(f.path, layout.job_path(moved[f.path]), f.size) for f in manifest.files()],
+        [(f.path, layout.job_path(moved[f.path]), f.stored_size) for f in manifest.files()],
         source,
         storage,
         point="savepoint-importing",
@@ -188,7 +188,7 @@ def import_savepoint(
 
     def relocated(h: SubtaskStateHandle) -> SubtaskStateHandle:
         files = tuple(dataclasses.replace(f, path=moved[f.path]) for f in h.files)
-        uploaded = sum(f.size for f in files)
+        uploaded = sum(f.stored_size for f in files)
         return dataclasses.replace(
             h, checkpoint_id=checkpoint_id, files=files, uploaded_bytes=uploaded
         )

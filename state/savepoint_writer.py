@@ -77,7 +77,9 @@ def write_states_savepoint(
     kept = [h for h in manifest.subtasks if h.operator not in writes] if manifest else []
     if kept:
         files = [f for h in kept for f in h.files]
-        copy_files([(layout.job_path(f.path), f.path, f.size) for f in files], source, target)
+        copy_files(
+            [(layout.job_path(f.path), f.path, f.stored_size) for f in files], source, target
+        )
     if manifest is not None:
         written = dataclasses.replace(
             manifest,

@@ -16,13 +16,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import tempfile
 import time
 import uuid
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 
 from state.backend import KeyedStateBackend
-from state.handles import StateFile, SubtaskStateHandle, file_checksum
+from state.file_codec import DEFAULT_CODEC, NONE, encode_file
+from state.handles import StateFile, SubtaskStateHandle
 from state.keygroups import KeyGroupRange
 from state.local_copies import HANDLE_FILE, LocalCopies, settled_identity
 from state.paths import JobLayout
@@ -50,10 +52,11 @@ def upload_snapshot(
     base: SubtaskStateHandle | None = None,
     incremental: bool = True,
     read: dict[str, str] | None = None,
+    codec: str = DEFAULT_CODEC,
 ) -> SubtaskStateHandle:
     """Upload snapshot ``directory`` and return its handle (timings left at zero). ``read``
     collects the checksums of the files it read, by their settled identity
-    (state/local_copies.py).
+    (state/local_copies.py). Each file is stored encoded with ``codec`` (state/file_codec.py).
 
     With ``incremental``, an SST file whose name and size match a file of ``base`` is re-referenced
     instead of uploaded. ``base`` must come from the last *confirmed* checkpoint; a base of
@@ -69,25 +72,34 @@ def upload_snapshot(
     token = uuid.uuid4().hex[:16]
     files: list[StateFile] = []
     uploaded = 0
-    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
-        if not entry.is_file() or entry.name.startswith(".") or entry.name == HANDLE_FILE:
-            continue
-        size = entry.stat().st_size
-        previous = reusable.get(entry.name)
-        if previous is not None and previous.size == size:
-            files.append(previous)
-            continue
-        if incremental and entry.name.endswith(".sst"):
-            stem = entry.name[: -len(".sst")]
-            path = layout.shared_file(operator, subtask, f"{stem}-{token}.sst")
-        else:
-            path = layout.private_file(checkpoint_id, operator, subtask, f"{entry.name}.{token}")
-        settled = settled_identity(entry.path) if read is not None else None
-        checksum = file_checksum(entry.path)
-        if settled is not None:
-            read[settled] = checksum
-        uploaded += storage.put_file(entry.path, layout.job_path(path))
-        files.append(StateFile(entry.name, path, size, checksum))
+    with tempfile.TemporaryDirectory(prefix="cutline-upload-") as scratch:
+        for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+            if not entry.is_file() or entry.name.startswith(".") or entry.name == HANDLE_FILE:
+                continue
+            size = entry.stat().st_size
+            previous = reusable.get(entry.name)
+            if previous is not None and previous.size == size:
+                files.append(previous)
+                continue
+            if incremental and entry.name.endswith(".sst"):
+                stem = entry.name[: -len(".sst")]
+                path = layout.shared_file(operator, subtask, f"{stem}-{token}.sst")
+            else:
+                path = layout.private_file(
+                    checkpoint_id, operator, subtask, f"{entry.name}.{token}"
+                )
+            settled = settled_identity(entry.path) if read is not None else None
+            encoded = Path(scratch) / entry.name
+            checksum = encode_file(Path(entry.path), encoded, codec)
+            stored = storage.put_file(
+                encoded if codec != NONE else entry.path, layout.job_path(path)
+            )
+            encoded.unlink(missing_ok=True)
+            if settled is not None:
+                read[settled] = checksum
+            uploaded += stored
+            kept = stored if codec != NONE else None
+            files.append(StateFile(entry.name, path, size, checksum, codec, kept))
     return SubtaskStateHandle(
         operator=operator,
         subtask=subtask,
@@ -111,6 +123,7 @@ class SubtaskSnapshotter:
         *,
         incremental: bool = True,
         local_recovery: bool = True,
+        codec: str = DEFAULT_CODEC,
         executor: Executor | None = None,
     ) -> None:
         self.storage = storage
@@ -120,6 +133,7 @@ class SubtaskSnapshotter:
         self.subtask = subtask
         self.incremental = incremental
         self.local_recovery = local_recovery
+        self.codec = codec
         self.executor = executor or default_executor()
 
     def snapshot(
@@ -164,6 +178,7 @@ class SubtaskSnapshotter:
                 base,
                 self.incremental,
                 read,
+                self.codec,
             )
         except BaseException:
             self.copies.discard(checkpoint_id)

@@ -245,6 +245,8 @@ def test_bad_configuration_names_the_field():
         CheckpointConfig(interval_ms=10, max_concurrent=0)
     with pytest.raises(ConfigError, match=r"checkpoint\.mode"):
         CheckpointConfig(interval_ms=10, mode="twice")
+    with pytest.raises(ConfigError, match=r"checkpoint\.snapshot_compression must be one of"):
+        CheckpointConfig(interval_ms=10, snapshot_compression="gzip")
     with pytest.raises(ConfigError, match=r"checkpoint\.incremental must be bool"):
         CheckpointConfig(interval_ms=10, incremental="yes")
     with pytest.raises(ConfigError, match="unknown checkpoint option"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -69,6 +70,11 @@ def test_round_trip_and_figures():
         (lambda d: d["subtasks"][0]["files"][0].update(path="shared/../../x"), "escapes"),
         (lambda d: d["subtasks"][0]["files"][0].update(local_name="a/b.sst"), "plain file name"),
         (lambda d: d["subtasks"][0]["files"][0].update(size=-1), "non-negative"),
+        (lambda d: d["subtasks"][0]["files"][0].update(codec="gzip"), "codec of '000009.sst'"),
+        (
+            lambda d: d["subtasks"][0]["files"][0].update(codec="zstd", stored_size=True),
+            "stored_size of '000009.sst' must be a non-negative integer",
+        ),
         (
             lambda d: d["subtasks"][0]["files"][1].update(path="chk-3/count/0/MANIFEST-000005"),
             "private to this checkpoint",
@@ -81,6 +87,23 @@ def test_bad_manifests_are_rejected_with_a_clear_error(mutate, message):
     mutate(d)
     with pytest.raises(ManifestError, match=message):
         CheckpointManifest.from_json(json.dumps(d), source="s3://b/clicks/chk-4/_metadata")
+
+
+def test_a_compressed_files_stored_size_is_what_storage_holds():
+    stored = StateFile(
+        "000009.sst", "shared/count/0/000009-ab.sst", 100, "crc32:0000abcd", "zstd", 41
+    )
+    m = manifest(subtasks=(dataclasses.replace(manifest().subtasks[0], files=(stored,)),))
+    back = CheckpointManifest.from_json(m.to_json())
+    assert back == m and back.subtasks[0].files[0].stored_size == 41
+    assert back.full_size == 41, "the bytes in durable storage"
+
+
+def test_a_file_written_before_compression_reads_as_stored_as_it_is():
+    d = doc(manifest())
+    assert set(d["subtasks"][0]["files"][0]) == {"local_name", "path", "size", "checksum"}
+    f = CheckpointManifest.from_json(json.dumps(d)).subtasks[0].files[0]
+    assert (f.codec, f.stored_size) == ("none", 100)
 
 
 def test_truncated_manifest_names_its_source():

@@ -18,8 +18,9 @@ from spark_jobs.executor.subtask import naming_the_subtask
 from state.backend import StateBackendError
 from state.keygroups import KeyGroupRange
 from state.local_copies import LocalCopies
+from state.manifest import CheckpointManifest
 from state.paths import JobLayout
-from state.restore import ChecksumMismatchError, restore_subtask
+from state.restore import ChecksumMismatchError, restore_subtask, validate_checkpoint
 from state.rocksdb_options import StoreOptions
 from state.rocksdb_store import RocksDBStore
 from state.snapshot import SubtaskSnapshotter
@@ -43,10 +44,10 @@ class Subtask:
             storage, self.copies, JOB, "count", 0, executor=self.pool, **kw
         )
 
-    def write(self, start: int, n: int, value: bytes) -> None:
-        """Set keys [start, start + n) to ``value`` plus 60 incompressible bytes."""
+    def write(self, start: int, n: int, value: bytes, text: bool = False) -> None:
+        """Set keys [start, start + n) to ``value`` plus 60 random bytes (as hex: ``text``)."""
         keys = [f"key-{i:08d}".encode() for i in range(start, start + n)]
-        noise = os.urandom(60 * n)
+        noise = os.urandom(30 * n).hex().encode() if text else os.urandom(60 * n)
         values = [value + noise[i * 60 : (i + 1) * 60] for i in range(n)]
         txn = self.store.begin()
         txn.put("v", np.arange(start, start + n) % 64, keys, values)
@@ -103,7 +104,7 @@ def test_restore_prefers_the_local_copy(sub, tmp_path):
     sub.store.close()
     report = restore_subtask(h2, sub.storage, JobLayout(JOB), sub.copies.db_dir, sub.copies)
     assert report.source == "local"
-    assert report.bytes_local == h2.full_size and report.bytes_remote == 0
+    assert report.bytes_local == sum(f.size for f in h2.files) and report.bytes_remote == 0
     assert contents_of(sub.copies.db_dir) == expected
 
 
@@ -115,7 +116,7 @@ def test_restore_from_remote_when_the_local_copy_is_gone(sub, tmp_path):
     sub.copies.discard(1)
     target = tmp_path / "elsewhere" / "db"
     report = restore_subtask(h1, sub.storage, JobLayout(JOB), target, sub.copies)
-    assert report.source == "remote" and report.bytes_remote == h1.full_size
+    assert report.source == "remote" and report.bytes_remote == sum(f.size for f in h1.files)
     assert "no local copy of checkpoint 1" in report.fallbacks
     assert contents_of(target) == expected
 
@@ -268,6 +269,45 @@ def test_remote_file_with_wrong_contents_is_detected(sub, tmp_path):
     sub.storage.put_bytes(path, bytes(data))
     with pytest.raises(ChecksumMismatchError, match=victim.path):
         restore_subtask(h1, sub.storage, JobLayout(JOB), tmp_path / "r" / "db", sub.copies)
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_the_durable_copy_is_encoded_and_a_remote_restore_gives_every_byte(tmp_path, codec):
+    storage = LocalFileStorage(tmp_path / "remote")
+    sub = Subtask(tmp_path, storage, codec=codec)
+    sub.write(0, 5000, b"", text=True)  # text, which zstd shrinks
+    h1 = sub.snapshotter.snapshot(sub.store, 1, None).result()
+    expected = sub.contents()
+    sub.store.close()
+    stored = {f.local_name: storage.get_bytes(JobLayout(JOB).job_path(f.path)) for f in h1.files}
+    assert h1.uploaded_bytes == h1.full_size == sum(len(b) for b in stored.values())
+    local = sub.copies.find(1)[0]
+    sst = next(f for f in h1.files if f.shared)
+    if codec == "none":
+        assert stored[sst.local_name] == (local / sst.local_name).read_bytes()
+    else:
+        assert h1.full_size < 0.7 * sum(f.size for f in h1.files)
+    report = restore_subtask(h1, storage, JobLayout(JOB), tmp_path / "r" / "db", None)
+    assert report.source == "remote" and contents_of(tmp_path / "r" / "db") == expected
+
+
+def test_a_compressed_copy_damaged_inside_is_refused_naming_it(sub, tmp_path):
+    sub.write(0, 5000, b"a" * 100)
+    h1 = sub.snapshotter.snapshot(sub.store, 1, None).result()
+    sub.store.close()
+    sub.copies.discard(1)
+    victim = max((f for f in h1.files if f.shared), key=lambda f: f.stored_size)
+    assert victim.codec == "zstd" and victim.stored_size < victim.size
+    path = JobLayout(JOB).job_path(victim.path)
+    data = bytearray(sub.storage.get_bytes(path))
+    data[len(data) // 2] ^= 0x55
+    sub.storage.put_bytes(path, bytes(data))
+    with pytest.raises(ChecksumMismatchError, match=victim.path):
+        restore_subtask(h1, sub.storage, JobLayout(JOB), tmp_path / "r" / "db", sub.copies)
+    assert not (tmp_path / "r" / "db").exists(), "a failed restore leaves no half-built database"
+    manifest = CheckpointManifest(JOB, 1, 1, 1, 0, {}, (h1,))
+    problems = validate_checkpoint(manifest, sub.storage, checksums=True)
+    assert problems == [f"{path}: checksum mismatch (expected {victim.checksum})"]
 
 
 def test_upload_failing_midway_fails_the_snapshot_and_keeps_the_previous_one(tmp_path, storage):

@@ -30,8 +30,9 @@ def test_an_attempts_first_micro_batch_starts_no_compaction_and_its_next_one_doe
     first = ctx.key_groups(0).start
     for i in range(bound):  # level 0 at its bound: a compaction is due at the next open
         with RocksDBStore(ctx.copies(op.uid, 0).db_dir, ctx.key_groups(0), compactions=False) as s:
-            txn = s.begin()
-            txn.put("filler", [first], [b"k%d" % i], [b"v" * 64])
+            txn = s.begin()  # files that overlap, as flushes of a micro-batch's keys do (files
+            # that do not are moved down whole, not compacted)
+            txn.put("filler", [first, first], [b"k", b"k%d" % i], [b"v" * 64, b"v" * 64])
             txn.commit()
     records = empty_input(op)
 

@@ -164,7 +164,7 @@ def restore_drill(
         job.name,
         manifest.checkpoint_id,
         round(time.perf_counter() - started, 3),
-        sum(f.size for f in manifest.files()),
+        sum(f.stored_size for f in manifest.files()),
         rows,
     )
 

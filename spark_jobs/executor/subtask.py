@@ -270,6 +270,7 @@ def run_subtask(
                 subtask,
                 incremental=ctx.job.checkpoint.incremental,
                 local_recovery=ctx.job.checkpoint.local_recovery,
+                codec=ctx.job.checkpoint.snapshot_compression,
                 executor=upload_executor(),
             )
             cid, uid = plan.checkpoint_id, op.uid

@@ -319,7 +319,7 @@ def _missing_rows(
                 if row is None and cid < latest:
                     rows[f.path] = {
                         "job_id": job_name, "path": f.path, "operator": h.operator,
-                        "subtask": h.subtask, "size": f.size, "created_by": cid,
+                        "subtask": h.subtask, "size": f.stored_size, "created_by": cid,
                         "last_used": cid, "refcount": 0, "status": "LIVE",
                     }  # fmt: skip
                 elif row is not None:
