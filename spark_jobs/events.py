@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,11 +22,21 @@ from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR, PipesContext, open_dags
 from state.redaction import redact
 
 EVENT_LINE = "CUTLINE_EVENT "  # what starts an event's line on stdout (``CUTLINE_EVENTS=stdout``)
+_STDOUT = threading.Lock()
+
+
+def _print_line(line: str) -> None:
+    """Write ``line`` to stdout whole: ``print`` writes the text and its newline apart, so lines
+    from two threads (a supervisor relaying two drivers) could run together."""
+    with _STDOUT:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 class EventChannel:
     """``emit(kind, payload)`` for structured events, ``log(message)`` for text; both redacted
-    (state/redaction.py) before they leave the process."""
+    (state/redaction.py) before they leave the process, each a whole line of stdout even when
+    several threads share the channel."""
 
     def __init__(self, pipes: PipesContext | None = None) -> None:
         self.pipes = pipes
@@ -35,11 +47,11 @@ class EventChannel:
         if self.pipes is not None:
             self.pipes.report_custom_message(json.loads(text))
         if self.stdout:
-            print(EVENT_LINE + text, flush=True)
+            _print_line(EVENT_LINE + text)
 
     def log(self, message: str) -> None:
         message = redact(message)
-        print(message, flush=True)
+        _print_line(message)
         if self.pipes is not None:
             self.pipes.log.info(message)
 
