@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import tempfile
 import time
 import uuid
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -72,34 +71,36 @@ def upload_snapshot(
     token = uuid.uuid4().hex[:16]
     files: list[StateFile] = []
     uploaded = 0
-    with tempfile.TemporaryDirectory(prefix="cutline-upload-") as scratch:
-        for entry in sorted(os.scandir(directory), key=lambda e: e.name):
-            if not entry.is_file() or entry.name.startswith(".") or entry.name == HANDLE_FILE:
-                continue
-            size = entry.stat().st_size
-            previous = reusable.get(entry.name)
-            if previous is not None and previous.size == size:
-                files.append(previous)
-                continue
-            if incremental and entry.name.endswith(".sst"):
-                stem = entry.name[: -len(".sst")]
-                path = layout.shared_file(operator, subtask, f"{stem}-{token}.sst")
-            else:
-                path = layout.private_file(
-                    checkpoint_id, operator, subtask, f"{entry.name}.{token}"
-                )
-            settled = settled_identity(entry.path) if read is not None else None
-            encoded = Path(scratch) / entry.name
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        if not entry.is_file() or entry.name.startswith(".") or entry.name == HANDLE_FILE:
+            continue
+        size = entry.stat().st_size
+        previous = reusable.get(entry.name)
+        if previous is not None and previous.size == size:
+            files.append(previous)
+            continue
+        if incremental and entry.name.endswith(".sst"):
+            stem = entry.name[: -len(".sst")]
+            path = layout.shared_file(operator, subtask, f"{stem}-{token}.sst")
+        else:
+            path = layout.private_file(checkpoint_id, operator, subtask, f"{entry.name}.{token}")
+        settled = settled_identity(entry.path) if read is not None else None
+        # the encoded copy is written beside the file, on the executor's local disk (a hidden
+        # name the scan skips; a crash leaves it in a directory no restore reads and the next
+        # confirm or snapshot of this id deletes)
+        encoded = directory / f".{entry.name}.{codec}"
+        try:
             checksum = encode_file(Path(entry.path), encoded, codec)
             stored = storage.put_file(
                 encoded if codec != NONE else entry.path, layout.job_path(path)
             )
+        finally:
             encoded.unlink(missing_ok=True)
-            if settled is not None:
-                read[settled] = checksum
-            uploaded += stored
-            kept = stored if codec != NONE else None
-            files.append(StateFile(entry.name, path, size, checksum, codec, kept))
+        if settled is not None:
+            read[settled] = checksum
+        uploaded += stored
+        kept = stored if codec != NONE else None
+        files.append(StateFile(entry.name, path, size, checksum, codec, kept))
     return SubtaskStateHandle(
         operator=operator,
         subtask=subtask,

@@ -6,9 +6,11 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -289,6 +291,47 @@ def test_the_durable_copy_is_encoded_and_a_remote_restore_gives_every_byte(tmp_p
         assert h1.full_size < 0.7 * sum(f.size for f in h1.files)
     report = restore_subtask(h1, storage, JobLayout(JOB), tmp_path / "r" / "db", None)
     assert report.source == "remote" and contents_of(tmp_path / "r" / "db") == expected
+
+
+def test_the_encoded_copy_is_written_on_the_local_disk_and_removed(sub, tmp_path, monkeypatch):
+    """The upload encodes each file beside the snapshot (the executor's local disk), never in the
+    system's temporary directory (memory on a tmpfs host), and leaves no encoded copy behind,
+    whether its upload succeeds or fails."""
+    system_tmp = tmp_path / "system-tmp"
+    system_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
+    sources: list[Path] = []
+    put_file = sub.storage.put_file
+
+    def recording(local_path, path):
+        sources.append(Path(local_path))
+        return put_file(local_path, path)
+
+    monkeypatch.setattr(sub.storage, "put_file", recording)
+    sub.write(0, 5000, b"a" * 100)
+    h1 = sub.snapshotter.snapshot(sub.store, 1, None).result()
+    local = sub.copies.snapshot_dir(1)
+    assert len(sources) == len(h1.files) and {p.parent for p in sources} == {local}
+    assert all(p.name.startswith(".") and p.name.endswith(".zstd") for p in sources)
+    assert not any(p.exists() for p in sources) and not any(system_tmp.iterdir())
+    sub.write(0, 5000, b"b" * 100)
+
+    def failing(local_path, path):
+        raise OSError("injected storage fault")
+
+    monkeypatch.setattr(sub.storage, "put_file", failing)
+    directory = sub.copies.snapshot_dir(2)
+    real_discard = sub.copies.discard
+    left: list[str] = []
+
+    def discard(checkpoint_id):  # what the failed upload leaves, seen before its directory goes
+        left.extend(p.name for p in directory.iterdir() if p.name.startswith("."))
+        real_discard(checkpoint_id)
+
+    monkeypatch.setattr(sub.copies, "discard", discard)
+    with pytest.raises(OSError, match="injected storage fault"):
+        sub.snapshotter.snapshot(sub.store, 2, h1).result()
+    assert left == [] and not any(system_tmp.iterdir())
 
 
 def test_a_compressed_copy_damaged_inside_is_refused_naming_it(sub, tmp_path):
