@@ -35,7 +35,7 @@ copy of the input per system:
    checkpoint directory (Cutline: checkpoints and catalog) is scanned every 2 s: bytes written
    (every distinct file seen, at its largest) per minute, and total storage at the end; each
    checkpoint's upload against the full state (Cutline: its catalog; Flink: its REST API), and
-   the peak memory (RSS) of the driver's process group (JVM and Python workers).
+   the peak memory (RSS, and anonymous) of the driver's process group (JVM and Python workers).
 3. restart: ``kill -9`` of the driver's process group, one micro-batch of new records, the same
    command again: seconds from the process start, and from Spark's first log line (the JVM is
    up: the same point in every system), to the first completed micro-batch with records.
@@ -99,14 +99,15 @@ JVM_UP = ("To adjust logging level use sc.setLogLevel", FLINK_JVM_UP)  # the JVM
 
 class StorageWatch(threading.Thread):
     """Scans directories every ``every_s``: every distinct file at its largest size seen
-    (bytes written, a lower bound) and what is stored now; and the peak resident memory of the
-    process groups in ``groups``."""
+    (bytes written, a lower bound) and what is stored now; and the peak resident and anonymous
+    memory of the process groups in ``groups``."""
 
     def __init__(self, roots: list[Path], every_s: float = 2.0) -> None:
         super().__init__(daemon=True)
         self.roots, self.every_s = roots, every_s
         self.groups: set[int] = set()
         self.peak_rss = 0
+        self.peak_anon = 0
         self.seen: dict[str, int] = {}
         self.lock = threading.Lock()
         self.stopped = threading.Event()
@@ -134,24 +135,37 @@ class StorageWatch(threading.Thread):
 
     def run(self) -> None:
         while not self.stopped.wait(self.every_s):
-            self.peak_rss = max(self.peak_rss, group_rss(self.groups))
+            resident, anonymous = group_memory(self.groups)
+            self.peak_rss = max(self.peak_rss, resident)
+            self.peak_anon = max(self.peak_anon, anonymous)
             stored = self.scan()
             now = time.monotonic() - self.started
             if not self.samples or now - self.samples[-1][0] >= 30:
                 self.samples.append((round(now), stored))
 
 
-def group_rss(groups: set[int]) -> int:
-    """Resident bytes of every process in the process groups ``groups``, from /proc."""
-    total = 0
+def group_memory(groups: set[int]) -> tuple[int, int]:
+    """Resident and anonymous bytes of every process in the process groups ``groups``, from
+    /proc. Resident memory counts the page cache a process maps (a memory-mapped store's blocks)
+    once per process that touched it; anonymous memory is the processes' own."""
+    resident = anonymous = 0
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) not in groups:  # pgrp
+                continue
+            status = (stat.parent / "status").read_text()
         except OSError:  # gone
             continue
-        if int(fields[2]) in groups:  # pgrp; rss in pages is the 22nd field after the name
-            total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
-    return total
+        kib = {k: int(v.split()[0]) for k, v in _status_fields(status, ("VmRSS", "RssAnon"))}
+        resident += kib.get("VmRSS", 0) * 1024
+        anonymous += kib.get("RssAnon", 0) * 1024
+    return resident, anonymous
+
+
+def _status_fields(status: str, names: tuple[str, ...]) -> list[tuple[str, str]]:
+    pairs = (line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return [(k, v) for k, v in pairs if k in names]
 
 
 # ---------------------------------------------------------------- drivers
@@ -382,6 +396,7 @@ def bench_system(
         out["storage_bytes_every_30s"] = [b for _, b in watch.samples]
         out["bytes_written_total"] = watch.written()
         out["peak_rss_bytes"] = watch.peak_rss
+        out["peak_anon_bytes"] = watch.peak_anon
         out["batches"] = len(driver.batches)
         out["last_batch"] = driver.last_event
         if system == "cutline":

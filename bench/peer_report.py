@@ -16,7 +16,8 @@ def write_report(results: dict, out: Path, systems: tuple[str, ...]) -> None:
     sizes = results["sizes"]
     rows = [
         "| state | system | records/s | batch p50 / p99 ms | written MiB/min | upload per "
-        "checkpoint p50 / p95 MiB (full state) | storage at the end MiB | peak memory MiB | "
+        "checkpoint p50 / p95 MiB (full state) | storage at the end MiB | "
+        "peak memory MiB: resident (anonymous) | "
         "restart to 1st batch s: from process start / after JVM up | standby takeover: kill "
         "to 1st batch s |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -45,7 +46,7 @@ def write_report(results: dict, out: Path, systems: tuple[str, ...]) -> None:
                 f"{_fmt(r.get('batch_ms_p99'))}{checkpoint} | "
                 f"{_written(r)} | {upload} | "
                 f"{_fmt(r.get('storage_bytes_end'), mib)} | "
-                f"{_fmt(r.get('peak_rss_bytes'), mib)} | "
+                f"{_fmt(r.get('peak_rss_bytes'), mib)} ({_fmt(r.get('peak_anon_bytes'), mib)}) | "
                 f"{_fmt(r.get('restart_to_first_batch_s'))} / "
                 f"{_fmt(r.get('restart_after_jvm_up_s'))} | "
                 f"{_fmt(r.get('takeover_to_first_batch_s'))} |"
