@@ -157,15 +157,10 @@ def group_memory(groups: set[int]) -> tuple[int, int]:
             status = (stat.parent / "status").read_text()
         except OSError:  # gone
             continue
-        kib = {k: int(v.split()[0]) for k, v in _status_fields(status, ("VmRSS", "RssAnon"))}
-        resident += kib.get("VmRSS", 0) * 1024
-        anonymous += kib.get("RssAnon", 0) * 1024
+        kib = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        resident += int(kib.get("VmRSS", "0 kB").split()[0]) * 1024
+        anonymous += int(kib.get("RssAnon", "0 kB").split()[0]) * 1024
     return resident, anonymous
-
-
-def _status_fields(status: str, names: tuple[str, ...]) -> list[tuple[str, str]]:
-    pairs = (line.split(":", 1) for line in status.splitlines() if ":" in line)
-    return [(k, v) for k, v in pairs if k in names]
 
 
 # ---------------------------------------------------------------- drivers

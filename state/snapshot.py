@@ -85,17 +85,17 @@ def upload_snapshot(
         else:
             path = layout.private_file(checkpoint_id, operator, subtask, f"{entry.name}.{token}")
         settled = settled_identity(entry.path) if read is not None else None
-        # the encoded copy is written beside the file, on the executor's local disk (a hidden
+        # an encoded copy is written beside the file, on the executor's local disk (a hidden
         # name the scan skips; a crash leaves it in a directory no restore reads and the next
         # confirm or snapshot of this id deletes)
-        encoded = directory / f".{entry.name}.{codec}"
+        source = Path(entry.path)
+        stored_from = source if codec == NONE else directory / f".{entry.name}.{codec}"
         try:
-            checksum = encode_file(Path(entry.path), encoded, codec)
-            stored = storage.put_file(
-                encoded if codec != NONE else entry.path, layout.job_path(path)
-            )
+            checksum = encode_file(source, stored_from, codec)
+            stored = storage.put_file(stored_from, layout.job_path(path))
         finally:
-            encoded.unlink(missing_ok=True)
+            if stored_from != source:
+                stored_from.unlink(missing_ok=True)
         if settled is not None:
             read[settled] = checksum
         uploaded += stored
