@@ -41,19 +41,17 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from peer_bench import start_driver, wait_until  # noqa: E402
 from peer_input import FORMATS, Appender, build_input, log_writer  # noqa: E402
+from peer_spark import LATE_C2  # noqa: E402
 
 from spark_jobs.deploy.session import DRIVER_JAVA_OPTIONS as JAVA  # noqa: E402
 
 BATCH = 100_000  # records per partition and micro-batch, the peer benchmark's
-# the JVM's own C2 thresholds, after Cutline's later ones (session.LATE_C2): the last one wins
-DEFAULT_C2 = "-XX:Tier4InvocationThreshold=5000 -XX:Tier4MinInvocationThreshold=600 " + (
-    "-XX:Tier4CompileThreshold=15000 -XX:Tier4BackEdgeThreshold=40000"
-)
-# name -> extra arguments of ``cutline run``
+# name -> extra arguments of ``cutline run`` (the driver's JVM options after Cutline's C1 alone:
+# of two conflicting options the last wins)
 VARIANTS: dict[str, list[str]] = {
-    "as shipped (late C2)": [],
-    "the JVM's default JIT": ["--conf", f"{JAVA}={DEFAULT_C2}"],
-    "C1 JIT only": ["--conf", f"{JAVA}=-XX:TieredStopAtLevel=1"],
+    "as shipped (C1 only)": [],
+    "C2 for methods 10x hotter": ["--conf", f"{JAVA}={LATE_C2}"],
+    "the JVM's default JIT": ["--conf", f"{JAVA}=-XX:TieredStopAtLevel=4"],
 }
 
 

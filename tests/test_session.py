@@ -13,7 +13,7 @@ import pytest
 from spark_jobs.deploy import class_archive
 from spark_jobs.deploy.class_archive import JVM_LOG_TO_STDERR
 from spark_jobs.deploy.session import (
-    LATE_C2,
+    DRIVER_JIT,
     QUIET_LOG4J,
     delta_package,
     jvm_start_output_held,
@@ -103,16 +103,16 @@ def test_drivers_use_the_class_archive_made_for_their_java_and_spark(monkeypatch
         "-Xshare:auto",
         f"-XX:SharedArchiveFile={path}",
         *JVM_LOG_TO_STDERR,
-        *LATE_C2,
+        *DRIVER_JIT,
         f"-Dlog4j2.configurationFile={QUIET_LOG4J}",
     ]
     monkeypatch.setenv("CUTLINE_CLASS_ARCHIVE", "off")
-    assert session_conf()["spark.driver.extraJavaOptions"].split() == list(LATE_C2)
+    assert session_conf()["spark.driver.extraJavaOptions"].split() == list(DRIVER_JIT)
     # the process making the archive dumps it instead
     monkeypatch.setenv(class_archive.DUMP_TO, str(tmp_path / "new.jsa"))
     options = session_conf()["spark.driver.extraJavaOptions"].split()
     dump = f"-XX:ArchiveClassesAtExit={tmp_path / 'new.jsa'}"
-    assert options == [dump, *JVM_LOG_TO_STDERR, *LATE_C2]
+    assert options == [dump, *JVM_LOG_TO_STDERR, *DRIVER_JIT]
 
 
 def test_two_environments_with_the_same_spark_never_share_an_archive(monkeypatch, tmp_path):
@@ -251,14 +251,14 @@ def test_a_callers_driver_java_options_come_after_cutlines_instead_of_replacing_
     monkeypatch.delenv("CUTLINE_CLASS_ARCHIVE", raising=False)
     monkeypatch.delenv(class_archive.DUMP_TO, raising=False)
     class_archive.archive_path().write_bytes(b"archive")
-    own = "-XX:TieredStopAtLevel=1 -Xshare:off"
+    own = "-XX:TieredStopAtLevel=4 -Xshare:off"
     conf = session_conf(quiet=True, extra={"spark.driver.extraJavaOptions": own})
     options = conf["spark.driver.extraJavaOptions"].split()
     assert options[-2:] == own.split()
     assert f"-Dlog4j2.configurationFile={QUIET_LOG4J}" in options and "-Xshare:auto" in options
     monkeypatch.setenv("CUTLINE_CLASS_ARCHIVE", "off")
     conf = session_conf(extra={"spark.driver.extraJavaOptions": own})
-    assert conf["spark.driver.extraJavaOptions"].split() == [*LATE_C2, *own.split()]
+    assert conf["spark.driver.extraJavaOptions"].split() == [*DRIVER_JIT, *own.split()]
 
 
 STALE_ARCHIVES = """

@@ -129,7 +129,7 @@ def session_conf(
     repo = os.environ.get("CUTLINE_MAVEN_REPO")
     if repo:
         conf["spark.jars.repositories"] = repo
-    java_options = [*driver_java_options(), *LATE_C2]
+    java_options = [*driver_java_options(), *DRIVER_JIT]
     if quiet:
         java_options.append(f"-Dlog4j2.configurationFile={QUIET_LOG4J}")
     extra = dict(extra or {})
@@ -146,17 +146,16 @@ def session_conf(
 
 
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
-# The driver JVM's optimising compiler (C2) takes only methods ten times hotter than by default:
-# a new driver's first seconds on two cores went to compiling what its start ran once, beside
-# the start itself. A cold restart of the peer benchmark's job at 100 MiB took 0.6 to 1.3 s less
-# (medians of 2 and 3 runs), its later micro-batches none longer (bench/cold_restart_bench.py).
-# The hot paths (per record, per batch) pass these counts within a micro-batch or two.
-LATE_C2 = (
-    "-XX:Tier4InvocationThreshold=50000",
-    "-XX:Tier4MinInvocationThreshold=6000",
-    "-XX:Tier4CompileThreshold=150000",
-    "-XX:Tier4BackEdgeThreshold=400000",
-)
+# The driver JVM compiles with C1 alone: no profiled tier, no C2. In local mode it is the
+# executor too, but a micro-batch's work in it is moving Arrow batches between Spark and the
+# Python workers and through the subtask shuffle; the state's work runs in Python. On two cores,
+# a new JVM's profiled code and C2's compiles beside it took the start's CPU: a cold restart of
+# the peer benchmark's job at 100 MiB reached its first micro-batch in 6.89 s against 7.82 with
+# C2 for methods ten times hotter than by default (medians of three, alternated), its later
+# micro-batches no longer (1.18 against 1.26 s); over the peer benchmark's ten minutes at 1 GiB,
+# 120,432 records/s against 103,607 (bench/results/README.md, its first section). A caller's
+# ``-XX:TieredStopAtLevel=4`` (after Cutline's options: the last wins) brings C2 back.
+DRIVER_JIT = ("-XX:TieredStopAtLevel=1",)
 QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
 
 # What Ivy's resolution depends on; a start with the same values gets the same jars.
