@@ -19,11 +19,6 @@ from tests.moto_server import MotoServer, MotoServerError
 # the two tiers and the run's seed; where the slow tests' seconds go
 pytest_plugins = ["tests.findings", "tests.tiers", "tests.startup_report"]
 
-# The executors of a test's cluster (tests/test_cluster_recovery.py gives them the drivers'
-# options) live seconds to minutes: the JVM's quick compiler alone starts them sooner, as it does
-# every driver (spark_jobs/deploy/session.py). A deployment's executors keep the JVM's default.
-SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1"
-os.environ.setdefault("SPARK_SUBMIT_OPTS", SHORT_LIVED_JVM)
 # PySpark's Python, named before any test starts a thread (spark_jobs/deploy/python_env.py
 # refuses to write the environment while other threads run)
 for _name in PYTHON_VARIABLES:

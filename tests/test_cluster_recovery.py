@@ -36,6 +36,7 @@ import pytest
 from deltalake.exceptions import TableNotFoundError
 
 from spark_jobs.catalog.tables import read_delta
+from spark_jobs.deploy.session import DRIVER_JIT
 from spark_jobs.deploy.settings import RuntimePaths
 from spark_jobs.deploy.standalone import StandaloneCluster, can_hide
 from state.storage.tables import table_uri
@@ -95,9 +96,10 @@ def deployment(s3_server, s3_bucket, tmp_path, monkeypatch) -> Iterator[Deployme
     home = tmp_path / "home"
     (home / "tmp").mkdir(parents=True)
     assert not any(k.startswith("AWS_ENDPOINT_URL") for k in os.environ), "the workers' env"
-    short_lived = os.environ.get("SPARK_SUBMIT_OPTS", "")  # the drivers' JVM options
+    # the executors live a minute: the drivers' quick compiler starts them sooner (a
+    # deployment's executors keep the JVM's default)
     cluster = StandaloneCluster(
-        tmp_path / "cluster", HOSTS, private=True, hidden=(home,), java_options=short_lived
+        tmp_path / "cluster", HOSTS, private=True, hidden=(home,), java_options=" ".join(DRIVER_JIT)
     )
     with cluster:
         monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server)  # this process writes and reads S3
